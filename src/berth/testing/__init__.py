@@ -1,0 +1,1 @@
+"""Test helpers that ship with berth so third-party drivers can run berth's own checks."""

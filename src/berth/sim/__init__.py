@@ -1,0 +1,1 @@
+"""The trace-driven simulator: workloads, the discrete-event simulator and its reports."""

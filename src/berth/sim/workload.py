@@ -1,0 +1,234 @@
+"""Seeded, reproducible workloads: which image arrives when, at what size, for how long.
+
+This module owns turning a :class:`WorkloadConfig` and an image :class:`~berth.dataset.Dataset`
+into a list of :class:`Arrival` values — the input of the simulator.  It does not place,
+admit or time anything; it only draws.  Workloads are synthetic on purpose (a real arrival
+trace with matching layer data does not exist publicly), but every image, layer and size in
+them is real Docker Hub data, so layer sharing between requests is measured, not invented.
+
+**Reproducibility.**  ``np.random.default_rng(seed)`` is spawned into four independent
+streams — arrival times, images, instance types, lifetimes — so the same seed gives the same
+arrivals, and changing one knob (say ``arrival="bursty"``) leaves the other draws untouched:
+two runs compared in an experiment share their image sequence (common random numbers).
+
+**Arrival processes** (``rate`` = λ, the long-run mean arrivals per second):
+
+* ``poisson`` — inter-arrival gaps are i.i.d. ``Exp(mean 1/λ)``.
+* ``bursty`` — a two-state Markov-modulated Poisson process (on/off MMPP).  A hidden state
+  alternates between *calm* and *burst*; within a state arrivals are Poisson.  With burst
+  factor ``k`` (``burst_factor``) and burst fraction ``f`` (``burst_fraction``, the long-run
+  share of *time* spent bursting)::
+
+      λ_calm  = λ / (1 − f + f·k)        λ_burst = k · λ_calm     (so the mean rate is λ)
+      burst duration ~ Exp(mean D_b),    D_b = burst_length / λ
+      calm duration  ~ Exp(mean D_c),    D_c = D_b · (1 − f) / f
+
+  ``burst_length`` is measured in mean inter-arrival times, so the shape of the workload does
+  not change with its rate.  The first state is drawn from the stationary distribution
+  (burst with probability ``f``).  With the defaults (k = 10, f = 0.1) bursts take 10 % of the
+  time and carry ``f·k / (1 − f + f·k)`` ≈ 53 % of the arrivals; ``k = 1`` is plain Poisson.
+
+**Popularity.**  Image ``i`` is drawn with probability ∝ ``pull_count_i ** flatten``:
+``flatten = 1`` is proportional to Docker Hub pulls (heavy-tailed: the top five images take
+≈ 37 %), ``flatten = 0`` is uniform over images, values between soften the skew.
+
+**Sizes and lifetimes.**  Each arrival's instance type is drawn from the ``instance_types``
+mix (name → relative weight; default mostly small types).  Lifetimes are ``exponential`` with
+mean ``lifetime_mean`` seconds, or ``lognormal`` with the same mean and shape ``σ`` =
+``lifetime_sigma`` (underlying normal ``N(μ, σ²)`` with ``μ = ln(mean) − σ²/2``).
+
+Each arrival's :class:`~berth.model.Request` is ``namespace/<image name>/<replica>``, where
+``replica`` counts earlier arrivals of the same image (0, 1, 2, …), ``platforms`` is the
+image's one platform, ``spec`` the instance type's and ``layers`` the image's layers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Annotated, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, StrictInt, field_validator
+
+from berth.dataset import Dataset, Image, load_dockerhub
+from berth.errors import Invalid
+from berth.model import INSTANCE_TYPES, Name, Request
+from berth.platform import Platform
+from berth.validation import BerthModel
+
+__all__ = [
+    "DEFAULT_INSTANCE_MIX",
+    "Arrival",
+    "WorkloadConfig",
+    "generate_workload",
+    "popularity",
+]
+
+DEFAULT_INSTANCE_MIX: Mapping[str, float] = MappingProxyType(
+    {"micro": 0.30, "milli": 0.30, "centi": 0.20, "deci": 0.15, "base": 0.05}
+)
+"""The default instance-type mix: mostly small microVMs and function replicas."""
+
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class WorkloadConfig(BerthModel):
+    """Everything that decides a workload; the same config always yields the same arrivals.
+
+    See the module docstring for the arrival, popularity and lifetime models.
+    ``platforms`` restricts the images to those built for one of them (empty means any).
+    """
+
+    requests: Annotated[StrictInt, Field(ge=0)] = 1000
+    rate: Positive = 1.0
+    arrival: Literal["poisson", "bursty"] = "poisson"
+    burst_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 10.0
+    burst_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    burst_length: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 50.0
+    flatten: Annotated[float, Field(ge=0, le=1)] = 1.0
+    instance_types: dict[str, Weight] = Field(default_factory=lambda: dict(DEFAULT_INSTANCE_MIX))
+    lifetime: Literal["exponential", "lognormal"] = "exponential"
+    lifetime_mean: Positive = 300.0
+    lifetime_sigma: Positive = 1.0
+    platforms: tuple[Platform, ...] = ()
+    namespace: Name = "sim"
+    seed: Annotated[StrictInt, Field(ge=0)] = 0
+
+    @field_validator("instance_types")
+    @classmethod
+    def _known_types(cls, mix: dict[str, float]) -> dict[str, float]:
+        if not mix:
+            raise Invalid("must name at least one instance type")
+        for name in mix:
+            if name not in INSTANCE_TYPES:
+                raise Invalid(
+                    f"unknown instance type {name!r}; valid types: {', '.join(INSTANCE_TYPES)}"
+                )
+        if not sum(mix.values()) > 0:
+            raise Invalid(f"at least one weight must be positive, got {mix}")
+        return mix
+
+
+class Arrival(BerthModel):
+    """One request arriving at simulated time ``at`` (seconds) and living ``lifetime`` seconds.
+
+    ``image`` and ``instance_type`` name what was drawn; ``request`` is what a scheduler sees.
+    """
+
+    at: Seconds
+    request: Request
+    lifetime: Seconds
+    image: Name
+    instance_type: Name
+
+    @property
+    def departs(self) -> float:
+        """When the workload ends: ``at + lifetime``."""
+        return self.at + self.lifetime
+
+
+def popularity(images: Sequence[Image], flatten: float = 1.0) -> npt.NDArray[np.float64]:
+    """Each image's draw probability, ∝ ``pull_count ** flatten`` (``0 ** 0`` counts as 1).
+
+    ``Invalid`` (field ``flatten``) when ``flatten`` is outside [0, 1] or every weight is 0.
+    """
+    if not 0 <= flatten <= 1:
+        raise Invalid(f"must be between 0 and 1, got {flatten!r}", field="flatten")
+    if not images:
+        raise Invalid("there are no images to draw from", field="images")
+    pulls = np.array([image.pull_count for image in images], dtype=np.float64)
+    weights = np.power(pulls, flatten)
+    total = weights.sum()
+    if not total > 0:
+        raise Invalid("every image has pull_count 0; only flatten=0 can draw", field="flatten")
+    return np.asarray(weights / total, dtype=np.float64)
+
+
+def generate_workload(
+    config: WorkloadConfig | None = None, dataset: Dataset | None = None
+) -> list[Arrival]:
+    """Draw ``config.requests`` arrivals, in time order, from ``dataset`` (default: Docker Hub).
+
+    Deterministic: equal configs and datasets give equal lists.  ``Invalid`` when no image is
+    left to draw from (field ``platforms`` after the platform restriction, ``images`` for an
+    empty dataset) or no image has a positive weight (field ``flatten``).
+    """
+    config = WorkloadConfig() if config is None else config
+    dataset = (load_dockerhub() if dataset is None else dataset).on_platforms(config.platforms)
+    images = dataset.images
+    probabilities = popularity(images, config.flatten)
+    type_names = list(config.instance_types)
+    type_weights = np.array([config.instance_types[name] for name in type_names])
+    times_rng, images_rng, types_rng, lifetimes_rng = np.random.default_rng(config.seed).spawn(4)
+
+    count = config.requests
+    times = _arrival_times(config, times_rng)
+    image_indices = images_rng.choice(len(images), size=count, p=probabilities)
+    type_indices = types_rng.choice(
+        len(type_names), size=count, p=type_weights / type_weights.sum()
+    )
+    lifetimes = _lifetimes(config, lifetimes_rng)
+
+    replicas: dict[str, int] = {}
+    arrivals: list[Arrival] = []
+    for at, image_index, type_index, lifetime in zip(
+        times.tolist(), image_indices.tolist(), type_indices.tolist(), lifetimes.tolist(),
+        strict=True,
+    ):  # fmt: skip
+        image = images[image_index]
+        type_name = type_names[type_index]
+        replica = replicas.get(image.name, 0)
+        replicas[image.name] = replica + 1
+        request = Request(
+            namespace=config.namespace,
+            name=image.name,
+            replica=replica,
+            platforms=(image.platform,),
+            spec=INSTANCE_TYPES[type_name],
+            layers=image.layers,
+        )
+        arrivals.append(
+            Arrival(
+                at=at, request=request, lifetime=lifetime, image=image.name,
+                instance_type=type_name,
+            )
+        )  # fmt: skip
+    return arrivals
+
+
+def _arrival_times(config: WorkloadConfig, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """``config.requests`` increasing arrival times in seconds (see the module docstring)."""
+    count = config.requests
+    if config.arrival == "poisson":
+        return np.cumsum(rng.exponential(1 / config.rate, size=count))
+    k, f = config.burst_factor, config.burst_fraction
+    calm_rate = config.rate / (1 - f + f * k)
+    burst_seconds = config.burst_length / config.rate
+    calm_seconds = burst_seconds * (1 - f) / f
+    chunks: list[npt.NDArray[np.float64]] = []
+    drawn, start = 0, 0.0
+    bursting = bool(rng.random() < f)
+    while drawn < count:
+        duration = rng.exponential(burst_seconds if bursting else calm_seconds)
+        # Given N ~ Poisson(λ·T) arrivals in a sojourn of length T, their times are N sorted
+        # uniforms on it: exact for a Poisson process, and one NumPy call per sojourn.
+        arrivals = rng.poisson((calm_rate * k if bursting else calm_rate) * duration)
+        chunks.append(start + np.sort(rng.uniform(0.0, duration, size=arrivals)))
+        drawn += arrivals
+        start += duration
+        bursting = not bursting
+    return np.concatenate(chunks)[:count] if chunks else np.zeros(0)
+
+
+def _lifetimes(config: WorkloadConfig, rng: np.random.Generator) -> npt.NDArray[np.float64]:
+    """``config.requests`` lifetimes in seconds with mean ``config.lifetime_mean``."""
+    if config.lifetime == "exponential":
+        return rng.exponential(config.lifetime_mean, size=config.requests)
+    sigma = config.lifetime_sigma
+    mu = math.log(config.lifetime_mean) - sigma**2 / 2
+    return rng.lognormal(mu, sigma, size=config.requests)

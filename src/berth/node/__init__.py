@@ -1,0 +1,1 @@
+"""A node: its authoritative budget, live monitors, image layers, workload runtime and agent."""

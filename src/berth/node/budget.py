@@ -1,0 +1,386 @@
+"""The node's authoritative budget: admission, reservations held for an owner's lifetime.
+
+Schedulers decide from stale snapshots; this module is where a decision becomes true or is
+refused.  Two kinds of budget per workload (DESIGN.md §1.3):
+
+* **hard** (``mem``, ``disk``) — never over-committed, because overfilling memory or disk
+  crashes workloads.  A reservation is taken atomically (check and add under one lock) and is
+  held for the lifetime of its *owner*; when the owner ends, exactly what it held is released.
+  Under any interleaving of admits, releases and owner deaths, the sum of reservations never
+  exceeds ``mem_max`` / ``disk_max``.
+* **soft** (``vcpus``, ``disk_bw``, ``net_bw``) — over-committing only slows things down, so
+  it is judged against *live* load readings (:class:`LoadReadings`):
+  ``cpu_load + vcpus / cpu_capacity <= cpu_max_load``,
+  ``disk_bw_load + disk_bw <= disk_bw_ceiling``, ``net_bw_load + net_bw <= net_bw_ceiling``.
+  Optionally (the β_max stage) the *reserved* soft sums are bounded too:
+  ``Σ reserved β + spec.β <= k_max * total``.
+
+``admit(spec, owner)`` = the live soft check, then the atomic hard (and β_max) reservation.
+Refusals raise :class:`Refused` with a reason code: ``mem_exhausted``, ``disk_exhausted``,
+``cpu_saturated``, ``disk_bw_saturated``, ``net_bw_saturated``, ``*_overcommitted``.
+
+An *owner* is anything that can say when it has ended — it has ``add_done_callback`` (an
+asyncio task or future, a ``concurrent.futures.Future``, a runtime workload handle) — or a
+:class:`Lease`: an explicit owner that expires unless renewed or bound to another owner (how a
+scheduler confirms over the network before the workload exists).  The budget is safe to use
+from threads and from asyncio tasks alike: all state changes happen under one lock, and the
+``on_change`` hook (the advertiser) runs after the lock is released.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from pydantic import Field, StrictInt
+
+from berth.errors import BerthError, Invalid
+from berth.model import Spec
+from berth.state import Overcommit, describe_reason
+from berth.validation import BerthModel
+
+__all__ = [
+    "IDLE",
+    "BudgetLimits",
+    "Headroom",
+    "Lease",
+    "LoadReadings",
+    "NodeBudget",
+    "Owner",
+    "Refused",
+    "Reservation",
+    "StaticLoad",
+]
+
+Clock = Callable[[], float]
+
+
+@runtime_checkable
+class LoadReadings(Protocol):
+    """Live, smoothed load: ``cpu_load`` (busy fraction 0..1), bandwidths in bytes/s."""
+
+    @property
+    def cpu_load(self) -> float: ...
+
+    @property
+    def disk_bw_load(self) -> float: ...
+
+    @property
+    def net_bw_load(self) -> float: ...
+
+
+@dataclass
+class StaticLoad:
+    """Readings set by hand (tests, simulation); ``IDLE`` reads zero everywhere."""
+
+    cpu_load: float = 0.0
+    disk_bw_load: float = 0.0
+    net_bw_load: float = 0.0
+
+
+IDLE = StaticLoad()
+
+
+class Owner(Protocol):
+    """What a reservation is held for: anything that reports its end to a callback."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> object: ...
+
+
+NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Factor = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class BudgetLimits(BerthModel):
+    """A node's ceilings, already resolved to numbers (config parsing lives elsewhere).
+
+    Soft ceilings are ``max_load * cap`` (``disk_bw_ceiling = disk_bw_max_load * disk_bw_cap``).
+    ``*_overcommit`` are the β_max factors ``k_max``; ``None`` leaves that resource unbounded,
+    and the stage is off entirely when all three are ``None``.
+    """
+
+    mem_max: NonNegativeInt
+    disk_max: NonNegativeInt
+    cpu_capacity: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    cpu_max_load: Fraction = 1.0
+    disk_bw_cap: NonNegativeInt
+    disk_bw_max_load: Fraction = 1.0
+    net_bw_cap: NonNegativeInt
+    net_bw_max_load: Fraction = 1.0
+    cpu_overcommit: Factor | None = None
+    disk_bw_overcommit: Factor | None = None
+    net_bw_overcommit: Factor | None = None
+
+    @property
+    def disk_bw_ceiling(self) -> float:
+        return self.disk_bw_max_load * self.disk_bw_cap
+
+    @property
+    def net_bw_ceiling(self) -> float:
+        return self.net_bw_max_load * self.net_bw_cap
+
+    @property
+    def overcommit_enabled(self) -> bool:
+        factors = (self.cpu_overcommit, self.disk_bw_overcommit, self.net_bw_overcommit)
+        return any(factor is not None for factor in factors)
+
+
+class Refused(BerthError):
+    """The node refused: ``reason`` is a code such as ``mem_exhausted`` or ``boot_failed``."""
+
+    def __init__(self, reason: str, detail: str = "", *, node: str | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.node = node
+        where = f"node {node} refused" if node else "refused"
+        text = f"{where}: {reason} ({describe_reason(reason)})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """Hard headroom now: bytes of memory and disk not reserved."""
+
+    mem_free: int
+    disk_free: int
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one admitted workload holds."""
+
+    id: str
+    spec: Spec
+    owner: object
+
+
+class Lease:
+    """An explicit owner that ends when released, when it expires, or when its bound owner ends.
+
+    A scheduler confirming over the network cannot hand the node a live owner, so the node
+    reserves under a lease with a deadline (``ttl`` seconds).  The caller later ``bind``s it to
+    the workload (the lease then lives exactly as long as that owner) or ``end``s it.  An
+    unbound lease that passes its deadline ends at the next :meth:`NodeBudget.reap` — and with
+    it the reservation.  Expiry is judged on the budget's clock, so tests use a fake one.
+    """
+
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
+        if ttl_s <= 0:
+            raise Invalid(f"must be positive, got {ttl_s}", field="lease_ttl")
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.deadline: float | None = clock() + ttl_s
+        self._callbacks: list[Callable[[Any], object]] = []
+        self._done = False
+        self.bound_to: object | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def renew(self, ttl_s: float) -> None:
+        """Push the deadline to ``ttl_s`` from now (only while unbound and not ended)."""
+        with self._lock:
+            if not self._done and self.bound_to is None:
+                self.deadline = self._clock() + ttl_s
+
+    def bind(self, owner: Owner) -> None:
+        """Tie the lease to ``owner``: no more expiry; it ends when ``owner`` ends."""
+        with self._lock:
+            if self._done:
+                raise Refused("lease_expired", "the reservation ended before it was bound")
+            self.bound_to = owner
+            self.deadline = None
+        owner.add_done_callback(lambda _: self.end())
+
+    def end(self) -> None:
+        """End the lease now (idempotent); its reservation is released."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def expire_if_due(self) -> bool:
+        """End the lease if its deadline has passed; True if it ended now."""
+        deadline = self.deadline
+        if deadline is None or self._done or self._clock() < deadline:
+            return False
+        self.end()
+        return True
+
+
+class NodeBudget:
+    """The authoritative hard/soft budget of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        limits: BudgetLimits,
+        readings: LoadReadings = IDLE,
+        *,
+        on_change: Callable[[], None] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.readings = readings
+        self.clock = clock
+        self._on_change = on_change
+        self._lock = threading.RLock()
+        self._reservations: dict[str, Reservation] = {}
+        self._leases: dict[str, Lease] = {}
+        self._mem_reserved = 0
+        self._disk_reserved = 0
+        self._vcpus_reserved = 0.0
+        self._disk_bw_reserved = 0
+        self._net_bw_reserved = 0
+        self._ids = itertools.count(1)
+
+    # -- admission ---------------------------------------------------------------------------
+    def soft_check(self, spec: Spec) -> str | None:
+        """The reason code of the first live soft check ``spec`` fails, or ``None``."""
+        limits, load = self.limits, self.readings
+        if load.cpu_load + spec.vcpus / limits.cpu_capacity > limits.cpu_max_load:
+            return "cpu_saturated"
+        if load.disk_bw_load + spec.disk_bw > limits.disk_bw_ceiling:
+            return "disk_bw_saturated"
+        if load.net_bw_load + spec.net_bw > limits.net_bw_ceiling:
+            return "net_bw_saturated"
+        return None
+
+    def admit(self, spec: Spec, owner: Owner) -> Reservation:
+        """Soft check on live load, then the atomic hard reservation held for ``owner``."""
+        reason = self.soft_check(spec)
+        if reason is not None:
+            raise Refused(reason, self._soft_detail(reason, spec))
+        return self.reserve(spec, owner)
+
+    def reserve(self, spec: Spec, owner: Owner) -> Reservation:
+        """Atomically check and reserve the hard (and β_max) amounts of ``spec`` for ``owner``."""
+        self.reap()
+        if getattr(owner, "done", None) is not None and owner.done():  # type: ignore[attr-defined]
+            raise Refused("owner_ended", "the workload ended before admission")
+        with self._lock:
+            limits = self.limits
+            if self._mem_reserved + spec.mem > limits.mem_max:
+                raise Refused("mem_exhausted", f"{spec.mem} B asked, {self._free_mem()} B free")
+            if self._disk_reserved + spec.disk > limits.disk_max:
+                raise Refused("disk_exhausted", f"{spec.disk} B asked, {self._free_disk()} B free")
+            over = self._overcommit_locked()
+            if over is not None:
+                reason = over.first_failed_check(spec.vcpus, spec.disk_bw, spec.net_bw)
+                if reason is not None:
+                    raise Refused(reason)
+            reservation = Reservation(id=f"r{next(self._ids)}", spec=spec, owner=owner)
+            self._reservations[reservation.id] = reservation
+            if isinstance(owner, Lease):
+                self._leases[reservation.id] = owner
+            self._mem_reserved += spec.mem
+            self._disk_reserved += spec.disk
+            self._vcpus_reserved += spec.vcpus
+            self._disk_bw_reserved += spec.disk_bw
+            self._net_bw_reserved += spec.net_bw
+        owner.add_done_callback(lambda _: self.release(reservation.id))
+        self._changed()
+        return reservation
+
+    def lease(self, ttl_s: float) -> Lease:
+        """A new lease on this budget's clock, to admit under before the workload exists."""
+        return Lease(ttl_s, self.clock)
+
+    def release(self, reservation_id: str) -> bool:
+        """Release a reservation; idempotent (False when it was not held)."""
+        with self._lock:
+            reservation = self._reservations.pop(reservation_id, None)
+            if reservation is None:
+                return False
+            lease = self._leases.pop(reservation_id, None)
+            spec = reservation.spec
+            self._mem_reserved -= spec.mem
+            self._disk_reserved -= spec.disk
+            self._vcpus_reserved -= spec.vcpus
+            self._disk_bw_reserved -= spec.disk_bw
+            self._net_bw_reserved -= spec.net_bw
+            if not self._reservations:
+                self._vcpus_reserved = 0.0  # no float drift once empty
+        if lease is not None:
+            lease.end()
+        self._changed()
+        return True
+
+    def reap(self) -> int:
+        """End every lease past its deadline (releasing its reservation); how many ended."""
+        with self._lock:
+            leases = list(self._leases.values())
+        return sum(lease.expire_if_due() for lease in leases)
+
+    # -- reading -----------------------------------------------------------------------------
+    def headroom(self) -> Headroom:
+        """Hard headroom now (after reaping expired leases)."""
+        self.reap()
+        with self._lock:
+            return Headroom(mem_free=self._free_mem(), disk_free=self._free_disk())
+
+    def reservations(self) -> list[Reservation]:
+        with self._lock:
+            return list(self._reservations.values())
+
+    def get(self, reservation_id: str) -> Reservation | None:
+        with self._lock:
+            return self._reservations.get(reservation_id)
+
+    def overcommit(self) -> Overcommit | None:
+        """The β_max stage's reserved sums and ceilings, when configured."""
+        with self._lock:
+            return self._overcommit_locked()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _free_mem(self) -> int:
+        return self.limits.mem_max - self._mem_reserved
+
+    def _free_disk(self) -> int:
+        return self.limits.disk_max - self._disk_reserved
+
+    def _overcommit_locked(self) -> Overcommit | None:
+        limits = self.limits
+        if not limits.overcommit_enabled:
+            return None
+
+        def ceiling(factor: float | None, total: float) -> float | None:
+            return None if factor is None else factor * total
+
+        return Overcommit(
+            vcpus_reserved=max(self._vcpus_reserved, 0.0),
+            vcpus_ceiling=ceiling(limits.cpu_overcommit, limits.cpu_capacity),
+            disk_bw_reserved=self._disk_bw_reserved,
+            disk_bw_ceiling=ceiling(limits.disk_bw_overcommit, limits.disk_bw_cap),
+            net_bw_reserved=self._net_bw_reserved,
+            net_bw_ceiling=ceiling(limits.net_bw_overcommit, limits.net_bw_cap),
+        )
+
+    def _soft_detail(self, reason: str, spec: Spec) -> str:
+        load, limits = self.readings, self.limits
+        if reason == "cpu_saturated":
+            return (
+                f"load {load.cpu_load:.3f} + {spec.vcpus:g}/{limits.cpu_capacity:g} cores "
+                f"> {limits.cpu_max_load:.3f}"
+            )
+        if reason == "disk_bw_saturated":
+            return f"{load.disk_bw_load:.0f} + {spec.disk_bw} B/s > {limits.disk_bw_ceiling:.0f}"
+        return f"{load.net_bw_load:.0f} + {spec.net_bw} B/s > {limits.net_bw_ceiling:.0f}"
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()

@@ -1,0 +1,255 @@
+"""The cluster driver: rank nodes by layer colocation, confirm through the node's admission.
+
+This is the seed's ``Hyper.Cluster.Scheduler`` behind berth's placement port:
+
+* ``candidates(spec, layers)`` — from this scheduler's replica of the node snapshots (fed by
+  the state store), the nodes that fit, most colocated bytes first (ties by node name);
+* ``place(spec, layers, attempt)`` — walk the candidates in rank order calling
+  ``attempt(node)`` — the authoritative confirmation — until one succeeds; every refusal is
+  logged with its node and *real* reason (a boot failure on the only candidate is not reported
+  as lack of capacity) and kept in the ``NoCapacity`` raised when all refuse;
+* ``run(spec, layers, start, stop)`` — place and boot: on each candidate, ``start`` the
+  workload, admit with the started workload as owner, and ``stop`` it if admission loses a
+  race (the node filled up since its snapshot);
+* ``schedule(request)`` — the port: confirm by admitting under a lease that the caller later
+  binds to the workload (``NodeClient.bind``) or releases; an unbound lease expires.
+
+Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
+A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first.
+``NoMatchingPlatform`` when no live node runs any requested platform; ``NoCapacity`` (with
+every node's reason) when some does but none fits or all refuse, or the cluster is empty.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from berth.cluster.client import NodeClient
+from berth.cluster.store import StateEvent, StateStore
+from berth.errors import BerthError, NoCapacity, NoMatchingPlatform
+from berth.model import Layer, Placement, Request, Spec
+from berth.node.budget import Owner
+from berth.platform import Platform
+from berth.scheduler.engine import Engine
+from berth.scheduler.explain import Explanation, summarise, verdicts
+from berth.scheduler.policy import Policy
+from berth.scheduler.ranking import Ranker, Ranking
+from berth.scheduler.reference import ReferenceRanker
+from berth.state import NodeState, colocation_score
+
+__all__ = ["ClusterScheduler", "Placed"]
+
+log = logging.getLogger("berth.scheduler")
+
+T = TypeVar("T")
+W = TypeVar("W", bound=Owner)
+
+
+@dataclass(frozen=True)
+class Placed(Generic[T]):
+    """A confirmed placement: the node, what ``attempt`` returned, rank and colocated bytes."""
+
+    node: str
+    result: T
+    rank: int
+    colocated_bytes: int
+    refusals: tuple[tuple[str, str], ...] = ()
+
+
+def _reason(error: BaseException) -> str:
+    reason = getattr(error, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    return f"{type(error).__name__.lower()}: {error}"
+
+
+class ClusterScheduler:
+    """The multi-node driver of the placement port (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        nodes: NodeClient,
+        *,
+        ranker: Literal["engine", "reference"] | Ranker = "engine",
+        policy: Policy | None = None,
+        lease_ttl_s: float = 30.0,
+    ) -> None:
+        self.nodes = nodes
+        self.policy = policy
+        self.lease_ttl_s = lease_ttl_s
+        self.ranker: Ranker
+        if ranker == "engine":
+            self.ranker = Engine()
+        elif ranker == "reference":
+            self.ranker = ReferenceRanker()
+        else:
+            self.ranker = ranker
+        if policy is not None and not isinstance(self.ranker, Engine):
+            raise ValueError("policies other than the seed's need the engine ranker")
+        self._states: dict[str, NodeState] = {}
+        self._unsubscribe = store.subscribe(self._on_event)
+
+    def close(self) -> None:
+        """Stop following the state store."""
+        self._unsubscribe()
+
+    def _on_event(self, event: StateEvent) -> None:
+        if event.kind == "put" and event.state is not None:
+            current = self._states.get(event.node)
+            if current is not None and current.generation > event.state.generation:
+                return
+            self._states[event.node] = event.state
+            self.ranker.upsert(event.state)
+        elif event.kind == "delete":
+            self._states.pop(event.node, None)
+            self.ranker.remove(event.node)
+
+    # -- the seed's API ----------------------------------------------------------------------
+    def states(self) -> dict[str, NodeState]:
+        """This scheduler's replica: the latest snapshot per live node."""
+        return dict(self._states)
+
+    @staticmethod
+    def colocation_score(state: NodeState, layers: Sequence[Layer]) -> int:
+        """Bytes of ``layers`` already mounted on ``state``'s node."""
+        return colocation_score(state, layers)
+
+    def candidates(
+        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
+    ) -> list[str]:
+        """Fitting nodes, most colocated bytes first (ties by node name)."""
+        return list(self.rank(spec, layers, platforms))
+
+    def rank(
+        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
+    ) -> Ranking:
+        """The candidate ranking with colocated bytes; ``NoMatchingPlatform`` first."""
+        self._check_platforms(platforms)
+        if isinstance(self.ranker, Engine):
+            return self.ranker.rank(spec, layers, platforms, self.policy)
+        return self.ranker.rank(spec, layers, platforms)
+
+    async def place(
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        attempt: Callable[[str], Awaitable[T]],
+        platforms: Sequence[Platform] = (),
+        preferred_node: str | None = None,
+    ) -> Placed[T]:
+        """Walk the candidates calling ``attempt(node)`` until one confirms."""
+        ranking = self.rank(spec, layers, platforms)
+        refusals: dict[str, str] = {}
+        for index, node in self._walk(ranking, preferred_node):
+            try:
+                result = await attempt(node)
+            except (BerthError, OSError) as error:
+                reason = _reason(error)
+                log.info("node %s refused %s: %s", node, _what(spec), reason)
+                refusals[node] = reason
+                continue
+            return Placed(node, result, index, ranking.colocated(index), tuple(refusals.items()))
+        raise self._no_capacity(spec, layers, platforms, refusals)
+
+    async def run(
+        self,
+        spec: Spec,
+        layers: Sequence[Layer],
+        start: Callable[[str], Awaitable[W]],
+        stop: Callable[[W], Awaitable[object]],
+        platforms: Sequence[Platform] = (),
+    ) -> Placed[W]:
+        """Place and boot: on each candidate start, admit owned by the workload, else stop."""
+
+        async def try_run(node: str) -> W:
+            workload = await start(node)
+            try:
+                reservation_id = await self.nodes.admit(node, spec, lease_ttl_s=self.lease_ttl_s)
+                await self.nodes.bind(node, reservation_id, workload)
+            except BaseException:
+                await stop(workload)
+                raise
+            return workload
+
+        return await self.place(spec, layers, try_run, platforms)
+
+    # -- the port ----------------------------------------------------------------------------
+    async def schedule(self, request: Request) -> Placement:
+        """Place ``request``; with a spec, the chosen node holds a lease-owned reservation."""
+        spec = request.spec
+
+        async def confirm(node: str) -> str | None:
+            if spec is None:
+                return None
+            return await self.nodes.admit(node, spec, lease_ttl_s=self.lease_ttl_s)
+
+        placed = await self.place(
+            spec, request.layers, confirm, request.platforms, request.preferred_node
+        )
+        return Placement(
+            worker_node=placed.node,
+            reservation_id=placed.result,
+            colocated_bytes=placed.colocated_bytes,
+            rank=placed.rank,
+        )
+
+    def explain(self, request: Request, refusals: dict[str, str] | None = None) -> Explanation:
+        """Every node's verdict for ``request``: first failed check or fits, bytes, rank."""
+        try:
+            ranking = self.rank(request.spec, request.layers, request.platforms)
+            ranks = {node: index for index, node in enumerate(ranking)}
+        except NoMatchingPlatform:
+            ranks = {}
+        return verdicts(
+            self._states.values(),
+            request.spec,
+            request.layers,
+            request.platforms,
+            ranks,
+            refusals,
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+    def _check_platforms(self, platforms: Sequence[Platform]) -> None:
+        if not platforms:
+            return
+        offered = self.ranker.platforms()
+        if not offered or any(platform in offered for platform in platforms):
+            return  # an empty cluster is a capacity problem, not the artifact's
+        raise NoMatchingPlatform(
+            tuple(str(platform) for platform in platforms),
+            {f"{count} node{'s' if count != 1 else ''}": str(p) for p, count in offered.items()},
+        )
+
+    @staticmethod
+    def _walk(ranking: Ranking, preferred: str | None) -> Iterator[tuple[int, str]]:
+        if preferred is not None:
+            for index, node in enumerate(ranking):
+                if node == preferred:
+                    yield index, node
+                    break
+            else:
+                preferred = None
+        for index, node in enumerate(ranking):
+            if node != preferred:
+                yield index, node
+
+    def _no_capacity(
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        platforms: Sequence[Platform],
+        refusals: dict[str, str],
+    ) -> NoCapacity:
+        explanation = verdicts(self._states.values(), spec, layers, platforms, {}, refusals)
+        reasons = {v.node: v.refused or v.verdict for v in explanation.verdicts}
+        message = f"cannot place {_what(spec)}: {summarise(explanation.verdicts, platforms)}"
+        return NoCapacity(message, reasons)
+
+
+def _what(spec: Spec | None) -> str:
+    return f"({spec})" if spec is not None else "(no resources declared)"

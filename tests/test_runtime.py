@@ -1,0 +1,450 @@
+"""The workload runtime: one contract both drivers pass, then real-process specifics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+
+from berth.errors import BerthError, Invalid
+from berth.node.runtime import (
+    BootFailed,
+    BootSpec,
+    FakeRuntime,
+    ProcessRuntime,
+    Runtime,
+    Workload,
+    WorkloadExit,
+)
+
+T = TypeVar("T")
+MiB = 1024 * 1024
+PYTHON = sys.executable
+
+
+def run(scenario: Callable[[], Awaitable[T]], timeout_s: float = 5.0) -> T:
+    async def bounded() -> T:
+        return await asyncio.wait_for(scenario(), timeout_s)
+
+    return asyncio.run(bounded())
+
+
+def python(code: str, **fields: Any) -> BootSpec:
+    return BootSpec(name=fields.pop("name", "py"), command=(PYTHON, "-c", code), **fields)
+
+
+class ExitLog:
+    """An ``on_exit`` listener that records every call."""
+
+    def __init__(self) -> None:
+        self.ended: list[Workload] = []
+
+    def __call__(self, workload: Workload) -> None:
+        assert workload.done  # listeners see the final state
+        self.ended.append(workload)
+
+    def ids(self) -> list[str]:
+        return [workload.id for workload in self.ended]
+
+
+# --- the contract ----------------------------------------------------------------------------
+
+
+class RuntimeContract:
+    """What every ``Runtime`` driver guarantees.  Subclasses provide the driver-specific parts."""
+
+    def make_runtime(self) -> Runtime:
+        raise NotImplementedError
+
+    def long_running_spec(self) -> BootSpec:
+        """A workload that runs until stopped."""
+        raise NotImplementedError
+
+    def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
+        """A workload whose boot fails, and a fragment of the reason the driver must give."""
+        raise NotImplementedError
+
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+        """Start a workload that ends by itself with exit status ``code``."""
+        raise NotImplementedError
+
+    def test_start_then_stop_reports_the_end_once(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            log = ExitLog()
+            runtime.on_exit(log)
+            workload = await runtime.start(self.long_running_spec())
+            assert not workload.done
+            assert workload.exit is None and workload.reason is None
+            assert runtime.list() == (workload,)
+            await runtime.stop(workload.id)
+            assert workload.done
+            status = await workload.wait()
+            assert status.stopped
+            assert status.reason.startswith("stopped")
+            assert runtime.list() == ()
+            assert log.ids() == [workload.id]
+
+        run(scenario)
+        assert isinstance(self.make_runtime(), Runtime)
+
+    def test_stop_is_idempotent_and_unknown_ids_are_harmless(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            log = ExitLog()
+            runtime.on_exit(log)
+            await runtime.stop("no-such-workload")
+            workload = await runtime.start(self.long_running_spec())
+            await asyncio.gather(runtime.stop(workload.id), runtime.stop(workload.id))
+            await runtime.stop(workload.id)
+            assert log.ids() == [workload.id]
+
+        run(scenario)
+
+    def test_exit_by_itself_is_reported_with_its_code(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            log = ExitLog()
+            runtime.on_exit(log)
+            workload = await self.exit_by_itself(runtime, 3)
+            status = await workload.wait()
+            assert status == WorkloadExit(code=3)
+            assert workload.exit_code == 3
+            assert workload.reason == "exited with code 3"
+            assert log.ids() == [workload.id]
+            assert runtime.list() == ()
+            await runtime.stop(workload.id)  # already ended: harmless
+            assert len(log.ended) == 1
+
+        run(scenario)
+
+    def test_boot_failure_names_the_reason(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            spec, fragment = self.failing_spec(runtime)
+            with pytest.raises(BootFailed) as caught:
+                await runtime.start(spec)
+            assert str(caught.value).startswith("boot_failed: ")
+            assert fragment in caught.value.reason
+            assert isinstance(caught.value, BerthError)
+            assert runtime.list() == ()
+
+        run(scenario)
+
+    def test_workload_ids_are_unique_and_listeners_can_unsubscribe(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            kept, dropped = ExitLog(), ExitLog()
+            runtime.on_exit(kept)
+            unsubscribe = runtime.on_exit(dropped)
+            unsubscribe()
+            unsubscribe()  # twice is harmless
+            spec = self.long_running_spec()
+            workloads = [await runtime.start(spec) for _ in range(3)]
+            assert len({workload.id for workload in workloads}) == 3
+            assert set(runtime.list()) == set(workloads)
+            await asyncio.gather(*(runtime.stop(workload.id) for workload in workloads))
+            assert sorted(kept.ids()) == sorted(workload.id for workload in workloads)
+            assert dropped.ended == []
+
+        run(scenario)
+
+    def test_a_failing_listener_does_not_silence_the_others(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+
+            def broken(workload: Workload) -> None:
+                raise RuntimeError("listener bug")
+
+            log = ExitLog()
+            runtime.on_exit(broken)
+            runtime.on_exit(log)
+            workload = await runtime.start(self.long_running_spec())
+            await runtime.stop(workload.id)
+            assert log.ids() == [workload.id]
+
+        run(scenario)
+
+
+class TestProcessRuntimeContract(RuntimeContract):
+    def make_runtime(self) -> Runtime:
+        return ProcessRuntime(stop_grace_s=1.0)
+
+    def long_running_spec(self) -> BootSpec:
+        return BootSpec(name="sleeper", command=("sleep", "30"))
+
+    def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
+        return BootSpec(name="broken", command=("nosuchcmd",)), "command not found: 'nosuchcmd'"
+
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+        return await runtime.start(python(f"raise SystemExit({code})"))
+
+
+class TestFakeRuntimeContract(RuntimeContract):
+    def make_runtime(self) -> Runtime:
+        return FakeRuntime(failing_commands={"firecracker-broken"})
+
+    def long_running_spec(self) -> BootSpec:
+        return BootSpec(name="vm", command=("firecracker", "--config", "vm.json"))
+
+    def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
+        return BootSpec(name="vm", command=("firecracker-broken",)), "'firecracker-broken'"
+
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+        assert isinstance(runtime, FakeRuntime)
+        workload = await runtime.start(self.long_running_spec())
+        runtime.finish(workload.id, code)
+        return workload
+
+
+# --- BootSpec --------------------------------------------------------------------------------
+
+
+def test_boot_spec_accepts_unit_strings_for_the_memory_limit() -> None:
+    spec = BootSpec(name="vm", command=["sleep", "1"], mem_limit="256MiB")
+    assert spec.command == ("sleep", "1")
+    assert spec.mem_limit == 256 * MiB
+    assert spec.env == {}
+    assert BootSpec.from_json(spec.to_json()) == spec
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"command": ()}, "command"),
+        ({"command": ("",)}, "command"),
+        ({"command": "sleep 1"}, "command"),
+        ({"name": ""}, "name"),
+        ({"name": "two words"}, "name"),
+        ({"mem_limit": 0}, "mem_limit"),
+        ({"mem_limit": -1}, "mem_limit"),
+        ({"mem_limit": "lots"}, "mem_limit"),
+        ({"env": {"A=B": "x"}}, "env"),
+        ({"env": {"": "x"}}, "env"),
+    ],
+)
+def test_bad_boot_specs_are_invalid(fields: dict[str, Any], field: str) -> None:
+    values: dict[str, Any] = {"name": "vm", "command": ("sleep", "1"), **fields}
+    with pytest.raises(Invalid) as caught:
+        BootSpec(**values)
+    assert caught.value.field is not None
+    assert caught.value.field.startswith(field)
+
+
+# --- real processes --------------------------------------------------------------------------
+
+
+async def wait_for_file(path: Path, timeout_s: float = 3.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and (text := path.read_text()).strip():
+            return text.strip()
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def is_gone(pid: int) -> bool:
+    """Dead, or a zombie that only waits for whoever adopted it to reap it."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def wait_until_gone(pid: int, timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if is_gone(pid):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def test_a_process_killed_from_outside_is_reported() -> None:
+    async def scenario() -> None:
+        runtime = ProcessRuntime()
+        log = ExitLog()
+        runtime.on_exit(log)
+        workload = await runtime.start(BootSpec(name="victim", command=("sleep", "30")))
+        assert workload.pid is not None
+        os.killpg(workload.pid, signal.SIGKILL)
+        status = await workload.wait()
+        assert status == WorkloadExit(signal=signal.SIGKILL)
+        assert workload.reason == "killed by SIGKILL"
+        assert log.ids() == [workload.id]
+        assert runtime.list() == ()
+
+    run(scenario)
+
+
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    child_pid_file = tmp_path / "child.pid"
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime(stop_grace_s=1.0)
+        spec = BootSpec(
+            name="parent", command=("sh", "-c", f"sleep 30 & echo $! > {child_pid_file}; wait")
+        )
+        workload = await runtime.start(spec)
+        child = int(await wait_for_file(child_pid_file))
+        assert not is_gone(child)
+        await runtime.stop(workload.id)
+        assert await wait_until_gone(child)
+
+    run(scenario)
+
+
+def test_processes_left_behind_by_an_exited_leader_are_killed(tmp_path: Path) -> None:
+    child_pid_file = tmp_path / "child.pid"
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime()
+        spec = BootSpec(
+            name="leaky", command=("sh", "-c", f"sleep 30 & echo $! > {child_pid_file}")
+        )
+        workload = await runtime.start(spec)
+        assert (await workload.wait()).code == 0
+        child = int(await wait_for_file(child_pid_file))
+        assert await wait_until_gone(child)
+
+    run(scenario)
+
+
+def test_stop_escalates_to_sigkill_after_the_grace_period(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(ready)!r}).write_text('ready')\n"
+        "time.sleep(30)\n"
+    )
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime(stop_grace_s=0.2)
+        workload = await runtime.start(python(code, name="stubborn"))
+        await wait_for_file(ready)
+        started = time.monotonic()
+        await runtime.stop(workload.id)
+        assert time.monotonic() - started >= 0.2
+        assert workload.exit == WorkloadExit(signal=signal.SIGKILL, stopped=True)
+        assert workload.reason == "stopped (killed by SIGKILL)"
+
+    run(scenario)
+
+
+def test_nonexistent_command_fails_the_boot_with_a_clear_message() -> None:
+    async def scenario() -> None:
+        with pytest.raises(BootFailed) as caught:
+            await ProcessRuntime().start(BootSpec(name="x", command=("nosuchcmd", "--flag")))
+        assert str(caught.value) == "boot_failed: command not found: 'nosuchcmd'"
+
+    run(scenario)
+
+
+def test_non_executable_command_fails_the_boot(tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o644)
+
+    async def scenario() -> None:
+        with pytest.raises(BootFailed) as caught:
+            await ProcessRuntime().start(BootSpec(name="x", command=(str(script),)))
+        assert "permission denied" in caught.value.reason
+
+    run(scenario)
+
+
+def test_memory_limit_is_applied() -> None:
+    allocate = "import sys; sys.exit(0 if len(bytearray({n} * 1024 * 1024)) else 1)"
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime()
+        small = await runtime.start(python(allocate.format(n=16), mem_limit="256MiB"))
+        large = await runtime.start(python(allocate.format(n=512), mem_limit="256MiB"))
+        assert (await small.wait()).code == 0
+        assert (await large.wait()).code == 1  # MemoryError: the address space is capped
+
+    run(scenario)
+
+
+def test_workloads_get_their_env_but_not_the_agents(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTH_AGENT_SECRET", "hunter2")
+    check = (
+        "import os, sys\n"
+        "ok = os.environ.get('GREETING') == 'hi' and 'BERTH_AGENT_SECRET' not in os.environ\n"
+        "sys.exit(0 if ok else 1)\n"
+    )
+
+    async def scenario() -> None:
+        workload = await ProcessRuntime().start(python(check, env={"GREETING": "hi"}))
+        assert (await workload.wait()).code == 0
+
+    run(scenario)
+
+
+def test_output_goes_to_the_log_dir(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        runtime = ProcessRuntime(log_dir=tmp_path / "logs")
+        workload = await runtime.start(
+            python("print('hello'); import sys; print('oops', file=sys.stderr)")
+        )
+        await workload.wait()
+        text = (tmp_path / "logs" / f"{workload.id}.log").read_text()
+        assert "hello" in text and "oops" in text
+
+    run(scenario)
+
+
+def test_aclose_stops_everything() -> None:
+    async def scenario() -> None:
+        runtime = ProcessRuntime()
+        log = ExitLog()
+        runtime.on_exit(log)
+        for _ in range(3):
+            await runtime.start(BootSpec(name="s", command=("sleep", "30")))
+        await runtime.aclose()
+        assert runtime.list() == ()
+        assert len(log.ended) == 3
+        assert all(workload.exit and workload.exit.stopped for workload in log.ended)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("grace", [-1, float("nan"), True])
+def test_bad_grace_period_is_invalid(grace: float) -> None:
+    with pytest.raises(Invalid) as caught:
+        ProcessRuntime(stop_grace_s=grace)
+    assert caught.value.field == "stop_grace_s"
+
+
+# --- fake specifics --------------------------------------------------------------------------
+
+
+def test_fake_runtime_kill_and_finish_control_the_end() -> None:
+    async def scenario() -> None:
+        runtime = FakeRuntime()
+        log = ExitLog()
+        runtime.on_exit(log)
+        spec = BootSpec(name="vm", command=("fc",))
+        killed, finished = await runtime.start(spec), await runtime.start(spec)
+        runtime.kill(killed.id)
+        runtime.finish(finished.id)
+        assert killed.exit == WorkloadExit(signal=signal.SIGKILL)
+        assert finished.exit == WorkloadExit(code=0)
+        assert log.ids() == [killed.id, finished.id]
+        with pytest.raises(Invalid) as caught:
+            runtime.finish(finished.id)
+        assert caught.value.field == "workload_id"
+        runtime.failing_commands.add("fc")
+        with pytest.raises(BootFailed):
+            await runtime.start(spec)
+
+    run(scenario)

@@ -34,15 +34,18 @@ class Invalid(BerthError, ValueError):
 
 
 class NoMatchingPlatform(Invalid):
-    """No worker node runs any of the platforms the artifact provides."""
+    """No worker node runs any of the platforms the artifact provides.
 
-    def __init__(self, requested: tuple[str, ...], offered: Mapping[str, str]) -> None:
+    ``offered`` says what the nodes do run, e.g. ``"worker-1 (linux/amd64)"`` or
+    ``"linux/amd64 on 40 nodes, linux/arm64/v8 on 10 nodes"``.
+    """
+
+    def __init__(self, requested: tuple[str, ...], offered: str) -> None:
         self.requested = requested
-        self.offered = dict(offered)
-        nodes = ", ".join(f"{node} ({platform})" for node, platform in sorted(offered.items()))
+        self.offered = offered
         super().__init__(
             f"no worker node matches the artifact's platforms [{', '.join(requested)}]: "
-            f"nodes offer {nodes or 'nothing (no nodes)'}",
+            f"nodes offer {offered or 'nothing (no nodes)'}",
             field="platforms",
         )
 

@@ -222,7 +222,10 @@ class ClusterScheduler:
             return  # an empty cluster is a capacity problem, not the artifact's
         raise NoMatchingPlatform(
             tuple(str(platform) for platform in platforms),
-            {f"{count} node{'s' if count != 1 else ''}": str(p) for p, count in offered.items()},
+            ", ".join(
+                f"{platform} on {count} node{'s' if count != 1 else ''}"
+                for platform, count in sorted(offered.items(), key=lambda item: str(item[0]))
+            ),
         )
 
     @staticmethod

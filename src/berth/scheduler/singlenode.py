@@ -32,7 +32,7 @@ class SingleNode:
         if not matches_any(self.platform, request.platforms):
             raise NoMatchingPlatform(
                 tuple(str(platform) for platform in request.platforms),
-                {self.local: str(self.platform)},
+                f"{self.local} ({self.platform})",
             )
         return self._placement
 

@@ -1,0 +1,182 @@
+"""The NumPy engine ranks exactly like the literal reference, on any cluster and any history."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from berth import Layer, Platform, Spec
+from berth.scheduler.engine import Engine
+from berth.scheduler.reference import ReferenceRanker
+from berth.state import NodeState, Overcommit
+
+LAYER_IDS = [f"sha256:{i:02x}" for i in range(24)]
+PLATFORMS = [Platform.parse(p) for p in ("linux/amd64", "linux/arm64", "windows/amd64")]
+
+# Small integer grids make exact-fit edges (spec == headroom) common, not a fluke.
+amounts = st.integers(0, 8).map(lambda x: x * 256)
+loads = st.sampled_from([0.0, 0.25, 0.5, 0.75, 0.8, 1.0, 0.1 + 0.2])
+caps = st.sampled_from([1.0, 2.0, 3.0, 4.0, 0.5])
+
+
+@st.composite
+def states(draw: st.DrawFn, node: str) -> NodeState:
+    overcommit = draw(
+        st.none()
+        | st.builds(
+            Overcommit,
+            vcpus_reserved=st.sampled_from([0.0, 1.0, 2.5]),
+            vcpus_ceiling=st.none() | st.sampled_from([2.0, 3.0, 4.0]),
+            disk_bw_reserved=st.sampled_from([0.0, 512.0]),
+            disk_bw_ceiling=st.none() | st.sampled_from([768.0, 1024.0]),
+            net_bw_reserved=st.just(0.0),
+            net_bw_ceiling=st.none() | st.just(512.0),
+        )
+    )
+    return NodeState(
+        node=node,
+        platform=draw(st.sampled_from(PLATFORMS)),
+        generation=draw(st.integers(0, 3)),
+        mem_free=draw(amounts),
+        disk_free=draw(amounts),
+        cpu_load=draw(loads),
+        cpu_capacity=draw(caps),
+        cpu_max_load=draw(loads),
+        disk_bw_load=draw(amounts).__float__(),
+        disk_bw_ceiling=draw(amounts).__float__(),
+        net_bw_load=draw(amounts).__float__(),
+        net_bw_ceiling=draw(amounts).__float__(),
+        layers=frozenset(draw(st.lists(st.sampled_from(LAYER_IDS), max_size=10))),
+        cached_layers=frozenset(draw(st.lists(st.sampled_from(LAYER_IDS), max_size=3))),
+        overcommit=overcommit,
+    )
+
+
+node_names = st.text(alphabet="abcnode-019", min_size=1, max_size=6)
+specs = st.none() | st.builds(
+    Spec,
+    vcpus=st.sampled_from([0.25, 0.5, 1.0, 2.0, 0.1]),
+    mem=amounts,
+    disk=amounts,
+    disk_bw=amounts,
+    net_bw=amounts,
+)
+request_layers = st.lists(
+    st.tuples(st.sampled_from(LAYER_IDS), st.sampled_from([0, 1, 7, 1024, 2**33])),
+    unique_by=lambda pair: pair[0],
+    max_size=8,
+).map(lambda pairs: [Layer(id=i, size=s) for i, s in pairs])
+platform_lists = st.lists(st.sampled_from(PLATFORMS), unique=True, max_size=2)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[tuple[str, NodeState | str]]:
+    """A sequence of snapshot publications and departures, like a store's event stream."""
+    names = draw(st.lists(node_names, min_size=0, max_size=40, unique=True))
+    events: list[tuple[str, NodeState | str]] = [("put", draw(states(name))) for name in names]
+    for _ in range(draw(st.integers(0, 30))):
+        if not names:
+            break
+        name = draw(st.sampled_from(names))
+        if draw(st.integers(0, 5)) == 0:
+            events.append(("delete", name))
+        else:
+            events.append(("put", draw(states(name))))
+    return events
+
+
+def replay(events: list[tuple[str, NodeState | str]]) -> tuple[Engine, ReferenceRanker]:
+    engine, reference = Engine(capacity=2), ReferenceRanker()
+    for kind, payload in events:
+        if kind == "put":
+            assert isinstance(payload, NodeState)
+            engine.upsert(payload)
+            reference.upsert(payload)
+        else:
+            assert isinstance(payload, str)
+            engine.remove(payload)
+            reference.remove(payload)
+    return engine, reference
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), specs, request_layers, platform_lists)
+def test_engine_ranking_equals_reference(
+    events: list[tuple[str, NodeState | str]],
+    spec: Spec | None,
+    layers: list[Layer],
+    platforms: list[Platform],
+) -> None:
+    engine, reference = replay(events)
+    expected = reference.rank(spec, layers, platforms)
+    got = engine.rank(spec, layers, platforms)
+    assert got.pairs() == expected.pairs()
+    assert list(got) == list(expected)
+    assert len(engine) == len(reference)
+    assert engine.platforms() == reference.platforms()
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(150, 300), st.randoms(use_true_random=False), specs, request_layers)
+def test_engine_equals_reference_on_a_few_hundred_nodes(
+    count: int, rng: object, spec: Spec | None, layers: list[Layer]
+) -> None:
+    import random
+
+    assert isinstance(rng, random.Random)
+    engine, reference = Engine(), ReferenceRanker()
+    for index in range(count):
+        state = NodeState(
+            node=f"node-{rng.randrange(10**6):06d}-{index}",
+            platform=rng.choice(PLATFORMS),
+            mem_free=rng.randrange(0, 9) * 256,
+            disk_free=rng.randrange(0, 9) * 256,
+            cpu_load=rng.choice([0.0, 0.5, 0.75]),
+            cpu_capacity=rng.choice([1.0, 2.0, 4.0]),
+            cpu_max_load=rng.choice([0.75, 1.0]),
+            disk_bw_ceiling=float(rng.randrange(0, 9) * 256),
+            net_bw_ceiling=float(rng.randrange(0, 9) * 256),
+            layers=frozenset(rng.sample(LAYER_IDS, rng.randrange(0, 12))),
+        )
+        engine.upsert(state)
+        reference.upsert(state)
+    assert engine.rank(spec, layers).pairs() == reference.rank(spec, layers).pairs()
+
+
+def test_older_generation_is_ignored_by_both() -> None:
+    engine, reference = Engine(), ReferenceRanker()
+    base = dict(platform=PLATFORMS[0], mem_free=1024, disk_free=1024, cpu_capacity=1.0,
+                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    for ranker in (engine, reference):
+        ranker.upsert(NodeState(node="n", generation=2, layers=frozenset({"x"}), **base))  # type: ignore[arg-type]
+        ranker.upsert(NodeState(node="n", generation=1, **base))  # type: ignore[arg-type]
+        assert ranker.rank(None, [Layer(id="x", size=5)]).pairs() == [("n", 5)]
+
+
+def test_ties_go_to_node_name_order_and_empty_cluster_ranks_nothing() -> None:
+    engine = Engine()
+    assert list(engine.rank(None, [])) == []
+    base = dict(platform=PLATFORMS[0], mem_free=1024, disk_free=1024, cpu_capacity=1.0,
+                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    for name in ("c", "a", "b", "d"):
+        layers = frozenset({"x"}) if name in ("b", "d") else frozenset()
+        engine.upsert(NodeState(node=name, layers=layers, **base))  # type: ignore[arg-type]
+    assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["b", "d", "a", "c"]
+    engine.remove("b")
+    engine.remove("b")
+    assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["d", "a", "c"]
+    engine.upsert(NodeState(node="aa", layers=frozenset({"x"}), **base))  # type: ignore[arg-type]
+    assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["aa", "d", "a", "c"]
+
+
+def test_layer_index_follows_mounts_and_unmounts() -> None:
+    engine = Engine()
+    base = dict(platform=PLATFORMS[0], mem_free=1, disk_free=1, cpu_capacity=1.0,
+                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    engine.upsert(NodeState(node="n", generation=0, layers=frozenset({"a", "b"}), **base))  # type: ignore[arg-type]
+    engine.upsert(NodeState(node="m", generation=0, layers=frozenset({"b"}), **base))  # type: ignore[arg-type]
+    engine.upsert(NodeState(node="n", generation=1, layers=frozenset({"b", "c"}), **base))  # type: ignore[arg-type]
+    assert sorted(engine.mounted.holders("b").tolist()) == [0, 1]
+    assert engine.mounted.holders("a").size == 0
+    assert engine.mounted.holders("c").tolist() == [0]
+    assert engine.mounted.holders("never").size == 0

@@ -1,0 +1,32 @@
+"""The in-memory state store passes the store contract; expiry follows its clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from berth.cluster.contract import StateStoreContract, sample_state
+from berth.cluster.memory import MemoryStore
+from berth.cluster.store import StateEvent, StateStore
+
+
+class TestMemoryStoreContract(StateStoreContract):
+    def open_store(self, *, ttl_s: float | None = None) -> AbstractAsyncContextManager[StateStore]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[StateStore]:
+            yield MemoryStore(ttl_s=ttl_s)
+
+        return opened()
+
+
+def test_expiry_follows_a_fake_clock_and_notifies() -> None:
+    now = [0.0]
+    store = MemoryStore(ttl_s=5, clock=lambda: now[0])
+    events: list[StateEvent] = []
+    store.subscribe(events.append)
+    store.publish_now(sample_state("a"))
+    now[0] = 4.0
+    store.publish_now(sample_state("b"))
+    now[0] = 5.5
+    assert set(store.states_now()) == {"b"}
+    assert [(e.kind, e.node) for e in events] == [("put", "a"), ("put", "b"), ("delete", "a")]

@@ -29,7 +29,10 @@ from berth.validation import BerthModel
 
 __all__ = [
     "INSTANCE_TYPES",
+    "Bytes",
+    "BytesPerSecond",
     "Layer",
+    "Name",
     "Placement",
     "Request",
     "Spec",

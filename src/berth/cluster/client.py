@@ -13,14 +13,18 @@ node agent's part) extend this port when agents exist.  Messages are plain seria
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from berth.errors import Unavailable
-from berth.model import Spec
+from berth.model import Layer, Spec
 from berth.node.budget import Lease, NodeBudget, Owner, Refused
+from berth.node.runtime import BootSpec
 
-__all__ = ["LocalNodes", "NodeClient"]
+if TYPE_CHECKING:
+    from berth.node.agent import Agent
+
+__all__ = ["AgentClient", "AgentNodes", "LocalNodes", "NodeClient"]
 
 
 class NodeClient(Protocol):
@@ -33,8 +37,9 @@ class NodeClient(Protocol):
         """
         ...
 
-    async def bind(self, node: str, reservation_id: str, owner: Owner) -> None:
-        """Tie the reservation's lease to ``owner``: it is released when ``owner`` ends."""
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        """Tie the reservation's lease to ``owner`` (an owner object in-process, or a workload
+        id on that node): the reservation is then released when the owner ends."""
         ...
 
     async def release(self, node: str, reservation_id: str) -> bool:
@@ -80,7 +85,9 @@ class LocalNodes:
         lease.add_done_callback(lambda _: self._forget(key))
         return reservation.id
 
-    async def bind(self, node: str, reservation_id: str, owner: Owner) -> None:
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        if isinstance(owner, str):
+            raise Refused("unknown_workload", "budget-only nodes run no workloads", node=node)
         with self._lock:
             lease = self._leases.get((node, reservation_id))
         if lease is None:
@@ -93,3 +100,52 @@ class LocalNodes:
     def _forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._leases.pop(key, None)
+
+
+class AgentClient(NodeClient, Protocol):
+    """Admission plus the agent's workload operations."""
+
+    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+        """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
+
+        Raises ``Refused`` (``boot_failed``, ``mem_exhausted`` …) or ``Unavailable``.
+        """
+        ...
+
+    async def stop(self, node: str, workload_id: str) -> None:
+        """Stop a workload; unknown or already stopped ids are harmless."""
+        ...
+
+
+class AgentNodes:
+    """``AgentClient`` over node agents in this process."""
+
+    def __init__(self, agents: Mapping[str, Agent] | None = None) -> None:
+        self._agents: dict[str, Agent] = dict(agents or {})
+
+    def add(self, agent: Agent) -> None:
+        self._agents[agent.name] = agent
+
+    def discard(self, node: str) -> None:
+        self._agents.pop(node, None)
+
+    def agent(self, node: str) -> Agent:
+        try:
+            return self._agents[node]
+        except KeyError:
+            raise Unavailable(f"node {node!r} is not reachable") from None
+
+    async def admit(self, node: str, spec: Spec, *, lease_ttl_s: float) -> str:
+        return self.agent(node).admit(spec, lease_ttl_s)
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        self.agent(node).bind(reservation_id, owner)
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        return self.agent(node).release(reservation_id)
+
+    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+        return (await self.agent(node).try_run(spec, layers, boot)).id
+
+    async def stop(self, node: str, workload_id: str) -> None:
+        await self.agent(node).stop_workload(workload_id)

@@ -223,6 +223,12 @@ class Lease:
         return True
 
 
+def _has_ended(owner: object) -> bool:
+    # asyncio and concurrent futures have a ``done()`` method, workload handles a property.
+    done = getattr(owner, "done", None)
+    return bool(done() if callable(done) else done)
+
+
 class NodeBudget:
     """The authoritative hard/soft budget of one node (see the module docstring)."""
 
@@ -237,7 +243,7 @@ class NodeBudget:
         self.limits = limits
         self.readings = readings
         self.clock = clock
-        self._on_change = on_change
+        self._listeners: list[Callable[[], None]] = [on_change] if on_change else []
         self._lock = threading.RLock()
         self._reservations: dict[str, Reservation] = {}
         self._leases: dict[str, Lease] = {}
@@ -247,6 +253,10 @@ class NodeBudget:
         self._disk_bw_reserved = 0
         self._net_bw_reserved = 0
         self._ids = itertools.count(1)
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Also call ``listener()`` after every change of reservations (e.g. an advertiser)."""
+        self._listeners.append(listener)
 
     # -- admission ---------------------------------------------------------------------------
     def soft_check(self, spec: Spec) -> str | None:
@@ -270,7 +280,7 @@ class NodeBudget:
     def reserve(self, spec: Spec, owner: Owner) -> Reservation:
         """Atomically check and reserve the hard (and β_max) amounts of ``spec`` for ``owner``."""
         self.reap()
-        if getattr(owner, "done", None) is not None and owner.done():  # type: ignore[attr-defined]
+        if _has_ended(owner):
             raise Refused("owner_ended", "the workload ended before admission")
         with self._lock:
             limits = self.limits
@@ -382,5 +392,5 @@ class NodeBudget:
         return f"{load.net_bw_load:.0f} + {spec.net_bw} B/s > {limits.net_bw_ceiling:.0f}"
 
     def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
+        for listener in list(self._listeners):
+            listener()

@@ -102,7 +102,7 @@ class LayerRegistry:
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.cache_budget_bytes = _byte_count(cache_budget_bytes, "cache_budget_bytes")
-        self._on_change = on_change
+        self._listeners: list[Callable[[], None]] = [on_change] if on_change else []
         self._lock = threading.Lock()
         self._refcounts: dict[str, int] = {}
         self._mounted_sizes: dict[str, int] = {}
@@ -110,6 +110,10 @@ class LayerRegistry:
         self._cached_bytes = 0
 
     # --- changes ----------------------------------------------------------------------------
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Also call ``listener()`` after every change of the mounted or cached sets."""
+        self._listeners.append(listener)
 
     def mount(self, layer_id: str, size: int) -> MountResult:
         """Take one reference on ``layer_id`` of ``size`` bytes; say whether it was pulled.
@@ -174,8 +178,8 @@ class LayerRegistry:
         return True, tuple(evicted)
 
     def _changed(self) -> None:
-        if self._on_change is not None:
-            self._on_change()
+        for listener in list(self._listeners):
+            listener()
 
     # --- queries ----------------------------------------------------------------------------
 

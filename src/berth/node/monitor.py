@@ -39,11 +39,12 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self
 
 import psutil
 
 from berth.errors import Invalid
+from berth.node.budget import LoadReadings
 
 __all__ = [
     "ByteCounterSource",
@@ -78,24 +79,6 @@ class Clock(Protocol):
 
 Sleep = Callable[[float], Awaitable[None]]
 """Suspends for a number of seconds, like :func:`asyncio.sleep` (which is the default)."""
-
-
-@runtime_checkable
-class LoadReadings(Protocol):
-    """Current smoothed load of a node — everything the soft budget check reads.
-
-    ``cpu_load`` is the busy fraction of the whole machine (0..1); ``disk_bw_load`` and
-    ``net_bw_load`` are throughputs in bytes/s.  An unmeasured metric reads ``0.0``.
-    """
-
-    @property
-    def cpu_load(self) -> float: ...
-
-    @property
-    def disk_bw_load(self) -> float: ...
-
-    @property
-    def net_bw_load(self) -> float: ...
 
 
 def _positive_seconds(value: float, field: str) -> float:

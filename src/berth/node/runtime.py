@@ -162,6 +162,7 @@ class Workload:
         self.pid = pid
         self._exit: WorkloadExit | None = None
         self._ended = asyncio.Event()
+        self._done_callbacks: list[Callable[[Workload], object]] = []
 
     @property
     def done(self) -> bool:
@@ -182,6 +183,16 @@ class Workload:
         """Why it ended (``exited with code 1``, ``killed by SIGKILL``…); ``None`` while running."""
         return None if self._exit is None else self._exit.reason
 
+    def add_done_callback(self, fn: Callable[[Workload], object], /) -> None:
+        """Call ``fn(self)`` when the workload ends (at once if it has): an ``Owner``.
+
+        This is what lets a node budget hold a reservation for exactly the workload's life.
+        """
+        if self._exit is not None:
+            fn(self)
+        else:
+            self._done_callbacks.append(fn)
+
     async def wait(self) -> WorkloadExit:
         await self._ended.wait()
         assert self._exit is not None
@@ -193,6 +204,12 @@ class Workload:
             return False
         self._exit = status
         self._ended.set()
+        callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("a done callback of workload %s failed", self.id)
         return True
 
     def __repr__(self) -> str:

@@ -1,0 +1,155 @@
+"""The embedded cluster: N in-process node agents over the in-memory store, one scheduler.
+
+berth's default needs no server: this module starts a heterogeneous set of agents (sizes and
+platforms cycle through a few classes, so placement has real choices to make), each
+publishing to one :class:`~berth.cluster.memory.MemoryStore`, with a
+:class:`~berth.scheduler.cluster.ClusterScheduler` in front.  ``run(request, boot)`` places and
+boots for real: the seed's walk over the ranked candidates, each attempt being the chosen
+agent's ``try_run`` (mount, boot, admit owned by the workload, stop on refusal).
+
+Agents here read load through fixed idle readings unless ``live_monitors=True``: N agents in
+one process share one machine, so live monitors would all measure the same host.  The hard
+budget — the part that must never be exceeded — is enforced for real either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from berth.cluster.client import AgentNodes
+from berth.cluster.memory import MemoryStore
+from berth.config import AgentConfig, AgentSection, BudgetSection, NodeSection
+from berth.errors import Invalid
+from berth.model import Request
+from berth.node.agent import Agent
+from berth.node.budget import IDLE
+from berth.node.runtime import BootSpec, Workload
+from berth.scheduler.cluster import ClusterScheduler, Placed
+from berth.scheduler.policy import Policy
+
+__all__ = ["NODE_CLASSES", "EmbeddedCluster", "Started", "embedded_configs"]
+
+GiB = 2**30
+
+NODE_CLASSES: tuple[tuple[str, int, int, float], ...] = (
+    # (class, mem_max, disk_max, cores)
+    ("small", 2 * GiB, 32 * GiB, 2.0),
+    ("medium", 4 * GiB, 64 * GiB, 4.0),
+    ("large", 8 * GiB, 128 * GiB, 8.0),
+)
+DEFAULT_PLATFORMS = ("linux/amd64", "linux/amd64", "linux/arm64")
+
+
+def embedded_configs(
+    nodes: int,
+    *,
+    platforms: Sequence[str] = DEFAULT_PLATFORMS,
+    runtime: Literal["process", "fake"] = "process",
+    heartbeat_s: float = 5.0,
+) -> list[AgentConfig]:
+    """Configurations for ``nodes`` agents, cycling through sizes and ``platforms``."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise Invalid(f"must be a whole number >= 1, got {nodes!r}", field="nodes")
+    if not platforms:
+        raise Invalid("must list at least one platform", field="platforms")
+    configs = []
+    sizes = itertools.cycle(NODE_CLASSES)
+    kinds = itertools.cycle(platforms)
+    for index in range(nodes):
+        size_class, mem, disk, cores = next(sizes)
+        configs.append(
+            AgentConfig(
+                node=NodeSection(
+                    name=f"node-{index:02d}",
+                    platform=next(kinds),
+                    labels={"class": size_class},
+                ),
+                budget=BudgetSection(
+                    mem_max=mem,
+                    disk_max=disk,
+                    cpu_max_load=0.9,
+                    cpu_max_cap=cores,
+                    disk_bw_cap=2 * GiB,
+                    disk_bw_max_load=0.8,
+                    net_bw_cap=GiB,
+                    net_bw_max_load=0.8,
+                ),
+                agent=AgentSection(runtime=runtime, heartbeat_s=heartbeat_s, stop_grace_s=1.0),
+            )
+        )
+    return configs
+
+
+@dataclass(frozen=True)
+class Started:
+    """A workload booted by the embedded cluster: where, the handle, and how it was placed."""
+
+    node: str
+    workload: Workload
+    placed: Placed[Workload]
+
+
+class EmbeddedCluster:
+    """In-process agents + memory store + scheduler.  ``async with EmbeddedCluster(...)``."""
+
+    def __init__(
+        self,
+        configs: Sequence[AgentConfig],
+        *,
+        live_monitors: bool = False,
+        policy: Policy | None = None,
+    ) -> None:
+        names = [config.node.name for config in configs]
+        if len(set(names)) != len(names):
+            raise Invalid(f"node names must be unique, got {names}", field="nodes")
+        self.store = MemoryStore()
+        self.client = AgentNodes()
+        self.agents: dict[str, Agent] = {}
+        for config in configs:
+            agent = Agent.from_config(config, self.store, readings=None if live_monitors else IDLE)
+            self.agents[agent.name] = agent
+            self.client.add(agent)
+        self.scheduler = ClusterScheduler(self.store, self.client, policy=policy)
+
+    @classmethod
+    def of_size(cls, nodes: int, **options: object) -> EmbeddedCluster:
+        """``nodes`` heterogeneous agents (see :func:`embedded_configs`)."""
+        live = bool(options.pop("live_monitors", False))
+        return cls(embedded_configs(nodes, **options), live_monitors=live)  # type: ignore[arg-type]
+
+    async def start(self) -> None:
+        for agent in self.agents.values():
+            await agent.start()
+
+    async def stop(self) -> None:
+        for agent in self.agents.values():
+            await agent.stop()
+        for agent in self.agents.values():
+            aclose = getattr(agent.runtime, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        self.scheduler.close()
+
+    async def __aenter__(self) -> EmbeddedCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run(self, request: Request, boot: BootSpec) -> Started:
+        """Place ``request`` and boot ``boot`` on the first candidate that admits it."""
+        spec = request.spec
+        if spec is None:
+            raise Invalid("running a workload needs its resources (an instance type)", field="spec")
+
+        async def try_run(node: str) -> Workload:
+            return await self.agents[node].try_run(spec, request.layers, boot)
+
+        placed = await self.scheduler.place(
+            spec, request.layers, try_run, request.platforms, request.preferred_node
+        )
+        return Started(placed.node, placed.result, placed)

@@ -36,7 +36,7 @@ from berth.cluster.store import StateStore
 from berth.config import AgentConfig
 from berth.errors import Invalid
 from berth.model import Layer, Spec
-from berth.node.budget import IDLE, Lease, LoadReadings, NodeBudget, Refused
+from berth.node.budget import Lease, LoadReadings, NodeBudget, Refused
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import BootFailed, BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload

@@ -35,7 +35,7 @@ import numpy.typing as npt
 from berth.model import Layer, Spec
 from berth.platform import Platform
 from berth.scheduler.ranking import Ranking
-from berth.state import NodeState
+from berth.state import NodeState, Overcommit
 
 if TYPE_CHECKING:
     from berth.scheduler.policy import Policy
@@ -136,6 +136,9 @@ _FLOAT_COLUMNS = (
     "oc_net_bw_ceiling",
 )
 _INT_COLUMNS = ("generation", "mem_free", "disk_free", "mem_max", "disk_max")
+
+
+_NO_OVERCOMMIT = Overcommit()
 
 
 def _ceiling(value: float | None) -> float:
@@ -247,14 +250,16 @@ class Engine:
         c["net_bw_load"][slot] = state.net_bw_load
         c["net_bw_ceiling"][slot] = state.net_bw_ceiling
         over = state.overcommit
-        if over is not None:
+        if over is None:
+            over = _NO_OVERCOMMIT  # columns of a reused slot must not keep old ceilings
+        else:
             self._overcommitting.add(slot)
-            c["oc_vcpus_reserved"][slot] = over.vcpus_reserved
-            c["oc_disk_bw_reserved"][slot] = over.disk_bw_reserved
-            c["oc_net_bw_reserved"][slot] = over.net_bw_reserved
-            c["oc_vcpus_ceiling"][slot] = _ceiling(over.vcpus_ceiling)
-            c["oc_disk_bw_ceiling"][slot] = _ceiling(over.disk_bw_ceiling)
-            c["oc_net_bw_ceiling"][slot] = _ceiling(over.net_bw_ceiling)
+        c["oc_vcpus_reserved"][slot] = over.vcpus_reserved
+        c["oc_disk_bw_reserved"][slot] = over.disk_bw_reserved
+        c["oc_net_bw_reserved"][slot] = over.net_bw_reserved
+        c["oc_vcpus_ceiling"][slot] = _ceiling(over.vcpus_ceiling)
+        c["oc_disk_bw_ceiling"][slot] = _ceiling(over.disk_bw_ceiling)
+        c["oc_net_bw_ceiling"][slot] = _ceiling(over.net_bw_ceiling)
         self.mounted.set(slot, state.layers)
         self.cached.set(slot, state.cached_layers)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,66 @@ def test_bad_input_is_one_clear_line(args: list[str], expected: str) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert expected in result.stderr
+
+
+AGENT_TOML = """
+[node]
+name = "w1"
+platform = "linux/amd64"
+[budget]
+mem_max = "8GiB"
+disk_max = "100GiB"
+cpu_max_load = 0.9
+disk_bw_cap = "2GiBps"
+disk_bw_max_load = 0.8
+net_bw_cap = "10Gbps"
+net_bw_max_load = 0.8
+[agent]
+heartbeat_s = 0.2
+"""
+
+
+def test_agent_check_prints_the_effective_configuration(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(AGENT_TOML)
+    result = berth("agent", "--config", str(path), "--check")
+    assert result.returncode == 0, result.stderr
+    assert "budget.mem_max" in result.stdout and "8GiB" in result.stdout
+    assert "configuration is valid" in result.stdout
+
+
+def test_agent_runs_and_advertises_for_a_while(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(AGENT_TOML)
+    result = berth("agent", "--config", str(path), "--duration", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "w1: mem_free=8GiB" in result.stdout
+
+
+def test_agent_bad_config_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(AGENT_TOML.replace('"8GiB"', '"8 GiBs"'))
+    result = berth("agent", "--config", str(path), "--check")
+    assert result.returncode == 2
+    assert "budget.mem_max" in result.stderr and "8 GiBs" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cluster_boots_real_processes() -> None:
+    result = berth("cluster", "--nodes", "3", "--workloads", "4", "--command", "sleep 0.1")
+    assert result.returncode == 0, result.stderr
+    assert "job-0" in result.stdout and "node-00" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["cluster", "--nodes", "0"], "nodes"),
+        (["cluster", "--runtime", "docker"], "--runtime"),
+        (["cluster", "--command", ""], "--command"),
+    ],
+)
+def test_cluster_bad_flags(args: list[str], expected: str) -> None:
+    result = berth(*args)
+    assert result.returncode == 2
+    assert expected in result.stderr and "Traceback" not in result.stderr

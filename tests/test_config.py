@@ -1,0 +1,102 @@
+"""Agent configuration files: valid files load, every bad key is named with its value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from berth import Invalid, Platform
+from berth.config import AgentConfig, load_config
+from berth.platform import host
+
+VALID = """
+[node]
+name = "worker-1"
+platform = "linux/aarch64"
+labels = { zone = "a" }
+
+[budget]
+mem_max = "64GiB"
+disk_max = "500GiB"
+cpu_max_load = 0.9
+cpu_max_cap = 16
+disk_bw_cap = "2GiBps"
+disk_bw_max_load = 0.8
+net_bw_cap = "10Gbps"
+net_bw_max_load = 0.5
+cpu_overcommit = 4.0
+
+[agent]
+heartbeat_s = 2.5
+layer_cache = "20GiB"
+runtime = "fake"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return path
+
+
+def test_valid_file_loads_into_typed_models(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, VALID))
+    assert config.node.platform == Platform.parse("linux/arm64/v8")
+    assert config.node.labels == {"zone": "a"}
+    limits = config.budget.limits()
+    assert limits.mem_max == 64 * 2**30
+    assert limits.cpu_capacity == 16
+    assert limits.net_bw_cap == 1_250_000_000
+    assert limits.net_bw_ceiling == 625_000_000
+    assert limits.cpu_overcommit == 4.0 and limits.overcommit_enabled
+    assert config.agent.heartbeat_s == 2.5 and config.agent.runtime == "fake"
+    assert config.agent.layer_cache == 20 * 2**30
+    assert config.agent.lease_ttl_s == 30.0
+
+
+def test_defaults_platform_to_host_and_capacity_to_cores(tmp_path: Path) -> None:
+    text = VALID.replace('platform = "linux/aarch64"\n', "").replace("cpu_max_cap = 16\n", "")
+    config = load_config(write(tmp_path, text))
+    assert config.node.platform == host()
+    assert config.budget.limits().cpu_capacity >= 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "quoted"),
+    [
+        ('mem_max = "64GiB"', 'mem_max = "64 gigs"', "budget.mem_max", "64 gigs"),
+        ('mem_max = "64GiB"', 'mem_max = "-1GiB"', "budget.mem_max", "-1GiB"),
+        ("cpu_max_load = 0.9", "cpu_max_load = 1.5", "budget.cpu_max_load", "1.5"),
+        ('net_bw_cap = "10Gbps"', 'net_bw_cap = "10GiB"', "budget.net_bw_cap", "10GiB"),
+        ('net_bw_cap = "10Gbps"\n', "", "budget.net_bw_cap", "Field required"),
+        ('name = "worker-1"', 'name = ""', "node.name", "empty"),
+        ('platform = "linux/aarch64"', 'platform = "linux/amd46"', "node.platform", "amd46"),
+        ("heartbeat_s = 2.5", "heartbeat_s = 0", "agent.heartbeat_s", "0"),
+        ('runtime = "fake"', 'runtime = "docker"', "agent.runtime", "docker"),
+        ("cpu_overcommit = 4.0", "cpu_overcomit = 4.0", "budget.cpu_overcomit", "Extra inputs"),
+    ],
+)
+def test_bad_keys_are_named_with_their_value(
+    tmp_path: Path, old: str, new: str, field: str, quoted: str
+) -> None:
+    assert old in VALID
+    with pytest.raises(Invalid) as caught:
+        load_config(write(tmp_path, VALID.replace(old, new)))
+    assert caught.value.field == field
+    assert quoted in str(caught.value)
+
+
+def test_missing_section_unreadable_file_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(Invalid) as caught:
+        load_config(write(tmp_path, "[node]\nname = 'x'\n"))
+    assert caught.value.field == "budget"
+    with pytest.raises(Invalid, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(Invalid, match="not valid TOML"):
+        load_config(write(tmp_path, "[node\nname="))
+
+
+def test_config_round_trips_through_json(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, VALID))
+    assert AgentConfig.from_json(config.to_json()) == config

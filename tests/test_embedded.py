@@ -1,0 +1,85 @@
+"""End to end: an embedded cluster of real agents booting real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+
+import pytest
+
+from berth import Invalid, NoCapacity, Platform, Request
+from berth.cluster.embedded import EmbeddedCluster, embedded_configs
+from berth.node.runtime import BootSpec, Workload
+from berth.platform import matches_any
+
+
+def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
+    async def test() -> None:
+        rng = random.Random(7)
+        async with EmbeddedCluster(embedded_configs(3)) as cluster:
+            start = {name: a.budget.headroom() for name, a in cluster.agents.items()}
+            types = ["micro", "milli", "centi", "deci"]
+            started: list[tuple[Request, str, Workload]] = []
+            refused = 0
+            for index in range(20):
+                platforms = rng.choice([(), ("linux/amd64",), ("linux/arm64",)])
+                request = Request(namespace="it", name="job", replica=index,  # type: ignore[arg-type]
+                                  spec=rng.choice(types), platforms=platforms,  # type: ignore[arg-type]
+                                  layers=((f"layer-{index % 4}", 1000 + index % 4),))  # fmt: skip
+                seconds = f"{rng.uniform(0.3, 1.5):.2f}"
+                boot = BootSpec(name=f"job-{index}", command=("sleep", seconds))
+                try:
+                    run = await cluster.run(request, boot)
+                except NoCapacity:
+                    refused += 1
+                    continue
+                started.append((request, run.node, run.workload))
+                for name, agent in cluster.agents.items():  # no budget ever exceeded
+                    held = agent.budget.reservations()
+                    assert sum(r.spec.mem for r in held) <= agent.budget.limits.mem_max, name
+                    assert sum(r.spec.disk for r in held) <= agent.budget.limits.disk_max, name
+                node_platform = cluster.agents[run.node].platform
+                assert matches_any(node_platform, request.platforms)  # never a wrong platform
+            assert len(started) >= 10
+            victims = [w for _, _, w in started if not w.done][:4]
+            for workload in victims:
+                assert workload.pid is not None
+                os.killpg(workload.pid, signal.SIGKILL)
+            for _, _, workload in started:
+                await asyncio.wait_for(workload.wait(), timeout=10)
+            for workload in victims:
+                assert workload.exit is not None and workload.exit.signal == signal.SIGKILL
+            for name, agent in cluster.agents.items():
+                assert agent.budget.headroom() == start[name]
+                assert agent.budget.reservations() == []
+                assert agent.layers.mounted() == frozenset()
+                assert agent.workloads() == {}
+            await asyncio.sleep(0.05)
+            for name, state in cluster.store.states_now().items():
+                assert state.mem_free == start[name].mem_free  # and the cluster knows it
+
+    asyncio.run(test())
+
+
+def test_embedded_configs_are_heterogeneous_and_validated() -> None:
+    configs = embedded_configs(6)
+    assert len({c.budget.mem_max for c in configs}) == 3
+    assert {c.node.platform for c in configs} == {Platform.parse("linux/amd64"),
+                                                  Platform.parse("linux/arm64")}  # fmt: skip
+    with pytest.raises(Invalid):
+        embedded_configs(0)
+    with pytest.raises(Invalid):
+        EmbeddedCluster(configs + configs[:1])
+
+
+def test_run_needs_a_spec() -> None:
+    async def test() -> None:
+        async with EmbeddedCluster(embedded_configs(1, runtime="fake")) as cluster:
+            with pytest.raises(Invalid):
+                await cluster.run(
+                    Request(namespace="a", name="b"), BootSpec(name="x", command=("x",))
+                )
+
+    asyncio.run(test())

@@ -7,14 +7,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 import pytest
 
-from berth.errors import BerthError, Invalid
+from berth.errors import Invalid
 from berth.node.runtime import (
     BootFailed,
     BootSpec,
@@ -24,154 +23,15 @@ from berth.node.runtime import (
     Workload,
     WorkloadExit,
 )
+from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
 
 T = TypeVar("T")
 MiB = 1024 * 1024
 PYTHON = sys.executable
 
 
-def run(scenario: Callable[[], Awaitable[T]], timeout_s: float = 5.0) -> T:
-    async def bounded() -> T:
-        return await asyncio.wait_for(scenario(), timeout_s)
-
-    return asyncio.run(bounded())
-
-
 def python(code: str, **fields: Any) -> BootSpec:
     return BootSpec(name=fields.pop("name", "py"), command=(PYTHON, "-c", code), **fields)
-
-
-class ExitLog:
-    """An ``on_exit`` listener that records every call."""
-
-    def __init__(self) -> None:
-        self.ended: list[Workload] = []
-
-    def __call__(self, workload: Workload) -> None:
-        assert workload.done  # listeners see the final state
-        self.ended.append(workload)
-
-    def ids(self) -> list[str]:
-        return [workload.id for workload in self.ended]
-
-
-# --- the contract ----------------------------------------------------------------------------
-
-
-class RuntimeContract:
-    """What every ``Runtime`` driver guarantees.  Subclasses provide the driver-specific parts."""
-
-    def make_runtime(self) -> Runtime:
-        raise NotImplementedError
-
-    def long_running_spec(self) -> BootSpec:
-        """A workload that runs until stopped."""
-        raise NotImplementedError
-
-    def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
-        """A workload whose boot fails, and a fragment of the reason the driver must give."""
-        raise NotImplementedError
-
-    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
-        """Start a workload that ends by itself with exit status ``code``."""
-        raise NotImplementedError
-
-    def test_start_then_stop_reports_the_end_once(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-            log = ExitLog()
-            runtime.on_exit(log)
-            workload = await runtime.start(self.long_running_spec())
-            assert not workload.done
-            assert workload.exit is None and workload.reason is None
-            assert runtime.list() == (workload,)
-            await runtime.stop(workload.id)
-            assert workload.done
-            status = await workload.wait()
-            assert status.stopped
-            assert status.reason.startswith("stopped")
-            assert runtime.list() == ()
-            assert log.ids() == [workload.id]
-
-        run(scenario)
-        assert isinstance(self.make_runtime(), Runtime)
-
-    def test_stop_is_idempotent_and_unknown_ids_are_harmless(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-            log = ExitLog()
-            runtime.on_exit(log)
-            await runtime.stop("no-such-workload")
-            workload = await runtime.start(self.long_running_spec())
-            await asyncio.gather(runtime.stop(workload.id), runtime.stop(workload.id))
-            await runtime.stop(workload.id)
-            assert log.ids() == [workload.id]
-
-        run(scenario)
-
-    def test_exit_by_itself_is_reported_with_its_code(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-            log = ExitLog()
-            runtime.on_exit(log)
-            workload = await self.exit_by_itself(runtime, 3)
-            status = await workload.wait()
-            assert status == WorkloadExit(code=3)
-            assert workload.exit_code == 3
-            assert workload.reason == "exited with code 3"
-            assert log.ids() == [workload.id]
-            assert runtime.list() == ()
-            await runtime.stop(workload.id)  # already ended: harmless
-            assert len(log.ended) == 1
-
-        run(scenario)
-
-    def test_boot_failure_names_the_reason(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-            spec, fragment = self.failing_spec(runtime)
-            with pytest.raises(BootFailed) as caught:
-                await runtime.start(spec)
-            assert str(caught.value).startswith("boot_failed: ")
-            assert fragment in caught.value.reason
-            assert isinstance(caught.value, BerthError)
-            assert runtime.list() == ()
-
-        run(scenario)
-
-    def test_workload_ids_are_unique_and_listeners_can_unsubscribe(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-            kept, dropped = ExitLog(), ExitLog()
-            runtime.on_exit(kept)
-            unsubscribe = runtime.on_exit(dropped)
-            unsubscribe()
-            unsubscribe()  # twice is harmless
-            spec = self.long_running_spec()
-            workloads = [await runtime.start(spec) for _ in range(3)]
-            assert len({workload.id for workload in workloads}) == 3
-            assert set(runtime.list()) == set(workloads)
-            await asyncio.gather(*(runtime.stop(workload.id) for workload in workloads))
-            assert sorted(kept.ids()) == sorted(workload.id for workload in workloads)
-            assert dropped.ended == []
-
-        run(scenario)
-
-    def test_a_failing_listener_does_not_silence_the_others(self) -> None:
-        async def scenario() -> None:
-            runtime = self.make_runtime()
-
-            def broken(workload: Workload) -> None:
-                raise RuntimeError("listener bug")
-
-            log = ExitLog()
-            runtime.on_exit(broken)
-            runtime.on_exit(log)
-            workload = await runtime.start(self.long_running_spec())
-            await runtime.stop(workload.id)
-            assert log.ids() == [workload.id]
-
-        run(scenario)
 
 
 class TestProcessRuntimeContract(RuntimeContract):

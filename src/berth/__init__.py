@@ -1,33 +1,61 @@
 """berth — decides which node runs each workload, and makes the decision stick.
 
-The public API lives here; submodules are organised by architecture (``scheduler`` for the
-placement port and its drivers, ``node`` for a node's authoritative budget, ``cluster`` for
-the replicated state store).
+The public API lives here; submodules are organised by architecture: ``scheduler`` (the
+placement port, its drivers, the rankers and policies), ``node`` (a node's authoritative
+budget, monitors, layers, runtime and agent), ``cluster`` (the replicated state store, the
+node client port and the embedded cluster), ``sim`` (workloads and the simulator).
 """
 
+from berth.cluster.client import AgentNodes, LocalNodes, NodeClient
+from berth.cluster.embedded import EmbeddedCluster
+from berth.cluster.memory import MemoryStore
+from berth.cluster.store import StateStore
+from berth.config import AgentConfig, load_config
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import INSTANCE_TYPES, Layer, Placement, Request, Spec, instance_type
+from berth.node.agent import Agent
+from berth.node.budget import BudgetLimits, Lease, NodeBudget, Refused
 from berth.platform import Platform
 from berth.scheduler import Scheduler, SingleNode
+from berth.scheduler.cluster import ClusterScheduler, Placed
+from berth.state import NodeState, colocation_score, fits
 from berth.units import format_bandwidth, format_information, parse_bandwidth, parse_information
 
 __all__ = [
     "INSTANCE_TYPES",
+    "Agent",
+    "AgentConfig",
+    "AgentNodes",
     "BerthError",
+    "BudgetLimits",
+    "ClusterScheduler",
+    "EmbeddedCluster",
     "Invalid",
     "Layer",
+    "Lease",
+    "LocalNodes",
+    "MemoryStore",
     "NoCapacity",
     "NoMatchingPlatform",
+    "NodeBudget",
+    "NodeClient",
+    "NodeState",
+    "Placed",
     "Placement",
     "Platform",
+    "Refused",
     "Request",
     "Scheduler",
     "SingleNode",
     "Spec",
+    "StateStore",
     "Unavailable",
+    "colocation_score",
+    "fits",
     "format_bandwidth",
     "format_information",
     "instance_type",
+    "load_config",
     "parse_bandwidth",
     "parse_information",
 ]

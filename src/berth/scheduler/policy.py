@@ -7,7 +7,7 @@ combines), not an edit inside the engine.
 
 ``SEED`` is the default and is exactly the seed's ordering: colocated bytes descending, ties
 by node name.  Other policies (simulated and measured before any becomes a default) live in
-:mod:`berth.sim.policies`.
+:mod:`berth.scheduler.policies`.
 """
 
 from __future__ import annotations

@@ -337,3 +337,18 @@ def test_policy_requires_the_engine() -> None:
 
     with pytest.raises(ValueError):
         ClusterScheduler(MemoryStore(), LocalNodes(), ranker="reference", policy=SEED)
+
+
+def test_direct_api_rejects_bad_layers_and_platforms() -> None:
+    cluster = Cluster()
+    cluster.add("a", layers=frozenset({"x"}))
+    spec = Spec(vcpus=1, mem=1, disk=1)
+    with pytest.raises(Invalid) as caught:
+        cluster.scheduler.candidates(spec, [Layer(id="x", size=1), Layer(id="x", size=1)])
+    assert caught.value.field == "layers"
+    with pytest.raises(Invalid):
+        cluster.scheduler.candidates(spec, [("x", -5)])  # type: ignore[list-item]
+    with pytest.raises(Invalid) as caught:
+        cluster.scheduler.candidates(spec, [], ["linux/amd46"])  # type: ignore[list-item]
+    assert caught.value.field == "platforms"
+    assert cluster.scheduler.rank(spec, [("x", 9)]).pairs() == [("a", 9)]  # type: ignore[list-item]

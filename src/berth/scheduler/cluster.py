@@ -29,7 +29,7 @@ from typing import Generic, Literal, TypeVar
 
 from berth.cluster.client import NodeClient
 from berth.cluster.store import StateEvent, StateStore
-from berth.errors import BerthError, NoCapacity, NoMatchingPlatform
+from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
 from berth.model import Layer, Placement, Request, Spec
 from berth.node.budget import Owner
 from berth.platform import Platform
@@ -127,7 +127,13 @@ class ClusterScheduler:
     def rank(
         self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
     ) -> Ranking:
-        """The candidate ranking with colocated bytes; ``NoMatchingPlatform`` first."""
+        """The candidate ranking with colocated bytes; ``NoMatchingPlatform`` first.
+
+        ``layers`` may be ``Layer``s or ``(id, size)`` pairs and ``platforms`` strings; a
+        duplicate layer id, a negative size or a malformed platform raises ``Invalid``.
+        """
+        layers = _checked_layers(layers)
+        platforms = tuple(Platform.parse(p, field="platforms") for p in platforms)
         self._check_platforms(platforms)
         if isinstance(self.ranker, Engine):
             return self.ranker.rank(spec, layers, platforms, self.policy)
@@ -252,6 +258,20 @@ class ClusterScheduler:
         reasons = {v.node: v.refused or v.verdict for v in explanation.verdicts}
         message = f"cannot place {_what(spec)}: {summarise(explanation.verdicts, platforms)}"
         return NoCapacity(message, reasons)
+
+
+def _checked_layers(layers: Sequence[Layer]) -> Sequence[Layer]:
+    if all(type(layer) is Layer for layer in layers):
+        checked = layers
+    else:
+        checked = [Layer.of(layer) for layer in layers]
+    if len({layer.id for layer in checked}) != len(checked):
+        seen: set[str] = set()
+        for layer in checked:
+            if layer.id in seen:
+                raise Invalid(f"layer {layer.id!r} is listed more than once", field="layers")
+            seen.add(layer.id)
+    return checked
 
 
 def _what(spec: Spec | None) -> str:

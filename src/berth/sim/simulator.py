@@ -1,0 +1,764 @@
+"""The discrete-event simulator: berth's real scheduler and node budgets on a simulated clock.
+
+This module owns *time and bookkeeping* around real berth code, so placement quality is
+measured, not assumed.  Every decision is made by the real
+:class:`~berth.scheduler.cluster.ClusterScheduler` (``schedule``, the placement port) with
+the policy under test, and confirmed by the chosen node's real
+:class:`~berth.node.budget.NodeBudget` (through :class:`~berth.cluster.client.LocalNodes`):
+the simulator never re-implements fit, ranking or admission.  It is not a load generator
+(:mod:`berth.sim.workload` draws the arrivals) and not a report (:mod:`berth.sim.report`
+turns a :class:`SimResult` into metrics, tables and plots).
+
+**The cluster.**  ``SimConfig.nodes`` nodes named ``node-000`` …; each draws a size class
+(:class:`NodeClass`: memory, disk, cores, bandwidth caps) and a platform from weighted mixes,
+shuffled by ``SimConfig.seed`` so neither correlates with the name order some policies use
+for ties.  A node has a ``NodeBudget`` on the simulated clock, a
+:class:`~berth.node.layers.LayerRegistry` (refcounted mounts, LRU cache of
+``cache_bytes``) and a :class:`~berth.node.runtime.FakeRuntime` whose exit report ends the
+workload's reservation and unmounts its layers — the node agent's wiring, minus processes.
+
+**Load model** (what the budget's soft check and the snapshot read): every workload keeps
+the vCPUs and bandwidth it declared busy, so ``cpu_load = min(1, Σ reserved vcpus /
+cpu_capacity)`` and ``disk_bw_load`` / ``net_bw_load`` are the reserved sums.  Deterministic
+and pessimistic; the default classes leave cores, disk and bandwidth ≥ 25 % slack when memory
+is full, so memory is the binding resource.
+
+**Schedulers and staleness.**  ``concurrency`` = K schedulers, each a real
+``ClusterScheduler`` with its own :class:`~berth.cluster.memory.MemoryStore` replica and its
+own policy instance (seeded from ``SimConfig.seed`` and its index).  Arrivals go to them
+round-robin.  A node re-publishes its ``NodeState`` (``generation`` + 1) after every event
+that changed its reservations or layers; each replica receives it ``staleness`` = Δ simulated
+seconds later (Δ = 0: before the next event).  Stale replicas are how collisions — refusals
+at confirmation — arise; they are counted, not assumed.  Every node's initial snapshot is
+delivered at time 0.
+
+**A placement's life.**  At ``arrival.at`` the scheduler's ``schedule(request)`` ranks its
+replica and walks the candidates; each node's ``admit`` reserves under a lease or refuses.
+The simulator then boots the workload on the node's runtime, binds the lease to it, and
+mounts the image's layers: a layer neither mounted nor cached is *pulled* (bytes counted,
+taking ``bytes / pull_bandwidth`` seconds for all of the request's missing layers together);
+a cached layer is re-mounted free; a layer another workload is still pulling is waited for.
+The workload starts ``boot_seconds`` after its last layer is ready — that wait is its modelled
+start latency — and ends ``lifetime`` seconds after starting, when the runtime reports its
+exit: the reservation is released and its layers unmounted into the cache.  A request the
+scheduler cannot place (``NoCapacity``, ``NoMatchingPlatform``) is recorded and dropped,
+never retried.
+
+**Determinism.**  Events are ordered by (time, kind, sequence): at equal times ends come
+before snapshot deliveries, samples and arrivals.  Nodes publish in name order.  Nothing
+depends on the wall clock except the measured decision latency, which is reported, never used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, StrictInt, field_validator
+
+from berth.cluster.client import LocalNodes
+from berth.cluster.memory import MemoryStore
+from berth.dataset import Dataset
+from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
+from berth.model import Bytes, BytesPerSecond, Layer, Name, Spec
+from berth.node.budget import BudgetLimits, NodeBudget, Owner, Refused, StaticLoad
+from berth.node.layers import LayerRegistry, MountOutcome
+from berth.node.runtime import BootSpec, FakeRuntime, Workload
+from berth.platform import Platform
+from berth.scheduler.cluster import ClusterScheduler
+from berth.scheduler.policies import POLICIES, SeedLike
+from berth.scheduler.policies import policy as make_policy
+from berth.scheduler.policy import Policy
+from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
+from berth.state import NodeState
+from berth.validation import BerthModel
+
+__all__ = [
+    "DEFAULT_NODE_CLASSES",
+    "DEFAULT_NODE_PLATFORMS",
+    "Decision",
+    "InvariantViolated",
+    "NodeClass",
+    "NodeInfo",
+    "Observer",
+    "SimConfig",
+    "SimResult",
+    "Simulation",
+    "simulate",
+    "simulate_policies",
+]
+
+GiB = 2**30
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class NodeClass(BerthModel):
+    """One node size: hard budget (``mem``, ``disk``), cores, bandwidth caps, mix weight."""
+
+    name: Name
+    mem: Bytes
+    disk: Bytes
+    cpus: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    disk_bw: BytesPerSecond
+    net_bw: BytesPerSecond
+    weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
+
+
+DEFAULT_NODE_CLASSES: tuple[NodeClass, ...] = (
+    NodeClass(name="small", mem="4GiB", disk="128GiB", cpus=10, disk_bw="1GiBps",
+              net_bw="512MiBps", weight=0.5),
+    NodeClass(name="medium", mem="8GiB", disk="256GiB", cpus=20, disk_bw="2GiBps",
+              net_bw="1GiBps", weight=0.3),
+    NodeClass(name="large", mem="16GiB", disk="512GiB", cpus=40, disk_bw="4GiBps",
+              net_bw="2GiBps", weight=0.2),
+)  # fmt: skip
+"""Three sizes, half of them small.  Hyper's instance types all ask 2 vCPUs, 16 GiB disk,
+128 MiBps disk and 64 MiBps network per GiB of memory; these nodes offer 2.5 cores, 32 GiB
+disk, 256 MiBps and 128 MiBps per GiB, so memory is what fills first.  Small on purpose: a
+default run of 2,000 requests then spans several workload lifetimes at moderate load."""
+
+DEFAULT_NODE_PLATFORMS: Mapping[str, float] = {
+    "linux/amd64": 0.92,
+    "linux/arm64/v8": 0.04,
+    "windows/amd64": 0.04,
+}
+"""Mostly linux/amd64, as the dataset's pulls are; images for platforms no node runs
+(linux/ppc64le, linux/mips64le, linux/s390x, linux/386 in the Docker Hub data: ~0.2 % of
+pulls) end in ``NoMatchingPlatform`` and are counted as such."""
+
+DEFAULT_WORKLOAD = WorkloadConfig(requests=2000, rate=2.0, lifetime_mean=300.0)
+
+
+class SimConfig(BerthModel):
+    """Everything that decides a simulation besides the policy; see the module docstring.
+
+    ``cache_bytes`` is each node's layer-cache budget; ``pull_bandwidth`` the bytes/s at which
+    a node pulls missing layers; ``boot_seconds`` a fixed boot time added to every start;
+    ``samples`` how many evenly spaced utilisation samples cover the arrival window; ``seed``
+    draws the node layout and seeds the policies (the workload has its own seed).
+    """
+
+    nodes: Annotated[StrictInt, Field(ge=1)] = 100
+    node_classes: Annotated[tuple[NodeClass, ...], Field(min_length=1)] = DEFAULT_NODE_CLASSES
+    node_platforms: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_NODE_PLATFORMS))
+    cache_bytes: Bytes = 8 * GiB
+    pull_bandwidth: Annotated[BytesPerSecond, Field(gt=0)] = 125_000_000
+    boot_seconds: Seconds = 0.125
+    concurrency: Annotated[StrictInt, Field(ge=1)] = 1
+    staleness: Seconds = 0.0
+    samples: Annotated[StrictInt, Field(ge=1)] = 200
+    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    workload: WorkloadConfig = DEFAULT_WORKLOAD
+
+    @field_validator("node_platforms")
+    @classmethod
+    def _platforms(cls, mix: dict[str, float]) -> dict[str, float]:
+        if not mix:
+            raise Invalid("must name at least one platform")
+        normal: dict[str, float] = {}
+        for text, weight in mix.items():
+            if not weight >= 0:
+                raise Invalid(f"weights must not be negative, got {weight!r} for {text!r}")
+            key = str(Platform.parse(text, field="node_platforms"))
+            normal[key] = normal.get(key, 0.0) + float(weight)
+        if not sum(normal.values()) > 0:
+            raise Invalid(f"at least one weight must be positive, got {mix}")
+        return normal
+
+    @field_validator("node_classes")
+    @classmethod
+    def _classes(cls, classes: tuple[NodeClass, ...]) -> tuple[NodeClass, ...]:
+        if not sum(node_class.weight for node_class in classes) > 0:
+            raise Invalid("at least one node class must have a positive weight")
+        if len({node_class.name for node_class in classes}) != len(classes):
+            raise Invalid("node class names must be unique")
+        return classes
+
+
+class InvariantViolated(RuntimeError):
+    """A hard budget, a layer refcount or a release went wrong: a bug, never an outcome."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A simulated node's fixed description."""
+
+    name: str
+    node_class: str
+    platform: str
+    mem_max: int
+    disk_max: int
+    cpus: float
+
+
+Outcome = Literal["placed", "no_capacity", "no_matching_platform"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happened to one arrival.
+
+    ``refusals`` are the nodes that refused at confirmation during this decision (whether or
+    not another then accepted), as ``(node, reason)``; ``local_bytes`` the request's layer
+    bytes already on the chosen node (mounted or cached), ``pulled_bytes`` the rest;
+    ``start_latency`` the modelled wait from arrival to start (pulls + boot);
+    ``decision_seconds`` the wall-clock time of the real ``schedule`` call.
+    """
+
+    index: int
+    at: float
+    request: str
+    image: str
+    instance_type: str
+    platform: str
+    scheduler: int
+    outcome: Outcome
+    decision_seconds: float
+    refusals: tuple[tuple[str, str], ...] = ()
+    node: str | None = None
+    rank: int | None = None
+    colocated_bytes: int = 0
+    local_bytes: int = 0
+    pulled_bytes: int = 0
+    start_latency: float | None = None
+    ends_at: float | None = None
+
+    @property
+    def placed(self) -> bool:
+        return self.outcome == "placed"
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated run produced (metrics are computed by :mod:`berth.sim.report`).
+
+    ``pulls`` is ``(simulated time, cumulative bytes pulled)`` after every placement that
+    pulled; ``utilisation[s, n]`` is node ``n``'s reserved memory fraction at
+    ``sample_times[s]``; ``lower_bound_bytes`` the sum of sizes of the distinct layers among
+    placed requests (every node starts empty, so each such layer is pulled at least once).
+    """
+
+    config: SimConfig
+    policy: str
+    nodes: tuple[NodeInfo, ...]
+    decisions: list[Decision]
+    pulls: list[tuple[float, int]]
+    sample_times: npt.NDArray[np.float64]
+    utilisation: npt.NDArray[np.float64]
+    lower_bound_bytes: int
+    end_time: float
+    wall_seconds: float
+
+    @property
+    def pulled_bytes(self) -> int:
+        return self.pulls[-1][1] if self.pulls else 0
+
+    def placements(self) -> list[tuple[str, str | None]]:
+        """``(request key, node or None)`` per arrival, in arrival order."""
+        return [(decision.request, decision.node) for decision in self.decisions]
+
+
+Observer = Callable[[Decision, Arrival, ClusterScheduler], None]
+"""Called after each decision, before the chosen node re-publishes: the scheduler's replica
+is still the view the decision was made from (``berth demo`` explains placements with it)."""
+
+
+class _SimOwner:
+    """The owner a reservation is bound to: one simulated workload, ended by its exit report."""
+
+    def __init__(self, workload: Workload, layers: tuple[Layer, ...]) -> None:
+        self.workload = workload
+        self.layers = layers
+        self._callbacks: list[Callable[[Any], object]] = []
+        self._done = False
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        if self._done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def done(self) -> bool:
+        return self._done
+
+    def end(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+class _Node:
+    """One simulated node: real budget, layer registry and fake runtime, wired like an agent."""
+
+    def __init__(
+        self,
+        info: NodeInfo,
+        node_class: NodeClass,
+        cache_bytes: int,
+        clock: Callable[[], float],
+        mark_dirty: Callable[[str], None],
+    ) -> None:
+        self.info = info
+        self.platform = Platform.parse(info.platform)
+        self._mark_dirty = mark_dirty
+        self.load = StaticLoad()
+        limits = BudgetLimits(
+            mem_max=node_class.mem,
+            disk_max=node_class.disk,
+            cpu_capacity=node_class.cpus,
+            cpu_max_load=1.0,
+            disk_bw_cap=node_class.disk_bw,
+            net_bw_cap=node_class.net_bw,
+        )
+        self.budget = NodeBudget(limits, self.load, on_change=self._budget_changed, clock=clock)
+        self.layers = LayerRegistry(cache_bytes, on_change=self._mark)
+        self.runtime = FakeRuntime()
+        self.runtime.on_exit(self._exited)
+        self.running: dict[str, _SimOwner] = {}
+        self.ready_at: dict[str, float] = {}
+        self.generation = 0
+        self.exit_errors: list[str] = []
+
+    def _mark(self) -> None:
+        self._mark_dirty(self.info.name)
+
+    def _budget_changed(self) -> None:
+        vcpus = disk_bw = net_bw = 0.0
+        for reservation in self.budget.reservations():
+            vcpus += reservation.spec.vcpus
+            disk_bw += reservation.spec.disk_bw
+            net_bw += reservation.spec.net_bw
+        self.load.cpu_load = min(1.0, vcpus / self.budget.limits.cpu_capacity)
+        self.load.disk_bw_load = disk_bw
+        self.load.net_bw_load = net_bw
+        self._mark()
+
+    def _exited(self, workload: Workload) -> None:
+        # The agent's exit wiring: the reservation ends with its owner, the layers unmount.
+        owner = self.running.pop(workload.id, None)
+        if owner is None:
+            self.exit_errors.append(f"unknown workload {workload.id} exited")
+            return
+        owner.end()
+        for layer in owner.layers:
+            self.layers.unmount(layer.id)
+
+    def snapshot(self, now: float) -> NodeState:
+        self.generation += 1
+        headroom = self.budget.headroom()
+        limits = self.budget.limits
+        return NodeState(
+            node=self.info.name,
+            platform=self.platform,
+            generation=self.generation,
+            published_at=now,
+            mem_free=headroom.mem_free,
+            disk_free=headroom.disk_free,
+            mem_max=limits.mem_max,
+            disk_max=limits.disk_max,
+            cpu_load=self.load.cpu_load,
+            cpu_capacity=limits.cpu_capacity,
+            cpu_max_load=limits.cpu_max_load,
+            disk_bw_load=self.load.disk_bw_load,
+            disk_bw_ceiling=limits.disk_bw_ceiling,
+            net_bw_load=self.load.net_bw_load,
+            net_bw_ceiling=limits.net_bw_ceiling,
+            layers=self.layers.mounted(),
+            cached_layers=self.layers.cached(),
+        )
+
+    def check(self) -> None:
+        """Raise ``InvariantViolated`` unless the hard budget and layer refcounts hold."""
+        limits = self.budget.limits
+        reservations = self.budget.reservations()
+        mem = sum(reservation.spec.mem for reservation in reservations)
+        disk = sum(reservation.spec.disk for reservation in reservations)
+        headroom = self.budget.headroom()
+        name = self.info.name
+        if mem > limits.mem_max or disk > limits.disk_max:
+            raise InvariantViolated(
+                f"{name}: reserved {mem} B mem / {disk} B disk exceeds "
+                f"{limits.mem_max} / {limits.disk_max}"
+            )
+        if (headroom.mem_free, headroom.disk_free) != (
+            limits.mem_max - mem,
+            limits.disk_max - disk,
+        ):
+            raise InvariantViolated(f"{name}: headroom {headroom} disagrees with reservations")
+        if len(reservations) != len(self.running):
+            raise InvariantViolated(
+                f"{name}: {len(reservations)} reservations for {len(self.running)} workloads"
+            )
+        used = {layer.id for owner in self.running.values() for layer in owner.layers}
+        if used != set(self.layers.mounted()):
+            raise InvariantViolated(f"{name}: mounted layers differ from running workloads'")
+        if self.layers.cached_bytes > self.layers.cache_budget_bytes:
+            raise InvariantViolated(f"{name}: layer cache over its budget")
+        if self.exit_errors:
+            raise InvariantViolated(f"{name}: {self.exit_errors[0]}")
+
+    def check_drained(self) -> None:
+        """Raise ``InvariantViolated`` unless every workload ended and released everything."""
+        self.check()
+        limits = self.budget.limits
+        headroom = self.budget.headroom()
+        leftovers = (
+            self.running or self.runtime.list() or self.layers.mounted(),
+            (headroom.mem_free, headroom.disk_free) != (limits.mem_max, limits.disk_max),
+        )
+        if any(leftovers):
+            raise InvariantViolated(
+                f"{self.info.name}: not drained at the end: {len(self.running)} workloads, "
+                f"{len(self.layers.mounted())} mounted layers, headroom {headroom}"
+            )
+
+
+class _ConfirmingNodes:
+    """The ``NodeClient`` a scheduler confirms through: ``LocalNodes``, with refusals noted.
+
+    Admission itself is the node's (``LocalNodes`` → ``NodeBudget.admit``); this only records
+    which node refused and why, because ``schedule``'s ``Placement`` does not carry refusals.
+    """
+
+    def __init__(self, nodes: LocalNodes) -> None:
+        self._nodes = nodes
+        self.refusals: list[tuple[str, str]] = []
+
+    async def admit(self, node: str, spec: Spec, *, lease_ttl_s: float) -> str:
+        try:
+            return self._nodes.admit_now(node, spec, lease_ttl_s=lease_ttl_s)
+        except Refused as refused:
+            self.refusals.append((node, refused.reason))
+            raise
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        await self._nodes.bind(node, reservation_id, owner)
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        return await self._nodes.release(node, reservation_id)
+
+
+# Event kinds, in the order they run at equal times.
+_END, _DELIVER, _SAMPLE, _ARRIVE = range(4)
+
+
+def _counts(weights: Sequence[float], total: int) -> list[int]:
+    """Split ``total`` by ``weights`` (largest remainder; ties to the earlier entry)."""
+    scale = sum(weights)
+    exact = [weight * total / scale for weight in weights]
+    counts = [int(value) for value in exact]
+    order = sorted(range(len(weights)), key=lambda i: (counts[i] - exact[i], i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
+    """The nodes of ``config``: classes and platforms split by weight, shuffled by the seed."""
+    rng = np.random.default_rng([config.seed, 0x5EED])
+    classes = config.node_classes
+    class_of = [
+        index
+        for index, count in enumerate(_counts([c.weight for c in classes], config.nodes))
+        for _ in range(count)
+    ]
+    platforms = list(config.node_platforms)
+    platform_of = [
+        index
+        for index, count in enumerate(_counts(list(config.node_platforms.values()), config.nodes))
+        for _ in range(count)
+    ]
+    class_order = rng.permutation(config.nodes).tolist()
+    platform_order = rng.permutation(config.nodes).tolist()
+    width = max(3, len(str(config.nodes - 1)))
+    out: list[tuple[NodeInfo, NodeClass]] = []
+    for i in range(config.nodes):
+        node_class = classes[class_of[class_order[i]]]
+        info = NodeInfo(
+            name=f"node-{i:0{width}d}",
+            node_class=node_class.name,
+            platform=platforms[platform_of[platform_order[i]]],
+            mem_max=node_class.mem,
+            disk_max=node_class.disk,
+            cpus=node_class.cpus,
+        )
+        out.append((info, node_class))
+    return out
+
+
+class Simulation:
+    """One run of one policy over a fixed list of arrivals (see the module docstring).
+
+    ``policy`` is a registered policy name (:data:`berth.scheduler.policies.POLICIES`) or a
+    factory called once per scheduler with that scheduler's seed generator, so a test can hand
+    in any :class:`~berth.scheduler.policy.Policy`.  ``check_invariants`` re-checks every
+    touched node's hard budget and layer refcounts after every event (slower; for tests).
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        policy: str | Callable[[SeedLike], Policy],
+        arrivals: Sequence[Arrival] | None = None,
+        *,
+        dataset: Dataset | None = None,
+        check_invariants: bool = False,
+    ) -> None:
+        if isinstance(policy, str):
+            make_policy(policy)  # unknown names fail here, before any work
+            self.policy_name = policy
+            factory: Callable[[SeedLike], Policy] = POLICIES[policy]
+        else:
+            factory = policy
+            self.policy_name = getattr(factory(0), "name", "custom")
+        self.config = config
+        self.arrivals = (
+            list(arrivals) if arrivals is not None else generate_workload(config.workload, dataset)
+        )
+        self.check_invariants = check_invariants
+        self.now = 0.0
+        self._dirty: set[str] = set()
+        self.nodes: dict[str, _Node] = {
+            info.name: _Node(info, node_class, config.cache_bytes, self._clock, self._dirty.add)
+            for info, node_class in layout(config)
+        }
+        self._local = LocalNodes({name: node.budget for name, node in self.nodes.items()})
+        self.stores = [MemoryStore(clock=self._clock) for _ in range(config.concurrency)]
+        for node in self.nodes.values():
+            state = node.snapshot(0.0)
+            for store in self.stores:
+                store.publish_now(state)
+        self._clients = [_ConfirmingNodes(self._local) for _ in self.stores]
+        seeds = np.random.SeedSequence([config.seed, 0x9011C7]).spawn(config.concurrency)
+        self.schedulers = [
+            ClusterScheduler(store, client, policy=factory(np.random.default_rng(seed)))
+            for store, client, seed in zip(self.stores, self._clients, seeds, strict=True)
+        ]
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._sequence = itertools.count()
+        self._ran = False
+
+    def _clock(self) -> float:
+        return self.now
+
+    def _push(self, at: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self._events, (at, kind, next(self._sequence), payload))
+
+    def run(
+        self,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        observer: Observer | None = None,
+    ) -> SimResult:
+        """Run to the end (every workload ended); ``progress(done, total)`` after each arrival."""
+        if self._ran:
+            raise Invalid("a Simulation runs once; build a new one", field="simulation")
+        self._ran = True
+        return asyncio.run(self._run(progress, observer))
+
+    async def _run(
+        self,
+        progress: Callable[[int, int], None] | None,
+        observer: Observer | None,
+    ) -> SimResult:
+        started = time.perf_counter()
+        for index, arrival in enumerate(self.arrivals):
+            self._push(arrival.at, _ARRIVE, index)
+        horizon = self.arrivals[-1].at if self.arrivals else 0.0
+        sample_times = np.linspace(0.0, horizon, self.config.samples, endpoint=False)
+        for at in sample_times.tolist():
+            self._push(at, _SAMPLE, None)
+        names = sorted(self.nodes)
+        mem_max = np.array([self.nodes[name].info.mem_max for name in names], dtype=np.float64)
+        utilisation = np.zeros((self.config.samples, len(names)), dtype=np.float64)
+        samples = 0
+        decisions: list[Decision] = []
+        pulls: list[tuple[float, int]] = []
+        pulled_total = 0
+        distinct: dict[str, int] = {}
+        total = len(self.arrivals)
+
+        while self._events:
+            at, kind, _, payload = heapq.heappop(self._events)
+            self.now = at
+            if kind == _END:
+                node_name, workload_id = payload
+                self.nodes[node_name].runtime.finish(workload_id)
+            elif kind == _DELIVER:
+                store_index, state = payload
+                self.stores[store_index].publish_now(state)
+            elif kind == _SAMPLE:
+                free = np.array(
+                    [self.nodes[name].budget.headroom().mem_free for name in names],
+                    dtype=np.float64,
+                )
+                utilisation[samples] = 1.0 - np.divide(
+                    free, mem_max, out=np.ones_like(free), where=mem_max > 0
+                )
+                samples += 1
+            else:
+                arrival = self.arrivals[payload]
+                decision = await self._arrive(payload, arrival)
+                decisions.append(decision)
+                if decision.placed:
+                    for layer in arrival.request.layers:
+                        distinct[layer.id] = layer.size
+                    if decision.pulled_bytes:
+                        pulled_total += decision.pulled_bytes
+                        pulls.append((at, pulled_total))
+                if observer is not None:
+                    observer(decision, arrival, self.schedulers[decision.scheduler])
+                if progress is not None:
+                    progress(len(decisions), total)
+            self._flush()
+
+        for node in self.nodes.values():
+            node.check_drained()
+        for scheduler in self.schedulers:
+            scheduler.close()
+        return SimResult(
+            config=self.config,
+            policy=self.policy_name,
+            nodes=tuple(self.nodes[name].info for name in names),
+            decisions=decisions,
+            pulls=pulls,
+            sample_times=sample_times,
+            utilisation=utilisation[:samples],
+            lower_bound_bytes=sum(distinct.values()),
+            end_time=self.now,
+            wall_seconds=time.perf_counter() - started,
+        )
+
+    async def _arrive(self, index: int, arrival: Arrival) -> Decision:
+        request = arrival.request
+        which = index % len(self.schedulers)
+        scheduler, client = self.schedulers[which], self._clients[which]
+        client.refusals = []
+        base: dict[str, Any] = {
+            "index": index,
+            "at": arrival.at,
+            "request": request.key,
+            "image": arrival.image,
+            "instance_type": arrival.instance_type,
+            "platform": ",".join(str(p) for p in request.platforms) or "any",
+            "scheduler": which,
+        }
+        outcome: Outcome = "placed"
+        tick = time.perf_counter()
+        try:
+            placement = await scheduler.schedule(request)
+        except NoMatchingPlatform:
+            outcome = "no_matching_platform"
+        except NoCapacity:
+            outcome = "no_capacity"
+        elapsed = time.perf_counter() - tick
+        refusals = tuple(client.refusals)
+        if outcome != "placed":
+            return Decision(**base, outcome=outcome, decision_seconds=elapsed, refusals=refusals)
+
+        node = self.nodes[placement.worker_node]
+        if placement.reservation_id is None:  # pragma: no cover - every arrival has a spec
+            raise InvariantViolated(f"{request.key}: placed without a reservation")
+        workload = await node.runtime.start(
+            BootSpec(name=request.key, command=("microvm", arrival.image))
+        )
+        owner = _SimOwner(workload, request.layers)
+        node.running[workload.id] = owner
+        try:
+            await client.bind(node.info.name, placement.reservation_id, owner)
+        except BerthError as error:  # pragma: no cover - leases are bound at once
+            raise InvariantViolated(f"{request.key}: could not bind its lease: {error}") from None
+
+        now = self.now
+        missing = 0
+        pulled_now: list[str] = []
+        waits = now
+        for layer in request.layers:
+            mounted = node.layers.mount(layer.id, layer.size)
+            if mounted.outcome is MountOutcome.PULLED:
+                missing += layer.size
+                pulled_now.append(layer.id)
+            elif mounted.outcome is MountOutcome.ALREADY_MOUNTED:
+                waits = max(waits, node.ready_at.get(layer.id, now))
+        pulled_by = now + missing / self.config.pull_bandwidth
+        for layer_id in pulled_now:
+            node.ready_at[layer_id] = pulled_by
+        starts = max(waits, pulled_by) + self.config.boot_seconds
+        ends = starts + arrival.lifetime
+        self._push(ends, _END, (node.info.name, workload.id))
+        total_bytes = sum(layer.size for layer in request.layers)
+        return Decision(
+            **base,
+            outcome="placed",
+            decision_seconds=elapsed,
+            refusals=refusals,
+            node=placement.worker_node,
+            rank=placement.rank,
+            colocated_bytes=placement.colocated_bytes,
+            local_bytes=total_bytes - missing,
+            pulled_bytes=missing,
+            start_latency=starts - now,
+            ends_at=ends,
+        )
+
+    def _flush(self) -> None:
+        """Every node changed by the last event publishes once, in name order."""
+        if not self._dirty:
+            return
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        delay = self.config.staleness
+        for name in dirty:
+            node = self.nodes[name]
+            if self.check_invariants:
+                node.check()
+            state = node.snapshot(self.now)
+            for index, store in enumerate(self.stores):
+                if delay == 0:
+                    store.publish_now(state)
+                else:
+                    self._push(self.now + delay, _DELIVER, (index, state))
+
+
+def simulate(
+    config: SimConfig,
+    policy: str,
+    arrivals: Sequence[Arrival] | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run ``policy`` on ``config`` (arrivals drawn from ``config.workload`` unless given)."""
+    return Simulation(config, policy, arrivals).run(progress=progress)
+
+
+def simulate_policies(
+    config: SimConfig,
+    policies: Iterable[str],
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    dataset: Dataset | None = None,
+) -> dict[str, SimResult]:
+    """Run each policy on the *same* arrivals (common random numbers), in the order given."""
+    names = list(policies)
+    for name in names:
+        make_policy(name)
+    arrivals = generate_workload(config.workload, dataset)
+    results: dict[str, SimResult] = {}
+    for name in names:
+
+        def step(done: int, total: int, name: str = name) -> None:
+            if progress is not None:
+                progress(name, done, total)
+
+        results[name] = Simulation(config, name, arrivals).run(progress=step)
+    return results

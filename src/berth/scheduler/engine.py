@@ -25,6 +25,8 @@ holder buffers (4 bytes per mounted layer, up to 2× slack) and the name → slo
 
 from __future__ import annotations
 
+import bisect
+import functools
 import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,19 +42,32 @@ from berth.state import NodeState, Overcommit
 if TYPE_CHECKING:
     from berth.scheduler.policy import Policy
 
-__all__ = ["Engine", "EngineRanking", "LayerIndex"]
+__all__ = ["Engine", "EngineRanking", "LayerIndex", "LayerMatch"]
 
 Slots = npt.NDArray[np.intp]
 _EMPTY_LAYERS = np.zeros(0, dtype=np.int32)
+MASK_LAYERS = 12  # request layers ranked through a 2**R subset-sum table
+_DENSE_SHARE = 8  # a layer on >= 1/8 of the slots gets a dense bitmap …
+_DENSE_MIN = 1024  # … once it is on at least this many
 
 
 class LayerIndex:
-    """Layer id → slots of the nodes that hold it, with each slot's own layer list."""
+    """Layer id → slots of the nodes that hold it, with each slot's own layer list.
 
-    def __init__(self, interned: dict[str, int]) -> None:
+    Every layer keeps a growable int32 buffer of holder slots.  A layer held by a large share
+    of the nodes (a popular base layer: on real Docker Hub data the top layer sits on most
+    hosts) also gets a dense boolean bitmap over slots, kept in step by every add and drop:
+    OR-ing a bitmap into a request's match costs one pass over the nodes, cheaper than
+    scattering thousands of slot numbers.  Bitmaps are created when a query first needs them
+    and dropped when the layer becomes rare again, so memory stays proportional to use.
+    """
+
+    def __init__(self, interned: dict[str, int], capacity: int) -> None:
         self._interned = interned  # shared with the engine's other index
+        self._capacity = capacity
         self._holders: list[npt.NDArray[np.int32]] = []
         self._counts: list[int] = []
+        self._dense: dict[int, npt.NDArray[np.bool_]] = {}
         self._node_layers: dict[int, npt.NDArray[np.int32]] = {}
 
     def _intern(self, layer_id: str) -> int:
@@ -63,6 +78,14 @@ class LayerIndex:
             self._holders.append(np.zeros(4, dtype=np.int32))
             self._counts.append(0)
         return lid
+
+    def resize(self, capacity: int) -> None:
+        """Follow the engine's slot capacity (dense bitmaps span every slot)."""
+        for lid, bitmap in self._dense.items():
+            grown = np.zeros(capacity, dtype=bool)
+            grown[: bitmap.size] = bitmap
+            self._dense[lid] = grown
+        self._capacity = capacity
 
     def set(self, slot: int, layer_ids: Iterable[str]) -> None:
         """Make ``layer_ids`` the set held by ``slot`` (no work when it is unchanged)."""
@@ -91,12 +114,18 @@ class LayerIndex:
             buffer = self._holders[lid] = grown
         buffer[count] = slot
         self._counts[lid] = count + 1
+        bitmap = self._dense.get(lid)
+        if bitmap is not None:
+            bitmap[slot] = True
 
     def _drop(self, lid: int, slot: int) -> None:
         buffer, count = self._holders[lid], self._counts[lid]
         where = int(np.flatnonzero(buffer[:count] == slot)[0])
         buffer[where] = buffer[count - 1]
         self._counts[lid] = count - 1
+        bitmap = self._dense.get(lid)
+        if bitmap is not None:
+            bitmap[slot] = False
 
     def holders(self, layer_id: str) -> npt.NDArray[np.int32]:
         """Slots holding ``layer_id`` (a view; do not keep it across updates)."""
@@ -104,6 +133,31 @@ class LayerIndex:
         if lid is None or lid >= len(self._holders):
             return _EMPTY_LAYERS
         return self._holders[lid][: self._counts[lid]]
+
+    def count(self, layer_id: str) -> int:
+        """How many slots hold ``layer_id``."""
+        lid = self._interned.get(layer_id)
+        return 0 if lid is None or lid >= len(self._counts) else self._counts[lid]
+
+    def bitmap(self, layer_id: str, size: int) -> npt.NDArray[np.bool_] | None:
+        """A dense holder bitmap over the first ``size`` slots, if the layer is popular enough.
+
+        ``None`` means: scatter :meth:`holders` instead (the layer is held by few nodes).
+        """
+        lid = self._interned.get(layer_id)
+        if lid is None or lid >= len(self._counts):
+            return None
+        count = self._counts[lid]
+        bitmap = self._dense.get(lid)
+        if count < max(_DENSE_MIN, size // _DENSE_SHARE):
+            if bitmap is not None and count < size // (4 * _DENSE_SHARE):
+                del self._dense[lid]  # rare again: give the memory back
+            return None
+        if bitmap is None:
+            bitmap = np.zeros(self._capacity, dtype=bool)
+            bitmap[self._holders[lid][:count]] = True
+            self._dense[lid] = bitmap
+        return bitmap[:size]
 
     def scores(self, layers: Sequence[Layer], size: int) -> npt.NDArray[np.int64]:
         """Per slot, the bytes of ``layers`` held (an int64 array of length ``size``)."""
@@ -117,7 +171,110 @@ class LayerIndex:
     def nbytes(self) -> int:
         """Bytes used by the buffers and per-node arrays (for memory accounting)."""
         per_node = sum(array.nbytes + 112 for array in self._node_layers.values())
-        return sum(buffer.nbytes + 112 for buffer in self._holders) + per_node
+        dense = sum(bitmap.nbytes + 112 for bitmap in self._dense.values())
+        return sum(buffer.nbytes + 112 for buffer in self._holders) + per_node + dense
+
+
+@functools.lru_cache(maxsize=4096)
+def _subset_tables(sizes: tuple[int, ...]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.uint16]]:
+    """For layer sizes ``s``: the bytes of every subset (indexed by bit mask) and its dense rank.
+
+    A pure function of the sizes, memoised because requests for the same image repeat.
+    """
+    sums = np.zeros(1 << len(sizes), dtype=np.int64)
+    for j, size in enumerate(sizes):
+        half = 1 << j
+        sums[half : 2 * half] = sums[:half] + size
+    _, rank = np.unique(-sums, return_inverse=True)
+    sums.flags.writeable = False
+    dense = rank.reshape(-1).astype(np.uint16)
+    dense.flags.writeable = False
+    return sums, dense
+
+
+class LayerMatch:
+    """Which of one request's layers each slot holds, and the bytes that adds up to.
+
+    For up to ``MASK_LAYERS`` request layers, each slot gets a bit mask (bit ``j`` set when it
+    holds layer ``j``), built with one scatter or bitmap OR per layer.  Colocated bytes are
+    then a lookup in the table of all ``2**R`` subset sums, and the ranking key — the dense
+    rank of a slot's bytes, 0 for the most — a lookup in that table's rank, so ordering needs
+    only a radix sort of small integers.  More layers than that fall back to summing sizes
+    per slot and ranking the distinct sums.  Sums are exact int64, as in the reference.
+    """
+
+    def __init__(self, index: LayerIndex, layers: Sequence[Layer], size: int) -> None:
+        self.layers = layers
+        self.size = size
+        self._index = index
+        self._colocated: npt.NDArray[np.int64] | None = None
+        self._key: npt.NDArray[Any] | None = None
+        self.bits: npt.NDArray[Any] | None = None
+        self._sums: npt.NDArray[np.int64] | None = None
+        self._rank: npt.NDArray[np.uint16] | None = None
+        if 0 < len(layers) <= MASK_LAYERS:
+            self._build_mask()
+
+    def _build_mask(self) -> None:
+        layers, size, index = self.layers, self.size, self._index
+        wide = len(layers) > 8
+        # Work on a length rounded up to whole 64-bit words: a dense bitmap's 0/1 lanes are
+        # shifted and OR-ed eight (or four) slots at a time through a uint64 view — a lane
+        # holding 1 << j never carries into its neighbour.
+        padded = -(-size // 8) * 8
+        bits: npt.NDArray[Any] = np.zeros(padded, dtype=np.uint16 if wide else np.uint8)
+        words = bits.view(np.uint64)
+        shifted = np.empty_like(words)
+        for j, layer in enumerate(layers):
+            bitmap = index.bitmap(layer.id, padded)
+            if bitmap is not None:
+                lanes = bitmap.view(np.uint8)
+                if wide:
+                    lanes = lanes.astype(np.uint16)
+                np.left_shift(lanes.view(np.uint64), j, out=shifted)
+                np.bitwise_or(words, shifted, out=words)
+                continue
+            holders = index.holders(layer.id)
+            if holders.size:
+                bits[holders] = bits[holders] | (1 << j)
+        self.bits = bits[:size]
+        self._sums, self._rank = _subset_tables(tuple(layer.size for layer in layers))
+
+    @property
+    def colocated(self) -> npt.NDArray[np.int64]:
+        """Per slot, the bytes of the request's layers it holds."""
+        if self._colocated is None:
+            if self.bits is not None and self._sums is not None:
+                self._colocated = self._sums[self.bits]
+            else:
+                self._colocated = self._index.scores(self.layers, self.size)
+        return self._colocated
+
+    def colocated_at(self, slots: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+        """Colocated bytes of just ``slots`` (no full-width pass)."""
+        if self._colocated is None and self.bits is not None and self._sums is not None:
+            at: npt.NDArray[np.int64] = self._sums[self.bits[slots]]
+            return at
+        selected: npt.NDArray[np.int64] = self.colocated[slots]
+        return selected
+
+    @property
+    def key_limit(self) -> int:
+        """One more than the largest key (the key of a slot holding none of the layers)."""
+        if self._rank is not None:
+            return int(self._rank[0]) + 1  # the empty subset has the fewest bytes
+        return int(self.key.max(initial=0)) + 1
+
+    @property
+    def key(self) -> npt.NDArray[Any]:
+        """Per slot, the dense rank of its colocated bytes (0 = most); ties share a key."""
+        if self._key is None:
+            if self.bits is not None and self._rank is not None:
+                self._key = self._rank[self.bits]
+            else:
+                _, rank = np.unique(-self.colocated, return_inverse=True)
+                self._key = rank.reshape(-1)
+        return self._key
 
 
 _FLOAT_COLUMNS = (
@@ -150,7 +307,7 @@ class Engine:
 
     def __init__(self, capacity: int = 64) -> None:
         self._lock = threading.RLock()
-        self._capacity = max(capacity, 1)
+        self._capacity = max(8, -(-capacity // 8) * 8)  # whole 64-bit words of bool lanes
         self._size = 0  # high-water mark of used slots
         self._slot_of: dict[str, int] = {}
         self._names: list[str | None] = []
@@ -166,10 +323,17 @@ class Engine:
         self._platform_counts: dict[int, int] = {}
         self._overcommitting: set[int] = set()  # slots whose node runs the β_max stage
         interned: dict[str, int] = {}
-        self.mounted = LayerIndex(interned)
-        self.cached = LayerIndex(interned)
+        self.mounted = LayerIndex(interned, self._capacity)
+        self.cached = LayerIndex(interned, self._capacity)
+        # Name order: live names sorted, and their slots in that order.  Kept up to date
+        # incrementally once built (O(n) memmove per join or leave); rebuilt lazily in one
+        # vectorised sort after bulk loading.
+        self._sorted_names: list[str] | None = None
         self._order: Slots | None = None
         self._name_rank: npt.NDArray[np.int64] | None = None
+        self._positions: dict[type, npt.NDArray[Any]] = {}
+        self._scratch_bool = np.zeros(self._capacity, dtype=bool)
+        self._scratch_float = np.zeros(self._capacity, dtype=np.float64)
 
     # -- updates -----------------------------------------------------------------------------
     def upsert(self, state: NodeState) -> None:
@@ -194,7 +358,11 @@ class Engine:
             self.mounted.clear(slot)
             self.cached.clear(slot)
             self._free.append(slot)
-            self._order = self._name_rank = None
+            if self._sorted_names is not None and self._order is not None:
+                at = bisect.bisect_left(self._sorted_names, node)
+                del self._sorted_names[at]
+                self._order = np.delete(self._order, at)
+            self._name_rank = None
 
     def _allocate(self, node: str) -> int:
         if self._free:
@@ -207,7 +375,11 @@ class Engine:
             self._size += 1
             self._names.append(node)
         self._slot_of[node] = slot
-        self._order = self._name_rank = None
+        if self._sorted_names is not None and self._order is not None:
+            at = bisect.bisect_left(self._sorted_names, node)
+            self._sorted_names.insert(at, node)
+            self._order = np.insert(self._order, at, slot)
+        self._name_rank = None
         return slot
 
     def _grow(self) -> None:
@@ -221,6 +393,10 @@ class Engine:
         self.alive = grown(self.alive)
         self.platform_id = grown(self.platform_id)
         self.columns = {name: grown(column) for name, column in self.columns.items()}
+        self.mounted.resize(capacity)
+        self.cached.resize(capacity)
+        self._scratch_bool = np.zeros(capacity, dtype=bool)
+        self._scratch_float = np.zeros(capacity, dtype=np.float64)
         self._capacity = capacity
 
     def _untrack(self, slot: int) -> None:
@@ -278,12 +454,21 @@ class Engine:
         return self._slot_of.get(node)
 
     def name_order(self) -> Slots:
-        """Live slots sorted by node name (cached until membership changes)."""
-        if self._order is None:
-            live = [(name, slot) for slot, name in enumerate(self._names) if name is not None]
-            live.sort()
-            self._order = np.array([slot for _, slot in live], dtype=np.intp)
+        """Live slots sorted by node name (code-point order)."""
+        if self._order is None or self._sorted_names is None:
+            slots = np.fromiter(self._slot_of.values(), dtype=np.intp, count=len(self._slot_of))
+            names = np.array(list(self._slot_of), dtype=str)
+            by_name = np.argsort(names, kind="stable")
+            self._order = slots[by_name]
+            self._sorted_names = names[by_name].tolist()
         return self._order
+
+    def positions(self, count: int, dtype: type[np.unsignedinteger[Any]]) -> npt.NDArray[Any]:
+        """``arange(count)`` of ``dtype``, cached (sort keys pack it in their low bits)."""
+        cached = self._positions.get(dtype)
+        if cached is None or cached.size < count:
+            cached = self._positions[dtype] = np.arange(max(count, 64), dtype=dtype)
+        return cached[:count]
 
     def name_rank(self) -> npt.NDArray[np.int64]:
         """Per slot, its position in name order (free slots: a large number)."""
@@ -298,30 +483,48 @@ class Engine:
         self, spec: Spec | None, platforms: Sequence[Platform] = ()
     ) -> npt.NDArray[np.bool_]:
         """Per slot: live, runs one of ``platforms`` (empty: any) and ``fits(state, spec)``."""
-        n = self._size
-        c = self.columns
-        fit = self.alive[:n].copy()
-        if platforms:
-            pids = [self._platform_ids[p] for p in platforms if p in self._platform_ids]
-            if not pids:
-                fit[:] = False
+        with self._lock:
+            n = self._size
+            c = self.columns
+            fit = self.alive[:n].copy()
+            if platforms:
+                pids = [self._platform_ids[p] for p in platforms if p in self._platform_ids]
+                if not pids:
+                    fit[:] = False
+                    return fit
+                if len(pids) == 1:
+                    fit &= self.platform_id[:n] == pids[0]
+                else:
+                    fit &= np.isin(self.platform_id[:n], pids)
+            if spec is None:
                 return fit
-            if len(pids) == 1:
-                fit &= self.platform_id[:n] == pids[0]
-            else:
-                fit &= np.isin(self.platform_id[:n], pids)
-        if spec is None:
+            # The reference's expressions, evaluated in place into scratch buffers (addition is
+            # commutative in IEEE arithmetic, so ``x + load`` is bit-identical to ``load + x``).
+            test, total = self._scratch_bool[:n], self._scratch_float[:n]
+            np.greater_equal(c["mem_free"][:n], spec.mem, out=test)
+            fit &= test
+            np.greater_equal(c["disk_free"][:n], spec.disk, out=test)
+            fit &= test
+            if self._overcommitting:
+                for resource, amount in (
+                    ("vcpus", spec.vcpus),
+                    ("disk_bw", spec.disk_bw),
+                    ("net_bw", spec.net_bw),
+                ):
+                    np.add(c[f"oc_{resource}_reserved"][:n], amount, out=total)
+                    np.less_equal(total, c[f"oc_{resource}_ceiling"][:n], out=test)
+                    fit &= test
+            np.divide(spec.vcpus, c["cpu_capacity"][:n], out=total)
+            np.add(total, c["cpu_load"][:n], out=total)
+            np.less_equal(total, c["cpu_max_load"][:n], out=test)
+            fit &= test
+            np.add(c["disk_bw_load"][:n], spec.disk_bw, out=total)
+            np.less_equal(total, c["disk_bw_ceiling"][:n], out=test)
+            fit &= test
+            np.add(c["net_bw_load"][:n], spec.net_bw, out=total)
+            np.less_equal(total, c["net_bw_ceiling"][:n], out=test)
+            fit &= test
             return fit
-        fit &= c["mem_free"][:n] >= spec.mem
-        fit &= c["disk_free"][:n] >= spec.disk
-        if self._overcommitting:
-            fit &= c["oc_vcpus_reserved"][:n] + spec.vcpus <= c["oc_vcpus_ceiling"][:n]
-            fit &= c["oc_disk_bw_reserved"][:n] + spec.disk_bw <= c["oc_disk_bw_ceiling"][:n]
-            fit &= c["oc_net_bw_reserved"][:n] + spec.net_bw <= c["oc_net_bw_ceiling"][:n]
-        fit &= c["cpu_load"][:n] + spec.vcpus / c["cpu_capacity"][:n] <= c["cpu_max_load"][:n]
-        fit &= c["disk_bw_load"][:n] + spec.disk_bw <= c["disk_bw_ceiling"][:n]
-        fit &= c["net_bw_load"][:n] + spec.net_bw <= c["net_bw_ceiling"][:n]
-        return fit
 
     def rank(
         self,
@@ -335,9 +538,9 @@ class Engine:
 
         with self._lock:
             fit = self.fit_mask(spec, platforms)
-            colocated = self.mounted.scores(layers, self._size)
-            slots = (policy or SEED).order(self, fit, colocated, layers)
-            return EngineRanking(self, slots, colocated[slots])
+            match = LayerMatch(self.mounted, layers, self._size)
+            slots = (policy or SEED).order(self, fit, match)
+            return EngineRanking(self, slots, match)
 
     def platforms(self) -> dict[Platform, int]:
         with self._lock:
@@ -361,10 +564,17 @@ class Engine:
 class EngineRanking(Ranking):
     """A ranking as engine slots; node names are looked up only when asked for."""
 
-    def __init__(self, engine: Engine, slots: Slots, colocated: npt.NDArray[np.int64]) -> None:
-        super().__init__((), colocated)
+    def __init__(self, engine: Engine, slots: Slots, match: LayerMatch) -> None:
+        super().__init__((), ())
         self._engine = engine
         self.slots = slots
+        self.match = match
+        self._colocated_of_slots: npt.NDArray[np.int64] | None = None
+
+    def colocated(self, index: int) -> int:
+        if self._colocated_of_slots is None:
+            self._colocated_of_slots = self.match.colocated_at(self.slots)
+        return int(self._colocated_of_slots[index])
 
     def __len__(self) -> int:
         return int(self.slots.size)

@@ -12,16 +12,13 @@ by node name.  Other policies (simulated and measured before any becomes a defau
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from berth.model import Layer
-
 if TYPE_CHECKING:
-    from berth.scheduler.engine import Engine, Slots
+    from berth.scheduler.engine import Engine, LayerMatch, Slots
 
 __all__ = ["SEED", "Policy", "SeedPolicy"]
 
@@ -31,44 +28,43 @@ class Policy(Protocol):
 
     name: str
 
-    def order(
-        self,
-        engine: Engine,
-        fit: npt.NDArray[np.bool_],
-        colocated: npt.NDArray[np.int64],
-        layers: Sequence[Layer],
-    ) -> Slots:
-        """The slots where ``fit`` is true, best first."""
+    def order(self, engine: Engine, fit: npt.NDArray[np.bool_], match: LayerMatch) -> Slots:
+        """The slots where ``fit`` is true, best first.
+
+        ``match`` describes the request's layers on every slot: ``match.colocated`` (bytes
+        mounted), ``match.key`` (dense rank of those bytes), ``match.layers``.
+        """
         ...
 
 
 class SeedPolicy:
     """The seed's ranking: most colocated bytes first, ties by node name.
 
-    Nodes holding none of the request's layers are usually the majority and are already in
-    name order through the engine's cached permutation; only the few with colocated bytes
-    need sorting.
+    The colocation key (:class:`LayerMatch.key`, a small dense rank) of every slot, taken in
+    name order, is packed with the slot's name position into one unsigned integer — key in
+    the high bits, position in the low bits — so a plain (SIMD) sort of those integers is the
+    stable sort by key with the name tie-break, and unfit slots (a key above every real one)
+    sort last.
     """
 
     name = "seed"
 
-    def order(
-        self,
-        engine: Engine,
-        fit: npt.NDArray[np.bool_],
-        colocated: npt.NDArray[np.int64],
-        layers: Sequence[Layer],
-    ) -> Slots:
+    def order(self, engine: Engine, fit: npt.NDArray[np.bool_], match: LayerMatch) -> Slots:
         by_name = engine.name_order()
-        if not layers:
+        if not match.layers:
             return by_name[fit[by_name]]
-        positive = fit & (colocated > 0)
-        best = np.flatnonzero(positive)
-        rest = by_name[(fit & ~positive)[by_name]]
-        if not best.size:
-            return rest
-        keys = np.lexsort((engine.name_rank()[best], -colocated[best]))
-        return np.concatenate((best[keys], rest))
+        key = match.key
+        count = by_name.size
+        shift = max(count - 1, 1).bit_length()
+        unfit = match.key_limit
+        packed_type = np.uint32 if (unfit << shift) < 2**32 else np.uint64
+        keyed: npt.NDArray[Any] = np.where(fit, key, unfit)[by_name].astype(packed_type)
+        np.left_shift(keyed, shift, out=keyed)
+        np.bitwise_or(keyed, engine.positions(count, packed_type), out=keyed)
+        keyed.sort()
+        positions = keyed[: np.count_nonzero(fit)] & ((1 << shift) - 1)
+        ordered: Slots = by_name[positions]
+        return ordered
 
 
 SEED = SeedPolicy()

@@ -180,3 +180,43 @@ def test_layer_index_follows_mounts_and_unmounts() -> None:
     assert engine.mounted.holders("a").size == 0
     assert engine.mounted.holders("c").tolist() == [0]
     assert engine.mounted.holders("never").size == 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), specs, request_layers)
+def test_engine_stays_equal_when_ranked_between_every_change(
+    events: list[tuple[str, NodeState | str]], spec: Spec | None, layers: list[Layer]
+) -> None:
+    """Ranking after every event exercises the incrementally maintained name order."""
+    engine, reference = Engine(capacity=2), ReferenceRanker()
+    for kind, payload in events:
+        for ranker in (engine, reference):
+            if kind == "put":
+                assert isinstance(payload, NodeState)
+                ranker.upsert(payload)
+            else:
+                assert isinstance(payload, str)
+                ranker.remove(payload)
+        assert engine.rank(spec, layers).pairs() == reference.rank(spec, layers).pairs()
+
+
+def test_popular_layers_use_dense_bitmaps_and_still_agree() -> None:
+    import random
+
+    rng = random.Random(3)
+    engine, reference = Engine(), ReferenceRanker()
+    popular = [f"base-{i}" for i in range(4)]
+    for index in range(3000):
+        mounted = {layer for layer in popular if rng.random() < 0.8}
+        mounted |= set(rng.sample(LAYER_IDS, 3))
+        state = NodeState(node=f"n{rng.randrange(10**9)}-{index}", platform=PLATFORMS[0],
+                          mem_free=1024, disk_free=1024, cpu_capacity=1.0, disk_bw_ceiling=1.0,
+                          net_bw_ceiling=1.0, layers=frozenset(mounted))  # fmt: skip
+        engine.upsert(state)
+        reference.upsert(state)
+    layers = [Layer(id=layer, size=size) for layer, size in zip(popular, (5, 7, 5, 1), strict=True)]
+    layers += [Layer(id=LAYER_IDS[0], size=12)]
+    assert engine.rank(None, layers).pairs() == reference.rank(None, layers).pairs()
+    assert engine.mounted.bitmap("base-0", engine.size) is not None  # the dense path ran
+    many = [Layer(id=f"sha256:{i:02x}", size=i + 1) for i in range(16)]  # > MASK_LAYERS
+    assert engine.rank(None, many).pairs() == reference.rank(None, many).pairs()

@@ -13,8 +13,9 @@ dataset (:func:`berth.dataset.load_dockerhub`):
 * ``update_p50_us`` / ``update_p99_us`` — ``Engine.upsert(state)`` of one node's new snapshot:
   mostly load/headroom changes with the same layers, ``--layer-change-fraction`` of them with
   one layer mounted or unmounted.
-* ``bytes_per_node`` — what ``tracemalloc`` sees allocated (NumPy buffers included) while an
-  engine is built from prebuilt ``NodeState`` objects, divided by the node count;
+* ``bytes_per_node`` — what ``tracemalloc`` sees retained (NumPy buffers included) by an
+  engine built from prebuilt ``NodeState`` objects and then queried with the warm-up requests
+  (ranking builds the name order and dense bitmaps the engine keeps), per node;
   ``bytes_per_node_estimate`` is ``engine.nbytes() / nodes``.
 * ``placements_per_s`` — ``ClusterScheduler.schedule(request)`` end to end in-process (rank,
   walk, admission on a ``NodeBudget`` through ``LocalNodes``) on a separate cluster of
@@ -319,13 +320,19 @@ def build_engine(states: Sequence[NodeState]) -> Engine:
     return engine
 
 
-def measure_memory(states: Sequence[NodeState]) -> tuple[int, int]:
-    """(bytes tracemalloc saw retained by building an engine, that engine's ``nbytes()``)."""
+def measure_memory(states: Sequence[NodeState], probes: Sequence[Probe]) -> tuple[int, int]:
+    """(bytes tracemalloc saw retained by an engine built and then queried, its ``nbytes()``).
+
+    The queries matter: ranking builds the name order and dense bitmaps of popular layers,
+    which the engine keeps.
+    """
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         engine = build_engine(states)
+        for probe in probes:
+            engine.rank(*probe.args)
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
     finally:
@@ -525,7 +532,7 @@ def run(config: Config) -> dict[str, Any]:
         f"{time.perf_counter() - started:.1f} s"
     )
 
-    traced_bytes, estimate = measure_memory(states)
+    traced_bytes, estimate = measure_memory(states, warmup)
     log(f"memory: {traced_bytes / config.nodes:.0f} B/node traced")
 
     started = time.perf_counter()

@@ -39,7 +39,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, StrictInt, field_validator
 
 from berth.errors import Invalid
-from berth.model import Layer, Name
+from berth.model import Layer, Name, unique_layers
 from berth.platform import Platform
 from berth.validation import BerthModel
 
@@ -68,15 +68,7 @@ class Image(BerthModel):
     platform: Platform
     layers: Annotated[tuple[Annotated[Layer, BeforeValidator(_pair)], ...], Field(min_length=1)]
 
-    @field_validator("layers")
-    @classmethod
-    def _unique_layers(cls, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
-        seen: set[str] = set()
-        for layer in layers:
-            if layer.id in seen:
-                raise Invalid(f"layer {layer.id!r} is listed more than once")
-            seen.add(layer.id)
-        return layers
+    _unique_layers = field_validator("layers")(unique_layers)
 
     @property
     def size(self) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "Request",
     "Spec",
     "instance_type",
+    "unique_layers",
 ]
 
 
@@ -146,6 +147,16 @@ def _layer_input(value: Any) -> Any:
     return value
 
 
+def unique_layers(cls: type, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+    """Validator: layer ids of one image are unique (a repeat would count its bytes twice)."""
+    seen: set[str] = set()
+    for layer in layers:
+        if layer.id in seen:
+            raise Invalid(f"layer {layer.id!r} is listed more than once")
+        seen.add(layer.id)
+    return layers
+
+
 def _spec_input(value: Any) -> Any:
     return instance_type(value) if isinstance(value, str) else value
 
@@ -167,15 +178,7 @@ class Request(BerthModel):
     layers: tuple[Annotated[Layer, BeforeValidator(_layer_input)], ...] = ()
     preferred_node: Name | None = None
 
-    @field_validator("layers")
-    @classmethod
-    def _unique_layers(cls, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
-        seen: set[str] = set()
-        for layer in layers:
-            if layer.id in seen:
-                raise Invalid(f"layer {layer.id!r} is listed more than once")
-            seen.add(layer.id)
-        return layers
+    _unique_layers = field_validator("layers")(unique_layers)
 
     @property
     def key(self) -> str:

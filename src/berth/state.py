@@ -43,6 +43,7 @@ __all__ = [
     "describe_reason",
     "first_failed_check",
     "fits",
+    "soft_check",
 ]
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
@@ -148,11 +149,39 @@ def first_failed_check(state: NodeState, spec: Spec) -> str | None:
         reason = state.overcommit.first_failed_check(spec.vcpus, spec.disk_bw, spec.net_bw)
         if reason is not None:
             return reason
-    if state.cpu_load + spec.vcpus / state.cpu_capacity > state.cpu_max_load:
+    return soft_check(
+        spec,
+        cpu_load=state.cpu_load,
+        cpu_capacity=state.cpu_capacity,
+        cpu_max_load=state.cpu_max_load,
+        disk_bw_load=state.disk_bw_load,
+        disk_bw_ceiling=state.disk_bw_ceiling,
+        net_bw_load=state.net_bw_load,
+        net_bw_ceiling=state.net_bw_ceiling,
+    )
+
+
+def soft_check(
+    spec: Spec,
+    *,
+    cpu_load: float,
+    cpu_capacity: float,
+    cpu_max_load: float,
+    disk_bw_load: float,
+    disk_bw_ceiling: float,
+    net_bw_load: float,
+    net_bw_ceiling: float,
+) -> str | None:
+    """The soft checks, shared by the snapshot filter and the node's live admission.
+
+    ``cpu_load + vcpus / cpu_capacity <= cpu_max_load``, ``disk_bw_load + disk_bw <=
+    disk_bw_ceiling``, ``net_bw_load + net_bw <= net_bw_ceiling``; the first that fails.
+    """
+    if cpu_load + spec.vcpus / cpu_capacity > cpu_max_load:
         return "cpu_saturated"
-    if state.disk_bw_load + spec.disk_bw > state.disk_bw_ceiling:
+    if disk_bw_load + spec.disk_bw > disk_bw_ceiling:
         return "disk_bw_saturated"
-    if state.net_bw_load + spec.net_bw > state.net_bw_ceiling:
+    if net_bw_load + spec.net_bw > net_bw_ceiling:
         return "net_bw_saturated"
     return None
 

@@ -40,7 +40,7 @@ from pydantic import Field, StrictInt
 
 from berth.errors import BerthError, Invalid
 from berth.model import Spec
-from berth.state import Overcommit, describe_reason
+from berth.state import Overcommit, describe_reason, soft_check
 from berth.validation import BerthModel
 
 __all__ = [
@@ -262,13 +262,16 @@ class NodeBudget:
     def soft_check(self, spec: Spec) -> str | None:
         """The reason code of the first live soft check ``spec`` fails, or ``None``."""
         limits, load = self.limits, self.readings
-        if load.cpu_load + spec.vcpus / limits.cpu_capacity > limits.cpu_max_load:
-            return "cpu_saturated"
-        if load.disk_bw_load + spec.disk_bw > limits.disk_bw_ceiling:
-            return "disk_bw_saturated"
-        if load.net_bw_load + spec.net_bw > limits.net_bw_ceiling:
-            return "net_bw_saturated"
-        return None
+        return soft_check(
+            spec,
+            cpu_load=load.cpu_load,
+            cpu_capacity=limits.cpu_capacity,
+            cpu_max_load=limits.cpu_max_load,
+            disk_bw_load=load.disk_bw_load,
+            disk_bw_ceiling=limits.disk_bw_ceiling,
+            net_bw_load=load.net_bw_load,
+            net_bw_ceiling=limits.net_bw_ceiling,
+        )
 
     def admit(self, spec: Spec, owner: Owner) -> Reservation:
         """Soft check on live load, then the atomic hard reservation held for ``owner``."""

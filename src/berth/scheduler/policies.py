@@ -33,6 +33,7 @@ the node's current reservations.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -247,11 +248,14 @@ class BerthPolicy:
       kube's least-allocated scoring under overload.
     * ``tolerance_bytes`` (default 1 MiB) makes near-equal scores equal, so a few stray bytes
       (a 32-byte empty layer) do not beat a roomier node.
-    * ``jitter`` (default 0.2) discounts each node's room by a random share below 20 %, from a
-      generator seeded at construction: concurrent schedulers working from the same stale
-      snapshot then spread over nodes of near-equal room instead of all confirming on the same
-      one (measured: about half the refusals at confirmation with 4 schedulers 5 s stale, no
-      change in bytes pulled with one scheduler).
+    * ``jitter`` (default 0.2) discounts each node's room by a pseudo-random share below
+      20 %: concurrent schedulers working from the same stale snapshot then spread over nodes
+      of near-equal room instead of all confirming on the same one (measured: about half the
+      refusals at confirmation with 4 schedulers 5 s stale, no change in bytes pulled with one
+      scheduler).  The share is a function of the policy's seed, the request's layer ids and
+      the node's position in name order — not of a stream consumed per call — so asking
+      :meth:`~berth.scheduler.cluster.ClusterScheduler.explain` about a request reproduces the
+      ranking its placement used, and schedulers seeded differently draw differently.
     """
 
     name = "berth"
@@ -261,9 +265,9 @@ class BerthPolicy:
         seed: SeedLike = 0,
         *,
         cached_weight: float = 1.0,
-        room_price: float = 0.02,
+        room_price: float = 0.05,
         tolerance_bytes: int = _MiB,
-        jitter: float = 0.2,
+        jitter: float = 0.1,
     ) -> None:
         if not 0 <= cached_weight <= 1:
             raise Invalid(f"must be between 0 and 1, got {cached_weight}", field="cached_weight")
@@ -277,7 +281,7 @@ class BerthPolicy:
         self.room_price = room_price
         self.tolerance_bytes = tolerance_bytes
         self.jitter = jitter
-        self._rng = _generator(seed)
+        self._salt = int(_generator(seed).integers(2**63))
 
     def local_bytes(self, engine: Engine, match: LayerMatch) -> Floats:
         """Per slot, mounted bytes plus ``cached_weight`` × cached bytes of the request."""
@@ -297,10 +301,19 @@ class BerthPolicy:
         used = min(max(used, 0.0), 0.999)  # a full cluster prices room high, not infinitely
         return self.room_price * used / (1.0 - used)
 
+    def _noise(self, engine: Engine, layers: Sequence[Layer]) -> Floats:
+        """Per slot, a uniform draw in [0, 1) fixed by (seed, layer ids, node's name rank)."""
+        digest = zlib.crc32("\0".join(layer.id for layer in layers).encode())
+        rng = np.random.default_rng([self._salt, digest])
+        by_rank = rng.random(len(engine))
+        rank = np.minimum(engine.name_rank()[: engine.size], len(engine) - 1)
+        noise: Floats = by_rank[rank] if len(engine) else np.zeros(engine.size)
+        return noise
+
     def order(self, engine: Engine, fit: npt.NDArray[np.bool_], match: LayerMatch) -> Slots:
         room = engine.columns["mem_free"][: engine.size].astype(np.float64)
         if self.jitter:
-            room *= 1.0 - self._rng.uniform(0.0, self.jitter, size=room.size)
+            room *= 1.0 - self.jitter * self._noise(engine, match.layers)
         score = self.local_bytes(engine, match) + self.price(engine) * room
         return _by_keys(engine, fit, -np.floor(score / self.tolerance_bytes), -room)
 

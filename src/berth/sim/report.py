@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.table import Table
 
 from berth.sim.simulator import SimConfig, SimResult
@@ -249,43 +250,41 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def comparison_table(report: Report, title: str = "policy comparison") -> Table:
-    """The rich table of every policy's headline figures."""
-    table = Table(title=title, title_justify="left")
+    """The rich table of every policy's headline figures (fits an 80-column terminal)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for column in (
         "policy",
         "placed",
-        "refused\n(capacity)",
-        "refused at\nconfirmation",
-        "no\nplatform",
+        "refused\ncap/conf",
         "pulled\nGB",
-        "× lower\nbound",
-        "start p50/p99\ns",
-        "mem util\ncluster",
-        "util spread\nstd (CV)",
-        "decision p50/p99\nms",
+        "×LB",
+        "start s\np50/p99",
+        "util\nstd/CV",
+        "decide ms\np50/p99",
     ):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for name, m in report.metrics.items():
         table.add_row(
             name,
             str(m.placed),
-            str(m.refused_no_capacity),
-            str(m.refused_at_confirmation),
-            str(m.no_matching_platform),
+            f"{m.refused_no_capacity}/{m.refused_at_confirmation}",
             _gb(m.bytes_pulled),
             _num(m.pull_ratio, ".2f"),
-            f"{_num(m.start_latency_p50_s, '.2f')} / {_num(m.start_latency_p99_s, '.2f')}",
-            f"{m.cluster_utilisation:.0%}",
-            f"{m.node_utilisation_std:.2f} ({m.node_utilisation_cv:.2f})",
-            f"{_num(m.decision_latency_p50_ms, '.2f')} / {_num(m.decision_latency_p99_ms, '.2f')}",
+            f"{_num(m.start_latency_p50_s, '.2f')}/{_num(m.start_latency_p99_s, '.1f')}",
+            f"{m.node_utilisation_std:.2f}/{m.node_utilisation_cv:.1f}",
+            f"{_num(m.decision_latency_p50_ms, '.2f')}/{_num(m.decision_latency_p99_ms, '.2f')}",
         )
-    bounds = {m.lower_bound_bytes for m in report.metrics.values()}
-    if bounds:
+    metrics = list(report.metrics.values())
+    if metrics:
+        bounds = {m.lower_bound_bytes for m in metrics}
         low, high = min(bounds), max(bounds)
         span = _gb(low) if low == high else f"{_gb(low)}–{_gb(high)}"
+        utilisation = sum(m.cluster_utilisation for m in metrics) / len(metrics)
+        table.caption_justify = "left"
         table.caption = (
-            f"lower bound {span} GB = distinct layer bytes among placed requests; "
-            "util spread = std (CV) across nodes of reserved memory fraction"
+            f"refused cap/conf: for lack of capacity / refusals at confirmation.  ×LB: pulled "
+            f"over the lower bound, {span} GB of distinct layers among placed requests.  Memory "
+            f"reserved: {utilisation:.0%} on average; util std/CV: its spread across nodes."
         )
     return table
 
@@ -297,7 +296,7 @@ def plot_bytes_pulled(results: Mapping[str, SimResult], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=110)
+    figure, axes = plt.subplots(figsize=(9, 4.5), dpi=110)
     try:
         bound = 0
         for name, result in results.items():
@@ -310,7 +309,7 @@ def plot_bytes_pulled(results: Mapping[str, SimResult], path: Path) -> Path:
         axes.set_xlabel("simulated time (s)")
         axes.set_ylabel("bytes pulled (GB, cumulative)")
         axes.set_title("Layer bytes pulled per policy")
-        axes.legend()
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         axes.grid(alpha=0.3)
         figure.tight_layout()
         figure.savefig(path)
@@ -334,7 +333,7 @@ def plot_utilisation(results: Mapping[str, SimResult], path: Path) -> Path:
         axes.set_xticks(range(1, len(names) + 1), names)
         axes.set_ylabel("node memory reserved / total")
         axes.set_ylim(-0.02, 1.02)
-        axes.set_title("Node utilisation (samples over the arrival window; whiskers 5–95 %)")
+        axes.set_title("Per-node memory utilisation over the arrival window (whiskers 5–95 %)")
         axes.grid(axis="y", alpha=0.3)
         figure.tight_layout()
         figure.savefig(path)

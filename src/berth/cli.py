@@ -22,6 +22,7 @@ from berth.errors import BerthError, Invalid
 from berth.model import Layer, Request
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
+from berth.sim.commands import register as register_sim
 from berth.units import format_bandwidth, format_information
 
 __all__ = ["app", "main"]
@@ -208,6 +209,9 @@ def _human(key: str, value: object) -> str:
         if key.endswith(("_max", "cache")):
             return format_information(value)
     return "-" if value is None else str(value)
+
+
+register_sim(app)
 
 
 def main() -> None:

@@ -286,10 +286,10 @@ def test_berth_prices_room_higher_as_the_cluster_fills() -> None:
 
     berth = BerthPolicy(jitter=0.0)
     quiet = cluster(filler_free=16 * GiB)  # U = 1 − 140/160 = 0.125
-    assert berth.price(quiet) == pytest.approx(0.05 * 0.125 / 0.875)
+    assert berth.price(quiet) == pytest.approx(berth.room_price * 0.125 / 0.875)
     assert order(quiet, berth, image)[0] == "holder"  # the 500 MiB pull is worth avoiding
     busy = cluster(filler_free=0)  # U = 1 − 12/160 = 0.925
-    assert berth.price(busy) == pytest.approx(0.05 * 0.925 / 0.075)
+    assert berth.price(busy) == pytest.approx(berth.room_price * 0.925 / 0.075)
     assert order(busy, berth, image)[0] == "roomy"  # room is scarce: keep the holder's gap
 
 

@@ -165,7 +165,7 @@ def _print_summary(report: Report, out: Path) -> None:
         )
     goals = report.goals
     if goals:
-        console.print(f"goals for the berth policy ({goals['regime']} load):")
+        console.print(f"goals for the berth policy (regime: {goals['regime']}):")
         for name, value in goals.items():
             if isinstance(value, dict):
                 figures = ", ".join(

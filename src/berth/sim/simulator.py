@@ -14,8 +14,11 @@ turns a :class:`SimResult` into metrics, tables and plots).
 shuffled by ``SimConfig.seed`` so neither correlates with the name order some policies use
 for ties.  A node has a ``NodeBudget`` on the simulated clock, a
 :class:`~berth.node.layers.LayerRegistry` (refcounted mounts, LRU cache of
-``cache_bytes``) and a :class:`~berth.node.runtime.FakeRuntime` whose exit report ends the
-workload's reservation and unmounts its layers — the node agent's wiring, minus processes.
+``cache_bytes``) and a :class:`~berth.node.runtime.FakeRuntime`.  The lease a placement
+reserved under is bound to the booted workload, so when the simulator finishes the workload
+its reservation ends with it and its layers are unmounted — the node agent's wiring, minus
+processes.  (:class:`~berth.node.agent.Agent` itself is not used: its advertiser is an asyncio
+heartbeat in wall-clock time, while here snapshots must follow the simulated clock.)
 
 **Load model** (what the budget's soft check and the snapshot read): every workload keeps
 the vCPUs and bandwidth it declared busy, so ``cpu_load = min(1, Σ reserved vcpus /
@@ -270,33 +273,6 @@ Observer = Callable[[Decision, Arrival, ClusterScheduler], None]
 is still the view the decision was made from (``berth demo`` explains placements with it)."""
 
 
-class _SimOwner:
-    """The owner a reservation is bound to: one simulated workload, ended by its exit report."""
-
-    def __init__(self, workload: Workload, layers: tuple[Layer, ...]) -> None:
-        self.workload = workload
-        self.layers = layers
-        self._callbacks: list[Callable[[Any], object]] = []
-        self._done = False
-
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
-        if self._done:
-            fn(self)
-        else:
-            self._callbacks.append(fn)
-
-    def done(self) -> bool:
-        return self._done
-
-    def end(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-
 class _Node:
     """One simulated node: real budget, layer registry and fake runtime, wired like an agent."""
 
@@ -323,8 +299,7 @@ class _Node:
         self.budget = NodeBudget(limits, self.load, on_change=self._budget_changed, clock=clock)
         self.layers = LayerRegistry(cache_bytes, on_change=self._mark)
         self.runtime = FakeRuntime()
-        self.runtime.on_exit(self._exited)
-        self.running: dict[str, _SimOwner] = {}
+        self.running: dict[str, tuple[Workload, tuple[Layer, ...]]] = {}
         self.ready_at: dict[str, float] = {}
         self.generation = 0
         self.exit_errors: list[str] = []
@@ -343,15 +318,24 @@ class _Node:
         self.load.net_bw_load = net_bw
         self._mark()
 
-    def _exited(self, workload: Workload) -> None:
-        # The agent's exit wiring: the reservation ends with its owner, the layers unmount.
-        owner = self.running.pop(workload.id, None)
-        if owner is None:
-            self.exit_errors.append(f"unknown workload {workload.id} exited")
+    def start(self, workload: Workload, layers: tuple[Layer, ...]) -> None:
+        """Track a booted workload: when it ends, its layers are unmounted (into the cache)."""
+        self.running[workload.id] = (workload, layers)
+        workload.add_done_callback(self._ended)
+
+    def _ended(self, workload: Workload) -> None:
+        # The agent's wiring: the reservation ends with its owner (the lease is bound to the
+        # workload), and the layers unmount.  Errors are recorded, because the runtime only
+        # logs a failing callback, and the invariant check must see them.
+        entry = self.running.pop(workload.id, None)
+        if entry is None:
+            self.exit_errors.append(f"unknown workload {workload.id} ended")
             return
-        owner.end()
-        for layer in owner.layers:
-            self.layers.unmount(layer.id)
+        try:
+            for layer in entry[1]:
+                self.layers.unmount(layer.id)
+        except BerthError as error:
+            self.exit_errors.append(f"workload {workload.id}: {error}")
 
     def snapshot(self, now: float) -> NodeState:
         self.generation += 1
@@ -399,7 +383,7 @@ class _Node:
             raise InvariantViolated(
                 f"{name}: {len(reservations)} reservations for {len(self.running)} workloads"
             )
-        used = {layer.id for owner in self.running.values() for layer in owner.layers}
+        used = {layer.id for _, layers in self.running.values() for layer in layers}
         if used != set(self.layers.mounted()):
             raise InvariantViolated(f"{name}: mounted layers differ from running workloads'")
         if self.layers.cached_bytes > self.layers.cache_budget_bytes:
@@ -672,10 +656,9 @@ class Simulation:
         workload = await node.runtime.start(
             BootSpec(name=request.key, command=("microvm", arrival.image))
         )
-        owner = _SimOwner(workload, request.layers)
-        node.running[workload.id] = owner
+        node.start(workload, request.layers)
         try:
-            await client.bind(node.info.name, placement.reservation_id, owner)
+            await client.bind(node.info.name, placement.reservation_id, workload)
         except BerthError as error:  # pragma: no cover - leases are bound at once
             raise InvariantViolated(f"{request.key}: could not bind its lease: {error}") from None
 

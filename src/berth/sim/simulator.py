@@ -23,8 +23,8 @@ heartbeat in wall-clock time, while here snapshots must follow the simulated clo
 **Load model** (what the budget's soft check and the snapshot read): every workload keeps
 the vCPUs and bandwidth it declared busy, so ``cpu_load = min(1, Σ reserved vcpus /
 cpu_capacity)`` and ``disk_bw_load`` / ``net_bw_load`` are the reserved sums.  Deterministic
-and pessimistic; the default classes leave cores, disk and bandwidth ≥ 25 % slack when memory
-is full, so memory is the binding resource.
+and pessimistic; with the default classes cores, disk and bandwidth are at most 80 % used when
+memory is full, so memory is the binding resource.
 
 **Schedulers and staleness.**  ``concurrency`` = K schedulers, each a real
 ``ClusterScheduler`` with its own :class:`~berth.cluster.memory.MemoryStore` replica and its
@@ -94,6 +94,7 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "Simulation",
+    "layout",
     "simulate",
     "simulate_policies",
 ]

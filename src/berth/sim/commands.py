@@ -284,7 +284,9 @@ def demo(
         console.rule("[bold]berth demo[/]: 50 nodes, 500 placements, real Docker Hub layers")
         console.print(
             "Each request is ranked by the berth policy from the scheduler's replica of the node "
-            "snapshots, then confirmed by the chosen node's own budget.  A few decisions:"
+            "snapshots — layer bytes already on a node (mounted or cached) first, plus its free "
+            "memory priced by how full the cluster is — then confirmed by the chosen node's own "
+            "budget.  A few decisions (rank 0 is tried first):"
         )
         tables = _explained_placements(config, arrivals)
         for table in tables:

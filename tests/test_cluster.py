@@ -186,6 +186,7 @@ def test_stale_snapshot_is_overruled_by_the_node() -> None:
     placement = asyncio.run(cluster.scheduler.schedule(request))
     assert placement.worker_node == "idle"
     assert placement.rank == 1
+    assert placement.refusals == (("busy", "mem_exhausted"),)
 
 
 def test_no_capacity_message_summarises_every_node() -> None:

@@ -192,10 +192,12 @@ class Placement(BerthModel):
     ``reservation_id`` identifies the hard reservation the node made at confirmation (the
     cluster driver; ``None`` for drivers that reserve nothing); ``colocated_bytes`` is how many
     of the request's layer bytes the node already had mounted; ``rank`` is the node's position
-    in the candidate order (0 = best).
+    in the candidate order (0 = best); ``refusals`` lists the ``(node, reason)`` of better-ranked
+    nodes that refused at confirmation on the way (their snapshot was stale, or a boot failed).
     """
 
     worker_node: Name
     reservation_id: str | None = None
     colocated_bytes: Annotated[StrictInt, Field(ge=0)] = 0
     rank: Annotated[StrictInt, Field(ge=0)] = 0
+    refusals: tuple[tuple[str, str], ...] = ()

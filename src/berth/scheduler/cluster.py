@@ -201,6 +201,7 @@ class ClusterScheduler:
             reservation_id=placed.result,
             colocated_bytes=placed.colocated_bytes,
             rank=placed.rank,
+            refusals=placed.refusals,
         )
 
     def explain(self, request: Request, refusals: dict[str, str] | None = None) -> Explanation:

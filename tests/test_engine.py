@@ -182,13 +182,17 @@ def test_layer_index_follows_mounts_and_unmounts() -> None:
     assert engine.mounted.holders("never").size == 0
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(histories(), specs, request_layers)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), specs, request_layers, st.sampled_from([None, 0, 1, 3]))
 def test_engine_stays_equal_when_ranked_between_every_change(
-    events: list[tuple[str, NodeState | str]], spec: Spec | None, layers: list[Layer]
+    events: list[tuple[str, NodeState | str]],
+    spec: Spec | None,
+    layers: list[Layer],
+    compact_after: int | None,
 ) -> None:
-    """Ranking after every event exercises the incrementally maintained name order."""
-    engine, reference = Engine(capacity=2), ReferenceRanker()
+    """Ranking after every event exercises the incremental name order and compaction."""
+    engine = Engine(capacity=2, compact_after=compact_after)
+    reference = ReferenceRanker()
     for kind, payload in events:
         for ranker in (engine, reference):
             if kind == "put":
@@ -220,3 +224,49 @@ def test_popular_layers_use_dense_bitmaps_and_still_agree() -> None:
     assert engine.mounted.bitmap("base-0", engine.size) is not None  # the dense path ran
     many = [Layer(id=f"sha256:{i:02x}", size=i + 1) for i in range(16)]  # > MASK_LAYERS
     assert engine.rank(None, many).pairs() == reference.rank(None, many).pairs()
+
+
+def plain(name: str, **fields: object) -> NodeState:
+    base: dict[str, object] = {
+        "platform": PLATFORMS[0],
+        "mem_free": 1024,
+        "disk_free": 1024,
+        "cpu_capacity": 1.0,
+        "disk_bw_ceiling": 1.0,
+        "net_bw_ceiling": 1.0,
+    }
+    base.update(fields)
+    return NodeState(node=name, **base)  # type: ignore[arg-type]
+
+
+def test_compaction_renumbers_slots_into_name_order_and_keeps_answers() -> None:
+    import random
+
+    rng = random.Random(11)
+    engine, reference = Engine(compact_after=None), ReferenceRanker()
+
+    def both(state: NodeState) -> None:
+        engine.upsert(state)
+        reference.upsert(state)
+
+    names = [f"n{rng.randrange(10**6):06d}" for _ in range(200)]
+    for name in names:
+        over = Overcommit(vcpus_ceiling=2.0) if rng.random() < 0.3 else None
+        both(plain(name, platform=rng.choice(PLATFORMS), mem_free=rng.randrange(4) * 256,
+                   layers=frozenset(rng.sample(LAYER_IDS, 5)), overcommit=over))  # fmt: skip
+    for name in names[::7]:
+        engine.remove(name)
+        reference.remove(name)
+    layers = [Layer(id=LAYER_IDS[i], size=10 * i + 1) for i in range(6)]
+    spec = Spec(vcpus=0.5, mem=256, disk=1)
+    before = engine.rank(spec, layers).pairs()
+    assert not engine.in_name_order
+    engine.compact()
+    assert engine.in_name_order
+    assert [engine.name(int(s)) for s in engine.name_order()] == sorted(reference.rank(None, []))
+    assert engine.rank(spec, layers).pairs() == before == reference.rank(spec, layers).pairs()
+    both(plain("zzz", layers=frozenset(LAYER_IDS[:6])))
+    assert engine.in_name_order  # appended after every name: still in order
+    both(plain("a"))
+    assert not engine.in_name_order
+    assert engine.rank(spec, layers).pairs() == reference.rank(spec, layers).pairs()

@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from berth.model import Layer, Spec
 from berth.platform import Platform
+from berth.scheduler.policy import SEED
 from berth.scheduler.ranking import Ranking
 from berth.state import NodeState, Overcommit
 
@@ -105,6 +106,20 @@ class LayerIndex:
 
     def clear(self, slot: int) -> None:
         self.set(slot, ())
+
+    def renumber(self, order: npt.NDArray[np.intp], new_of_old: npt.NDArray[np.intp]) -> None:
+        """Follow the engine's compaction: old slot ``order[i]`` becomes slot ``i``."""
+        count = int(order.size)
+        for lid, held in enumerate(self._counts):
+            if held:
+                buffer = self._holders[lid]
+                buffer[:held] = new_of_old[buffer[:held]]
+        for bitmap in self._dense.values():
+            bitmap[:count] = bitmap[order]
+            bitmap[count:] = False
+        self._node_layers = {
+            int(new_of_old[slot]): layers for slot, layers in self._node_layers.items()
+        }
 
     def _add(self, lid: int, slot: int) -> None:
         buffer, count = self._holders[lid], self._counts[lid]
@@ -305,8 +320,13 @@ def _ceiling(value: float | None) -> float:
 class Engine:
     """The NumPy ranker (see the module docstring).  Thread-safe."""
 
-    def __init__(self, capacity: int = 64) -> None:
+    def __init__(self, capacity: int = 64, *, compact_after: int | None = 64) -> None:
         self._lock = threading.RLock()
+        # After ``compact_after`` rankings without a membership change, slots are renumbered
+        # into name order (see :meth:`compact`); ``None`` never compacts.
+        self.compact_after = compact_after
+        self._in_name_order = True  # slot order is name order and no slot is free
+        self._ranks_since_change = 0
         self._capacity = max(8, -(-capacity // 8) * 8)  # whole 64-bit words of bool lanes
         self._size = 0  # high-water mark of used slots
         self._slot_of: dict[str, int] = {}
@@ -358,6 +378,7 @@ class Engine:
             self.mounted.clear(slot)
             self.cached.clear(slot)
             self._free.append(slot)
+            self._membership_changed()
             if self._sorted_names is not None and self._order is not None:
                 at = bisect.bisect_left(self._sorted_names, node)
                 del self._sorted_names[at]
@@ -375,12 +396,53 @@ class Engine:
             self._size += 1
             self._names.append(node)
         self._slot_of[node] = slot
+        if self._sorted_names is not None and self._sorted_names and node < self._sorted_names[-1]:
+            self._membership_changed()  # appended after a greater name: slots leave name order
+        if self._sorted_names is None:
+            self._membership_changed()
         if self._sorted_names is not None and self._order is not None:
             at = bisect.bisect_left(self._sorted_names, node)
             self._sorted_names.insert(at, node)
             self._order = np.insert(self._order, at, slot)
         self._name_rank = None
         return slot
+
+    def _membership_changed(self) -> None:
+        self._in_name_order = False
+        self._ranks_since_change = 0
+
+    @property
+    def in_name_order(self) -> bool:
+        """Whether slot ``i`` is the ``i``-th node by name (no gathers needed to rank)."""
+        return self._in_name_order
+
+    def compact(self) -> None:
+        """Renumber slots into name order and drop free slots.
+
+        Costs O(n + index size); :meth:`rank` calls it once membership has been stable for
+        ``compact_after`` rankings, after which ranking needs no name-order gathers.
+        """
+        with self._lock:
+            order = self.name_order()
+            count = int(order.size)
+            new_of_old = np.full(self._size, -1, dtype=np.intp)
+            new_of_old[order] = np.arange(count, dtype=np.intp)
+            for column in self.columns.values():
+                column[:count] = column[order]
+            self.platform_id[:count] = self.platform_id[order]
+            self.alive[:count] = True
+            self.alive[count:] = False
+            names = [self._names[int(slot)] for slot in order]
+            self._names = names  # type: ignore[assignment]
+            self._slot_of = {name: index for index, name in enumerate(names) if name is not None}
+            self._free = []
+            self._overcommitting = {int(new_of_old[slot]) for slot in self._overcommitting}
+            self.mounted.renumber(order, new_of_old)
+            self.cached.renumber(order, new_of_old)
+            self._size = count
+            self._order = np.arange(count, dtype=np.intp)
+            self._name_rank = None
+            self._in_name_order = True
 
     def _grow(self) -> None:
         capacity = self._capacity * 2
@@ -534,9 +596,11 @@ class Engine:
         policy: Policy | None = None,
     ) -> EngineRanking:
         """Fitting nodes ordered by ``policy`` (default: the seed's colocation ranking)."""
-        from berth.scheduler.policy import SEED
-
         with self._lock:
+            if not self._in_name_order and self.compact_after is not None:
+                self._ranks_since_change += 1
+                if self._ranks_since_change > self.compact_after:
+                    self.compact()
             fit = self.fit_mask(spec, platforms)
             match = LayerMatch(self.mounted, layers, self._size)
             slots = (policy or SEED).order(self, fit, match)

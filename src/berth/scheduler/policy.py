@@ -50,21 +50,38 @@ class SeedPolicy:
     name = "seed"
 
     def order(self, engine: Engine, fit: npt.NDArray[np.bool_], match: LayerMatch) -> Slots:
+        if engine.in_name_order:  # slots are name positions: no gathers
+            if not match.layers:
+                return np.flatnonzero(fit)
+            return _packed_sort(fit, match, None, engine)
         by_name = engine.name_order()
         if not match.layers:
-            return by_name[fit[by_name]]
-        key = match.key
-        count = by_name.size
-        shift = max(count - 1, 1).bit_length()
-        unfit = match.key_limit
-        packed_type = np.uint32 if (unfit << shift) < 2**32 else np.uint64
-        keyed: npt.NDArray[Any] = np.where(fit, key, unfit)[by_name].astype(packed_type)
-        np.left_shift(keyed, shift, out=keyed)
-        np.bitwise_or(keyed, engine.positions(count, packed_type), out=keyed)
-        keyed.sort()
-        positions = keyed[: np.count_nonzero(fit)] & ((1 << shift) - 1)
-        ordered: Slots = by_name[positions]
-        return ordered
+            by_name_fit: Slots = by_name[fit[by_name]]
+            return by_name_fit
+        return _packed_sort(fit, match, by_name, engine)
+
+
+def _packed_sort(
+    fit: npt.NDArray[np.bool_], match: LayerMatch, by_name: Slots | None, engine: Engine
+) -> Slots:
+    key = match.key
+    count = fit.size if by_name is None else by_name.size
+    shift = max(count - 1, 1).bit_length()
+    unfit = match.key_limit
+    packed_type = np.uint32 if (unfit << shift) < 2**32 else np.uint64
+    keyed: npt.NDArray[Any] = np.where(fit, key, unfit)
+    if by_name is not None:
+        keyed = keyed[by_name]
+    keyed = keyed.astype(packed_type)
+    np.left_shift(keyed, shift, out=keyed)
+    np.bitwise_or(keyed, engine.positions(count, packed_type), out=keyed)
+    keyed.sort()
+    positions = keyed[: np.count_nonzero(fit)] & ((1 << shift) - 1)
+    if by_name is None:
+        slots: Slots = positions.astype(np.intp)
+        return slots
+    ordered: Slots = by_name[positions]
+    return ordered
 
 
 SEED = SeedPolicy()

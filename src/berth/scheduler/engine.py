@@ -433,7 +433,7 @@ class Engine:
             self.alive[:count] = True
             self.alive[count:] = False
             names = [self._names[int(slot)] for slot in order]
-            self._names = names  # type: ignore[assignment]
+            self._names = names
             self._slot_of = {name: index for index, name in enumerate(names) if name is not None}
             self._free = []
             self._overcommitting = {int(new_of_old[slot]) for slot in self._overcommitting}

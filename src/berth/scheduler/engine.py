@@ -9,18 +9,23 @@ cost that grows gently with the cluster:
   bit (``cpu_load + vcpus / cpu_capacity <= cpu_max_load`` …; an absent over-commit ceiling is
   ``+inf``).
 * **Layer → nodes index.**  Layer ids are interned to ints; for each layer the engine keeps
-  the slots that mount it (a growable int32 buffer), so a request's colocated bytes cost
-  ``Σ |holders(L)|`` scattered adds, not a scan of every node's layer set.  A second index
-  holds *cached* layers for policies that value them.
+  the slots that mount it (a growable int32 buffer), plus a dense bitmap for layers on a
+  large share of the nodes.  A request's match is a per-slot bit mask (bit ``j``: holds
+  layer ``j``), built by one scatter or one word-wide OR per layer (:class:`LayerMatch`);
+  colocated bytes and the ranking key are lookups in the request's 2**R subset-sum table.
+  A second index holds *cached* layers for policies that value them.
 * **Incremental updates.**  ``upsert`` rewrites one slot's columns and, only when the node's
   layer set changed, moves that slot in and out of the affected holder buffers.  Slots of
-  departed nodes are reused.
-* **Ordering** (the seed policy, :mod:`~berth.scheduler.policy`): nodes with colocated bytes
-  are few and are sorted by (bytes desc, name); zero-colocation nodes keep name order through
-  a cached name permutation, rebuilt only when membership changes.
+  departed nodes are reused; the name order is kept up to date by insertion.
+* **Ordering** (the seed policy, :mod:`~berth.scheduler.policy`): each fitting slot's key is
+  packed with its name position into one integer and the integers are sorted once — the
+  stable sort by (bytes desc, name) without ``lexsort``.  Once membership has been stable for
+  a while, :meth:`Engine.compact` renumbers slots into name order so that even the two
+  name-order gathers disappear.
 
 Memory per node: ~130 bytes of columns, the node's interned layer array, its slots in the
-holder buffers (4 bytes per mounted layer, up to 2× slack) and the name → slot map.
+holder buffers (4 bytes per mounted layer, up to 2× slack), a byte per dense layer bitmap and
+the name → slot map — under 1 KiB at 100,000 nodes with 30 layers each (see benchmarks/).
 """
 
 from __future__ import annotations

@@ -324,3 +324,38 @@ class BudgetMachine(RuleBasedStateMachine):
 
 TestBudgetMachine = BudgetMachine.TestCase
 TestBudgetMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_os_process_handles_are_owners() -> None:
+    import subprocess
+    import time
+
+    import psutil
+
+    from berth.node.budget import process_owner
+
+    budget = NodeBudget(limits())
+    popen = subprocess.Popen(["sleep", "0.2"])
+    budget.admit(spec(), process_owner(popen))
+    other = subprocess.Popen(["sleep", "30"])
+    budget.admit(spec(), process_owner(psutil.Process(other.pid)))
+    assert budget.headroom().mem_free == 2 * GiB
+    other.kill()
+    other.wait()
+    deadline = time.monotonic() + 5
+    while budget.headroom().mem_free != 4 * GiB:
+        assert time.monotonic() < deadline, "process owners did not release"
+        time.sleep(0.01)
+
+    async def with_asyncio() -> None:
+        process = await asyncio.create_subprocess_exec("sleep", "0.1")
+        budget.admit(spec(), process_owner(process))
+        assert budget.headroom().mem_free == 3 * GiB
+        await process.wait()
+        for _ in range(100):
+            if budget.headroom().mem_free == 4 * GiB:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the asyncio process owner did not release")
+
+    asyncio.run(with_asyncio())

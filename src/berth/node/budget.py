@@ -20,22 +20,28 @@ Refusals raise :class:`Refused` with a reason code: ``mem_exhausted``, ``disk_ex
 ``cpu_saturated``, ``disk_bw_saturated``, ``net_bw_saturated``, ``*_overcommitted``.
 
 An *owner* is anything that can say when it has ended — it has ``add_done_callback`` (an
-asyncio task or future, a ``concurrent.futures.Future``, a runtime workload handle) — or a
-:class:`Lease`: an explicit owner that expires unless renewed or bound to another owner (how a
-scheduler confirms over the network before the workload exists).  The budget is safe to use
+asyncio task or future, a ``concurrent.futures.Future``, a runtime workload handle; an OS
+process handle through :func:`process_owner`) — or a :class:`Lease`: an explicit owner
+that expires unless renewed or bound to another owner (how a scheduler confirms over the
+network before the workload exists).  The budget is safe to use
 from threads and from asyncio tasks alike: all state changes happen under one lock, and the
 ``on_change`` hook (the advertiser) runs after the lock is released.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, runtime_checkable
 
+import psutil
 from pydantic import Field, StrictInt
 
 from berth.errors import BerthError, Invalid
@@ -54,6 +60,7 @@ __all__ = [
     "Refused",
     "Reservation",
     "StaticLoad",
+    "process_owner",
 ]
 
 Clock = Callable[[], float]
@@ -89,6 +96,29 @@ class Owner(Protocol):
     """What a reservation is held for: anything that reports its end to a callback."""
 
     def add_done_callback(self, fn: Callable[[Any], object], /) -> object: ...
+
+
+ProcessHandle = asyncio.subprocess.Process | subprocess.Popen[Any] | psutil.Process
+
+
+def process_owner(process: ProcessHandle) -> Owner:
+    """An owner that ends when an OS process ends.
+
+    * ``asyncio.subprocess.Process`` — a task awaiting ``wait()`` (needs a running loop);
+    * ``subprocess.Popen`` or ``psutil.Process`` — a future completed by a daemon thread
+      blocked in ``wait()``; a process that is already gone ends the owner at once.
+    """
+    if isinstance(process, asyncio.subprocess.Process):
+        return asyncio.ensure_future(process.wait())
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def watch() -> None:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, ChildProcessError):
+            process.wait()
+        ended.set_result(None)
+
+    threading.Thread(target=watch, name=f"owner-{process.pid}", daemon=True).start()
+    return ended
 
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]

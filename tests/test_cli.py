@@ -92,7 +92,10 @@ def test_agent_bad_config_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_cluster_boots_real_processes() -> None:
-    result = berth("cluster", "--nodes", "3", "--workloads", "4", "--command", "sleep 0.1")
+    result = berth(
+        *("cluster", "--nodes", "3", "--workloads", "4", "--command", "sleep 0.1"),
+        "--live-monitors",
+    )
     assert result.returncode == 0, result.stderr
     assert "job-0" in result.stdout and "node-00" in result.stdout
 

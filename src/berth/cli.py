@@ -155,6 +155,13 @@ def cluster(
     workloads: Annotated[int, typer.Option(help="How many workloads to boot.")] = 10,
     command: Annotated[str, typer.Option(help="The command each workload runs.")] = "sleep 2",
     runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
+    live_monitors: Annotated[
+        bool,
+        typer.Option(
+            "--live-monitors",
+            help="Soft checks read this host's live load (all agents share one machine).",
+        ),
+    ] = False,
 ) -> None:
     """Start an embedded cluster, boot workloads of mixed instance types, show where they ran."""
     import shlex
@@ -174,7 +181,7 @@ def cluster(
     types = ("micro", "milli", "centi", "deci")
 
     async def go() -> None:
-        async with EmbeddedCluster(configs) as embedded:
+        async with EmbeddedCluster(configs, live_monitors=live_monitors) as embedded:
             table = Table(title=f"{workloads} workloads on {nodes} embedded agents")
             for column in ("workload", "type", "node", "rank", "refused on the way"):
                 table.add_column(column)

@@ -86,6 +86,7 @@ class Agent:
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advertiser: asyncio.Task[None] | None = None
+        self._stopping = False
         self.published = 0
         budget.add_change_listener(self._mark_changed)
         self.layers.add_change_listener(self._mark_changed)
@@ -127,6 +128,7 @@ class Agent:
     async def start(self) -> None:
         """Start sampling load and advertising (publishes once before returning)."""
         self._loop = asyncio.get_running_loop()
+        self._stopping = False
         if self.monitor is not None:
             self.monitor.start()
         await self.advertise()
@@ -139,9 +141,11 @@ class Agent:
         for workload_id in list(self._workloads):
             await self.runtime.stop(workload_id)
         if self._advertiser is not None:
-            self._advertiser.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._advertiser
+            # A flag and a wake-up, not cancel(): on Python 3.11 ``wait_for`` can swallow a
+            # cancellation that lands as the awaited event fires, and the loop would go on.
+            self._stopping = True
+            self._changed.set()
+            await self._advertiser
             self._advertiser = None
         if self.monitor is not None:
             await self.monitor.stop()
@@ -191,9 +195,11 @@ class Agent:
         self.published += 1
 
     async def _advertise_loop(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=self.heartbeat_s)
+            if self._stopping:
+                return
             self.budget.reap()  # expire unbound leases even when nothing else happens
             try:
                 await self.advertise()

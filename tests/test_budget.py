@@ -359,3 +359,21 @@ def test_os_process_handles_are_owners() -> None:
         raise AssertionError("the asyncio process owner did not release")
 
     asyncio.run(with_asyncio())
+
+
+def test_admit_leased_then_bind_or_expire() -> None:
+    clock = FakeClock()
+    budget = NodeBudget(limits(), clock=clock)
+    bound = budget.admit_leased(spec(), 5.0)
+    loose = budget.admit_leased(spec(), 5.0)
+    with pytest.raises(Refused, match="mem_exhausted"):
+        budget.admit_leased(spec(mem=3 * GiB), 5.0)
+    assert len(budget.reservations()) == 2  # a refused admission holds nothing
+    owner = Owned()
+    budget.bind(bound.id, owner)
+    clock.now += 6
+    assert budget.headroom().mem_free == 3 * GiB  # the unbound one expired
+    with pytest.raises(Refused, match="lease_expired"):
+        budget.bind(loose.id, Owned())
+    owner.end()
+    assert budget.headroom().mem_free == 4 * GiB

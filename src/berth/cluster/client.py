@@ -12,13 +12,12 @@ node agent's part) extend this port when agents exist.  Messages are plain seria
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from berth.errors import Unavailable
 from berth.model import Layer, Spec
-from berth.node.budget import Lease, NodeBudget, Owner, Refused
+from berth.node.budget import NodeBudget, Owner, Refused, refused_by
 from berth.node.runtime import BootSpec
 
 if TYPE_CHECKING:
@@ -52,8 +51,6 @@ class LocalNodes:
 
     def __init__(self, budgets: Mapping[str, NodeBudget] | None = None) -> None:
         self._budgets: dict[str, NodeBudget] = dict(budgets or {})
-        self._leases: dict[tuple[str, str], Lease] = {}
-        self._lock = threading.Lock()
 
     def add(self, node: str, budget: NodeBudget) -> None:
         self._budgets[node] = budget
@@ -73,33 +70,18 @@ class LocalNodes:
     def admit_now(self, node: str, spec: Spec, *, lease_ttl_s: float) -> str:
         """Synchronous ``admit`` for in-process callers (the simulator)."""
         budget = self.budget(node)
-        lease = budget.lease(lease_ttl_s)
-        try:
-            reservation = budget.admit(spec, lease)
-        except Refused as refused:
-            lease.end()
-            raise Refused(refused.reason, refused.detail, node=node) from None
-        key = (node, reservation.id)
-        with self._lock:
-            self._leases[key] = lease
-        lease.add_done_callback(lambda _: self._forget(key))
-        return reservation.id
+        with refused_by(node):
+            return budget.admit_leased(spec, lease_ttl_s).id
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         if isinstance(owner, str):
             raise Refused("unknown_workload", "budget-only nodes run no workloads", node=node)
-        with self._lock:
-            lease = self._leases.get((node, reservation_id))
-        if lease is None:
-            raise Refused("lease_expired", f"reservation {reservation_id} is gone", node=node)
-        lease.bind(owner)
+        budget = self.budget(node)
+        with refused_by(node):
+            budget.bind(reservation_id, owner)
 
     async def release(self, node: str, reservation_id: str) -> bool:
         return self.budget(node).release(reservation_id)
-
-    def _forget(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            self._leases.pop(key, None)
 
 
 class AgentClient(NodeClient, Protocol):

@@ -30,13 +30,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from berth.cluster.store import StateStore
 from berth.config import AgentConfig
 from berth.errors import Invalid
 from berth.model import Layer, Spec
-from berth.node.budget import Lease, LoadReadings, NodeBudget, Refused
+from berth.node.budget import LoadReadings, NodeBudget, Owner, Refused, refused_by
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import BootFailed, BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
@@ -82,7 +81,6 @@ class Agent:
         self._generation = 0
         self._generation_lock = threading.Lock()
         self._workloads: dict[str, Workload] = {}
-        self._leases: dict[str, Lease] = {}
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advertiser: asyncio.Task[None] | None = None
@@ -245,27 +243,20 @@ class Agent:
 
     def admit(self, spec: Spec, lease_ttl_s: float) -> str:
         """Reserve under a lease (the port's ``schedule`` confirmation); the reservation id."""
-        lease = self.budget.lease(lease_ttl_s)
-        try:
-            reservation = self.budget.admit(spec, lease)
-        except Refused as refused:
-            lease.end()
-            raise Refused(refused.reason, refused.detail, node=self.name) from None
-        self._leases[reservation.id] = lease
-        lease.add_done_callback(lambda _: self._leases.pop(reservation.id, None))
-        return reservation.id
+        with refused_by(self.name):
+            return self.budget.admit_leased(spec, lease_ttl_s).id
 
-    def bind(self, reservation_id: str, owner: Any) -> None:
+    def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object)."""
-        lease = self._leases.get(reservation_id)
-        if lease is None:
-            raise Refused("lease_expired", f"reservation {reservation_id} is gone", node=self.name)
-        if isinstance(owner, str):
-            workload = self._workloads.get(owner)
-            if workload is None:
-                raise Refused("unknown_workload", f"no workload {owner!r}", node=self.name)
-            owner = workload
-        lease.bind(owner)
+        with refused_by(self.name):
+            if isinstance(owner, str):
+                if self.budget.get(reservation_id) is None:  # say the likelier thing first
+                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+                workload = self._workloads.get(owner)
+                if workload is None:
+                    raise Refused("unknown_workload", f"no workload {owner!r}")
+                owner = workload
+            self.budget.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:
         return self.budget.release(reservation_id)

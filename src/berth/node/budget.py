@@ -37,7 +37,7 @@ import itertools
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, runtime_checkable
 
@@ -61,6 +61,7 @@ __all__ = [
     "Reservation",
     "StaticLoad",
     "process_owner",
+    "refused_by",
 ]
 
 Clock = Callable[[], float]
@@ -170,6 +171,17 @@ class Refused(BerthError):
         where = f"node {node} refused" if node else "refused"
         text = f"{where}: {reason} ({describe_reason(reason)})"
         super().__init__(f"{text}: {detail}" if detail else text)
+
+
+@contextlib.contextmanager
+def refused_by(node: str) -> Iterator[None]:
+    """Re-raise a node's ``Refused`` with the node named (budgets do not know their name)."""
+    try:
+        yield
+    except Refused as refused:
+        if refused.node is not None:
+            raise
+        raise Refused(refused.reason, refused.detail, node=node) from None
 
 
 @dataclass(frozen=True)
@@ -342,6 +354,24 @@ class NodeBudget:
     def lease(self, ttl_s: float) -> Lease:
         """A new lease on this budget's clock, to admit under before the workload exists."""
         return Lease(ttl_s, self.clock)
+
+    def admit_leased(self, spec: Spec, ttl_s: float) -> Reservation:
+        """``admit`` under a new lease: the confirmation a scheduler makes before the workload
+        exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``."""
+        lease = self.lease(ttl_s)
+        try:
+            return self.admit(spec, lease)
+        except Refused:
+            lease.end()
+            raise
+
+    def bind(self, reservation_id: str, owner: Owner) -> None:
+        """Tie a leased reservation to ``owner``: it is released when ``owner`` ends."""
+        with self._lock:
+            lease = self._leases.get(reservation_id)
+        if lease is None:
+            raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+        lease.bind(owner)
 
     def release(self, reservation_id: str) -> bool:
         """Release a reservation; idempotent (False when it was not held)."""

@@ -4,7 +4,8 @@ Readers and writers share one dictionary, so replication is immediate; liveness 
 as in a real replicated store: a snapshot not re-published within ``ttl_s`` seconds (on the
 store's clock) disappears, and subscribers see a ``delete``.  Expiry is checked whenever the
 store is touched (:meth:`MemoryStore.expire` runs it explicitly), which keeps the driver free
-of background tasks and lets tests drive time with a fake clock.
+of background tasks and lets tests drive time with a fake clock; nodes are kept in order of
+last publication, so the check costs only the nodes it removes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class MemoryStore:
             if current is not None and current.generation > state.generation:
                 return
             self._states[state.node] = state
+            self._seen_at.pop(state.node, None)  # re-insert: the dict stays oldest-first
             self._seen_at[state.node] = self._clock()
             listeners = list(self._listeners)
         self._notify(listeners, StateEvent("put", state.node, state))
@@ -84,8 +86,12 @@ class MemoryStore:
         if self.ttl_s is None:
             return []
         deadline = self._clock() - self.ttl_s
+        gone: list[str] = []
         with self._lock:
-            gone = [node for node, seen in self._seen_at.items() if seen < deadline]
+            for node, seen in self._seen_at.items():  # oldest first: stop at the first live one
+                if seen >= deadline:
+                    break
+                gone.append(node)
         for node in gone:
             self.remove_now(node)
         return gone

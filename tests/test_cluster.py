@@ -353,3 +353,15 @@ def test_direct_api_rejects_bad_layers_and_platforms() -> None:
         cluster.scheduler.candidates(spec, [], ["linux/amd46"])  # type: ignore[list-item]
     assert caught.value.field == "platforms"
     assert cluster.scheduler.rank(spec, [("x", 9)]).pairs() == [("a", 9)]  # type: ignore[list-item]
+
+
+def test_place_with_plain_pairs_explains_its_failure() -> None:
+    cluster = Cluster()
+    cluster.add("small", mem=1)
+
+    async def attempt(node: str) -> None:  # pragma: no cover - nothing fits
+        raise AssertionError(node)
+
+    spec = Spec(vcpus=1, mem=2, disk=1)
+    with pytest.raises(NoCapacity, match="1 insufficient memory"):
+        asyncio.run(cluster.scheduler.place(spec, [("x", 5)], attempt, ["linux/amd64"]))  # type: ignore[list-item]

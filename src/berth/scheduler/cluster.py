@@ -132,8 +132,11 @@ class ClusterScheduler:
         ``layers`` may be ``Layer``s or ``(id, size)`` pairs and ``platforms`` strings; a
         duplicate layer id, a negative size or a malformed platform raises ``Invalid``.
         """
-        layers = _checked_layers(layers)
-        platforms = tuple(Platform.parse(p, field="platforms") for p in platforms)
+        return self._rank(spec, *_checked(layers, platforms))
+
+    def _rank(
+        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform]
+    ) -> Ranking:
         self._check_platforms(platforms)
         if isinstance(self.ranker, Engine):
             return self.ranker.rank(spec, layers, platforms, self.policy)
@@ -148,7 +151,8 @@ class ClusterScheduler:
         preferred_node: str | None = None,
     ) -> Placed[T]:
         """Walk the candidates calling ``attempt(node)`` until one confirms."""
-        ranking = self.rank(spec, layers, platforms)
+        layers, platforms = _checked(layers, platforms)
+        ranking = self._rank(spec, layers, platforms)
         refusals: dict[str, str] = {}
         for index, node in self._walk(ranking, preferred_node):
             try:
@@ -259,6 +263,13 @@ class ClusterScheduler:
         reasons = {v.node: v.refused or v.verdict for v in explanation.verdicts}
         message = f"cannot place {_what(spec)}: {summarise(explanation.verdicts, platforms)}"
         return NoCapacity(message, reasons)
+
+
+def _checked(
+    layers: Sequence[Layer], platforms: Sequence[Platform]
+) -> tuple[Sequence[Layer], tuple[Platform, ...]]:
+    """Layers as ``Layer`` (pairs accepted, ids unique) and platforms parsed."""
+    return _checked_layers(layers), tuple(Platform.parse(p, field="platforms") for p in platforms)
 
 
 def _checked_layers(layers: Sequence[Layer]) -> Sequence[Layer]:

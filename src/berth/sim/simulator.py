@@ -412,7 +412,8 @@ class _ConfirmingNodes:
     """The ``NodeClient`` a scheduler confirms through: ``LocalNodes``, with refusals noted.
 
     Admission itself is the node's (``LocalNodes`` → ``NodeBudget.admit``); this only records
-    which node refused and why, because ``schedule``'s ``Placement`` does not carry refusals.
+    which node refused and why — for placed requests and for those that end in ``NoCapacity``
+    alike (``Placement.refusals`` covers only the former).
     """
 
     def __init__(self, nodes: LocalNodes) -> None:

@@ -60,17 +60,17 @@ from typing import Any
 
 import numpy as np
 
-from berth.cluster.client import LocalNodes
-from berth.cluster.memory import MemoryStore
 from berth.dataset import Dataset, load_dockerhub
 from berth.errors import NoCapacity
 from berth.model import INSTANCE_TYPES, Layer, Request
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform
-from berth.scheduler.cluster import ClusterScheduler
 from berth.scheduler.engine import Engine
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState
+from berth.store.memory import MemoryStore
 
 GiB = 1 << 30
 AMD64 = Platform.parse("linux/amd64")

@@ -10,13 +10,14 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from berth import Layer, Spec
-from berth.cluster.client import AgentNodes
-from berth.cluster.memory import MemoryStore
 from berth.errors import Invalid, Unavailable
 from berth.node.agent import Agent
-from berth.node.budget import BudgetLimits, NodeBudget, Refused
+from berth.node.budget import BudgetLimits, NodeBudget
 from berth.node.layers import LayerRegistry
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime
+from berth.nodeclient.agents import AgentNodes
+from berth.ownership import Refused
+from berth.store.memory import MemoryStore
 
 GiB = 2**30
 SPEC = Spec(vcpus=0.5, mem=GiB, disk=GiB)
@@ -141,14 +142,14 @@ def test_agent_client_binds_a_lease_to_a_workload_by_id() -> None:
             workload_id = await nodes.try_run(
                 "n1", SPEC, LAYERS, BootSpec(name="a", command=("x",))
             )
-            reservation = await nodes.admit("n1", SPEC, lease_ttl_s=30)
+            reservation = (await nodes.admit("n1", SPEC, lease_ttl_s=30)).reservation_id
             await nodes.bind("n1", reservation, workload_id)
             assert agent.budget.headroom().mem_free == 0
             await nodes.stop("n1", workload_id)
             assert agent.budget.headroom().mem_free == 2 * GiB  # both reservations followed it
             with pytest.raises(Refused, match="lease_expired"):
                 await nodes.bind("n1", reservation, workload_id)
-            other = await nodes.admit("n1", SPEC, lease_ttl_s=30)
+            other = (await nodes.admit("n1", SPEC, lease_ttl_s=30)).reservation_id
             with pytest.raises(Refused, match="unknown_workload"):
                 await nodes.bind("n1", other, "ghost")
             assert await nodes.release("n1", other)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from berth import Invalid, Spec
-from berth.node.budget import BudgetLimits, Lease, NodeBudget, Refused, StaticLoad
+from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.ownership import Lease, Refused
 
 GiB = 2**30
 
@@ -332,7 +333,7 @@ def test_os_process_handles_are_owners() -> None:
 
     import psutil
 
-    from berth.node.budget import process_owner
+    from berth.ownership import process_owner
 
     budget = NodeBudget(limits())
     popen = subprocess.Popen(["sleep", "0.2"])

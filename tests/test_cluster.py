@@ -9,14 +9,15 @@ from typing import ClassVar
 import pytest
 
 from berth import Invalid, Layer, NoCapacity, NoMatchingPlatform, Platform, Request, Spec
-from berth.cluster.client import LocalNodes
-from berth.cluster.memory import MemoryStore
 from berth.errors import Unavailable
-from berth.node.budget import BudgetLimits, NodeBudget, Refused, StaticLoad
-from berth.scheduler.cluster import ClusterScheduler
+from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.nodeclient.local import LocalNodes
+from berth.ownership import Refused
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.port import Scheduler
 from berth.state import NodeState
-from berth.testing.contract import SchedulerContract
+from berth.store.memory import MemoryStore
+from berth.testing.placement_contract import SchedulerContract
 
 GiB = 2**30
 
@@ -65,6 +66,7 @@ class Cluster:
             "node": name,
             "platform": self.platforms[name],
             "generation": int(self.clock.now * 1000) + len(budget.reservations()),
+            "admitted": budget.admitted,
             "mem_free": headroom.mem_free,
             "disk_free": headroom.disk_free,
             "cpu_load": budget.readings.cpu_load,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from berth import Invalid, Platform
-from berth.config import AgentConfig, load_config
+from berth.node.config import AgentConfig, load_config
 from berth.platform import host
 
 VALID = """

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from berth import Invalid, NoCapacity, Platform, Request
-from berth.cluster.embedded import EmbeddedCluster, embedded_configs
+from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.node.runtime import BootSpec, Workload
 from berth.platform import matches_any
 
@@ -35,7 +35,7 @@ def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
                 except NoCapacity:
                     refused += 1
                     continue
-                started.append((request, run.node, run.workload))
+                started.append((request, run.node, run.result))
                 for name, agent in cluster.agents.items():  # no budget ever exceeded
                     held = agent.budget.reservations()
                     assert sum(r.spec.mem for r in held) <= agent.budget.limits.mem_max, name

@@ -13,7 +13,7 @@ import pytest
 
 from berth import Invalid, Spec
 from berth.dataset import load_dockerhub
-from berth.node.budget import Lease
+from berth.ownership import Lease
 from berth.scheduler.engine import Engine, LayerMatch, Slots
 from berth.scheduler.policies import POLICIES, SeedLike
 from berth.scheduler.policy import Policy
@@ -187,8 +187,18 @@ def test_stale_concurrent_schedulers_collide_and_fresh_ones_do_not() -> None:
 
 def test_staleness_alone_produces_refusals_at_confirmation() -> None:
     busy = WorkloadConfig(requests=200, rate=3.0, lifetime_mean=30.0, seed=2)
-    stale, _ = run(small(workload=busy, staleness=5.0), "binpack", check=False)
+    stale, _ = run(small(workload=busy, staleness=5.0, assume=False), "binpack", check=False)
     assert sum(len(d.refusals) for d in stale.decisions) > 0
+
+
+def test_the_assume_cache_removes_a_lone_schedulers_own_collisions() -> None:
+    # One scheduler, 5 s stale: without assuming its own placements it collides with itself;
+    # with them, its view is exact except for releases, which only make it more cautious.
+    busy = WorkloadConfig(requests=200, rate=3.0, lifetime_mean=30.0, seed=2)
+    assumed, _ = run(small(workload=busy, staleness=5.0), "binpack", check=False)
+    blind, _ = run(small(workload=busy, staleness=5.0, assume=False), "binpack", check=False)
+    assert sum(len(d.refusals) for d in assumed.decisions) == 0
+    assert sum(len(d.refusals) for d in blind.decisions) > 0
 
 
 # -- outcomes, pulls and the lower bound ---------------------------------------------------------

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from berth import Invalid, NoMatchingPlatform, Platform, Request, Scheduler, SingleNode
-from berth.testing.contract import SchedulerContract
+from berth.testing.placement_contract import SchedulerContract
 
 
 class TestSingleNodeContract(SchedulerContract):

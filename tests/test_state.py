@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from berth import Invalid, Layer, Spec
-from berth.cluster.contract import sample_state
 from berth.state import NodeState, Overcommit, colocation_score, first_failed_check, fits
+from berth.testing.store_contract import sample_state
 
 GiB = 2**30
 

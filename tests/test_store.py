@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from berth.cluster.contract import StateStoreContract, sample_state
-from berth.cluster.memory import MemoryStore
-from berth.cluster.store import StateEvent, StateStore
+from berth.store.memory import MemoryStore
+from berth.store.port import StateEvent, StateStore
+from berth.testing.store_contract import StateStoreContract, sample_state
 
 
 class TestMemoryStoreContract(StateStoreContract):

@@ -6,19 +6,20 @@ budget, monitors, layers, runtime and agent), ``cluster`` (the replicated state 
 node client port and the embedded cluster), ``sim`` (workloads and the simulator).
 """
 
-from berth.cluster.client import AgentNodes, LocalNodes, NodeClient
-from berth.cluster.embedded import EmbeddedCluster
-from berth.cluster.memory import MemoryStore
-from berth.cluster.store import StateStore
-from berth.config import AgentConfig, load_config
+from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import INSTANCE_TYPES, Layer, Placement, Request, Spec, instance_type
 from berth.node.agent import Agent
-from berth.node.budget import BudgetLimits, Lease, NodeBudget, Refused
+from berth.node.budget import BudgetLimits, NodeBudget
+from berth.node.config import AgentConfig, load_config
+from berth.nodeclient import AgentNodes, LocalNodes, NodeClient
+from berth.ownership import Lease, Refused
 from berth.platform import Platform
 from berth.scheduler import Scheduler, SingleNode
-from berth.scheduler.cluster import ClusterScheduler, Placed
+from berth.scheduler.multinode import ClusterScheduler, Confirmed
 from berth.state import NodeState, colocation_score, fits
+from berth.store.memory import MemoryStore
+from berth.store.port import StateStore
 from berth.units import format_bandwidth, format_information, parse_bandwidth, parse_information
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "BerthError",
     "BudgetLimits",
     "ClusterScheduler",
+    "Confirmed",
     "EmbeddedCluster",
     "Invalid",
     "Layer",
@@ -40,7 +42,6 @@ __all__ = [
     "NodeBudget",
     "NodeClient",
     "NodeState",
-    "Placed",
     "Placement",
     "Platform",
     "Refused",

@@ -102,9 +102,9 @@ def agent(
     ] = None,
 ) -> None:
     """Start a node agent from a config file (on the embedded in-memory store)."""
-    from berth.cluster.memory import MemoryStore
-    from berth.config import load_config
     from berth.node.agent import Agent
+    from berth.node.config import load_config
+    from berth.store.memory import MemoryStore
 
     loaded = load_config(config)
     if check:
@@ -166,7 +166,7 @@ def cluster(
     """Start an embedded cluster, boot workloads of mixed instance types, show where they ran."""
     import shlex
 
-    from berth.cluster.embedded import EmbeddedCluster, embedded_configs
+    from berth.embedded import EmbeddedCluster, embedded_configs
     from berth.errors import NoCapacity
     from berth.node.runtime import BootSpec
 
@@ -194,8 +194,8 @@ def cluster(
                 except NoCapacity as error:
                     table.add_row(str(index), kind, "-", "-", str(error))
                     continue
-                refused = ", ".join(f"{n}: {r}" for n, r in started.placed.refusals)
-                table.add_row(started.workload.id, kind, started.node, str(started.placed.rank),
+                refused = ", ".join(f"{n}: {r}" for n, r in started.refusals)
+                table.add_row(started.result.id, kind, started.node, str(started.rank),
                               refused)  # fmt: skip
             console.print(table)
             for name, node in embedded.agents.items():

@@ -103,7 +103,9 @@ class NodeState(BerthModel):
 
     Sizes are bytes, bandwidths bytes/s, ``cpu_load`` the smoothed busy fraction (0..1) of the
     whole machine, ``cpu_capacity`` cores.  ``generation`` increases with every publication of
-    the same node, so a replica can drop out-of-order updates.  ``layers`` are the ids of
+    the same node, so a replica can drop out-of-order updates; ``admitted`` counts the
+    reservations the node had taken when it published (a scheduler's assumed reservation with
+    ``Admission.seq <= admitted`` is accounted for by this snapshot).  ``layers`` are the ids of
     mounted image layers; ``cached_layers`` those recently unmounted but still on local disk.
     ``mem_max``/``disk_max`` are the hard budget totals (for utilisation-aware policies).
     """
@@ -111,6 +113,7 @@ class NodeState(BerthModel):
     node: Annotated[str, Field(min_length=1)]
     platform: Platform
     generation: NonNegativeInt = 0
+    admitted: NonNegativeInt = 0
     published_at: NonNegativeFloat = 0.0
     labels: dict[str, str] = Field(default_factory=dict)
     mem_free: NonNegativeInt

@@ -31,16 +31,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from berth.cluster.store import StateStore
-from berth.config import AgentConfig
 from berth.errors import Invalid
 from berth.model import Layer, Spec
-from berth.node.budget import LoadReadings, NodeBudget, Owner, Refused, refused_by
+from berth.node.budget import LoadReadings, NodeBudget
+from berth.node.config import AgentConfig
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import BootFailed, BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
+from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
 from berth.state import NodeState
+from berth.store.port import StateStore
 
 __all__ = ["Agent"]
 
@@ -70,6 +71,13 @@ class Agent:
             raise Invalid(f"must be positive, got {heartbeat_s}", field="heartbeat_s")
         self.name = name
         self.platform = Platform.parse(platform)
+        if budget.platform is None:
+            budget.platform = self.platform
+        elif budget.platform != self.platform:
+            raise Invalid(
+                f"the budget is for {budget.platform}, the node runs {self.platform}",
+                field="platform",
+            )
         self.budget = budget
         self.store = store
         self.runtime = runtime
@@ -113,7 +121,7 @@ class Agent:
         return cls(
             config.node.name,
             config.node.platform,
-            NodeBudget(config.budget.limits(), readings),
+            NodeBudget(config.budget.limits(), readings, platform=config.node.platform),
             store,
             runtime,
             layers=LayerRegistry(options.layer_cache),
@@ -168,6 +176,7 @@ class Agent:
             node=self.name,
             platform=self.platform,
             generation=generation,
+            admitted=self.budget.admitted,
             published_at=self._wall_clock(),
             labels=self.labels,
             mem_free=headroom.mem_free,
@@ -241,10 +250,12 @@ class Agent:
             raise Refused(refused.reason, refused.detail, node=self.name) from None
         return workload
 
-    def admit(self, spec: Spec, lease_ttl_s: float) -> str:
-        """Reserve under a lease (the port's ``schedule`` confirmation); the reservation id."""
+    def admit(
+        self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
+    ) -> Admission:
+        """Reserve under a lease (the port's ``schedule`` confirmation)."""
         with refused_by(self.name):
-            return self.budget.admit_leased(spec, lease_ttl_s).id
+            return self.budget.admit_leased(spec, lease_ttl_s, platforms).admission
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object)."""

@@ -30,41 +30,29 @@ from threads and from asyncio tasks alike: all state changes happen under one lo
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import itertools
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
-import psutil
 from pydantic import Field, StrictInt
 
-from berth.errors import BerthError, Invalid
 from berth.model import Spec
-from berth.state import Overcommit, describe_reason, soft_check
+from berth.ownership import Admission, Clock, Lease, Owner, Refused, has_ended
+from berth.platform import Platform, matches_any
+from berth.state import Overcommit, soft_check
 from berth.validation import BerthModel
 
 __all__ = [
     "IDLE",
     "BudgetLimits",
     "Headroom",
-    "Lease",
     "LoadReadings",
     "NodeBudget",
-    "Owner",
-    "Refused",
     "Reservation",
     "StaticLoad",
-    "process_owner",
-    "refused_by",
 ]
-
-Clock = Callable[[], float]
 
 
 @runtime_checkable
@@ -91,35 +79,6 @@ class StaticLoad:
 
 
 IDLE = StaticLoad()
-
-
-class Owner(Protocol):
-    """What a reservation is held for: anything that reports its end to a callback."""
-
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> object: ...
-
-
-ProcessHandle = asyncio.subprocess.Process | subprocess.Popen[Any] | psutil.Process
-
-
-def process_owner(process: ProcessHandle) -> Owner:
-    """An owner that ends when an OS process ends.
-
-    * ``asyncio.subprocess.Process`` — a task awaiting ``wait()`` (needs a running loop);
-    * ``subprocess.Popen`` or ``psutil.Process`` — a future completed by a daemon thread
-      blocked in ``wait()``; a process that is already gone ends the owner at once.
-    """
-    if isinstance(process, asyncio.subprocess.Process):
-        return asyncio.ensure_future(process.wait())
-    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def watch() -> None:
-        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, ChildProcessError):
-            process.wait()
-        ended.set_result(None)
-
-    threading.Thread(target=watch, name=f"owner-{process.pid}", daemon=True).start()
-    return ended
 
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
@@ -161,29 +120,6 @@ class BudgetLimits(BerthModel):
         return any(factor is not None for factor in factors)
 
 
-class Refused(BerthError):
-    """The node refused: ``reason`` is a code such as ``mem_exhausted`` or ``boot_failed``."""
-
-    def __init__(self, reason: str, detail: str = "", *, node: str | None = None) -> None:
-        self.reason = reason
-        self.detail = detail
-        self.node = node
-        where = f"node {node} refused" if node else "refused"
-        text = f"{where}: {reason} ({describe_reason(reason)})"
-        super().__init__(f"{text}: {detail}" if detail else text)
-
-
-@contextlib.contextmanager
-def refused_by(node: str) -> Iterator[None]:
-    """Re-raise a node's ``Refused`` with the node named (budgets do not know their name)."""
-    try:
-        yield
-    except Refused as refused:
-        if refused.node is not None:
-            raise
-        raise Refused(refused.reason, refused.detail, node=node) from None
-
-
 @dataclass(frozen=True)
 class Headroom:
     """Hard headroom now: bytes of memory and disk not reserved."""
@@ -199,76 +135,12 @@ class Reservation:
     id: str
     spec: Spec
     owner: object
+    seq: int = 0
 
-
-class Lease:
-    """An explicit owner that ends when released, when it expires, or when its bound owner ends.
-
-    A scheduler confirming over the network cannot hand the node a live owner, so the node
-    reserves under a lease with a deadline (``ttl`` seconds).  The caller later ``bind``s it to
-    the workload (the lease then lives exactly as long as that owner) or ``end``s it.  An
-    unbound lease that passes its deadline ends at the next :meth:`NodeBudget.reap` — and with
-    it the reservation.  Expiry is judged on the budget's clock, so tests use a fake one.
-    """
-
-    def __init__(self, ttl_s: float, clock: Clock) -> None:
-        if ttl_s <= 0:
-            raise Invalid(f"must be positive, got {ttl_s}", field="lease_ttl")
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.deadline: float | None = clock() + ttl_s
-        self._callbacks: list[Callable[[Any], object]] = []
-        self._done = False
-        self.bound_to: object | None = None
-
-    def done(self) -> bool:
-        return self._done
-
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def renew(self, ttl_s: float) -> None:
-        """Push the deadline to ``ttl_s`` from now (only while unbound and not ended)."""
-        with self._lock:
-            if not self._done and self.bound_to is None:
-                self.deadline = self._clock() + ttl_s
-
-    def bind(self, owner: Owner) -> None:
-        """Tie the lease to ``owner``: no more expiry; it ends when ``owner`` ends."""
-        with self._lock:
-            if self._done:
-                raise Refused("lease_expired", "the reservation ended before it was bound")
-            self.bound_to = owner
-            self.deadline = None
-        owner.add_done_callback(lambda _: self.end())
-
-    def end(self) -> None:
-        """End the lease now (idempotent); its reservation is released."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
-
-    def expire_if_due(self) -> bool:
-        """End the lease if its deadline has passed; True if it ended now."""
-        deadline = self.deadline
-        if deadline is None or self._done or self._clock() < deadline:
-            return False
-        self.end()
-        return True
-
-
-def _has_ended(owner: object) -> bool:
-    # asyncio and concurrent futures have a ``done()`` method, workload handles a property.
-    done = getattr(owner, "done", None)
-    return bool(done() if callable(done) else done)
+    @property
+    def admission(self) -> Admission:
+        """The reservation as the node-client port reports it (id and admission count)."""
+        return Admission(self.id, self.seq)
 
 
 class NodeBudget:
@@ -281,8 +153,11 @@ class NodeBudget:
         *,
         on_change: Callable[[], None] | None = None,
         clock: Clock = time.monotonic,
+        platform: Platform | str | None = None,
     ) -> None:
         self.limits = limits
+        # The platform this node runs; ``None`` (a bare budget in a test) runs anything.
+        self.platform = None if platform is None else Platform.parse(platform, field="platform")
         self.readings = readings
         self.clock = clock
         self._listeners: list[Callable[[], None]] = [on_change] if on_change else []
@@ -294,7 +169,7 @@ class NodeBudget:
         self._vcpus_reserved = 0.0
         self._disk_bw_reserved = 0
         self._net_bw_reserved = 0
-        self._ids = itertools.count(1)
+        self._admitted = 0  # reservations taken so far: the next one's seq is this + 1
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Also call ``listener()`` after every change of reservations (e.g. an advertiser)."""
@@ -315,8 +190,15 @@ class NodeBudget:
             net_bw_ceiling=limits.net_bw_ceiling,
         )
 
-    def admit(self, spec: Spec, owner: Owner) -> Reservation:
-        """Soft check on live load, then the atomic hard reservation held for ``owner``."""
+    def admit(self, spec: Spec, owner: Owner, platforms: Sequence[Platform] = ()) -> Reservation:
+        """Platform and soft checks, then the atomic hard reservation held for ``owner``.
+
+        ``platforms`` are those the workload's artifact was built for (empty: any); a node
+        that runs none of them refuses with ``platform_mismatch``.
+        """
+        if self.platform is not None and not matches_any(self.platform, platforms):
+            wanted = ", ".join(str(platform) for platform in platforms)
+            raise Refused("platform_mismatch", f"node runs {self.platform}, asked for {wanted}")
         reason = self.soft_check(spec)
         if reason is not None:
             raise Refused(reason, self._soft_detail(reason, spec))
@@ -325,7 +207,7 @@ class NodeBudget:
     def reserve(self, spec: Spec, owner: Owner) -> Reservation:
         """Atomically check and reserve the hard (and β_max) amounts of ``spec`` for ``owner``."""
         self.reap()
-        if _has_ended(owner):
+        if has_ended(owner):
             raise Refused("owner_ended", "the workload ended before admission")
         with self._lock:
             limits = self.limits
@@ -338,7 +220,10 @@ class NodeBudget:
                 reason = over.first_failed_check(spec.vcpus, spec.disk_bw, spec.net_bw)
                 if reason is not None:
                     raise Refused(reason)
-            reservation = Reservation(id=f"r{next(self._ids)}", spec=spec, owner=owner)
+            self._admitted += 1
+            reservation = Reservation(
+                id=f"r{self._admitted}", spec=spec, owner=owner, seq=self._admitted
+            )
             self._reservations[reservation.id] = reservation
             if isinstance(owner, Lease):
                 self._leases[reservation.id] = owner
@@ -355,12 +240,14 @@ class NodeBudget:
         """A new lease on this budget's clock, to admit under before the workload exists."""
         return Lease(ttl_s, self.clock)
 
-    def admit_leased(self, spec: Spec, ttl_s: float) -> Reservation:
+    def admit_leased(
+        self, spec: Spec, ttl_s: float, platforms: Sequence[Platform] = ()
+    ) -> Reservation:
         """``admit`` under a new lease: the confirmation a scheduler makes before the workload
         exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``."""
         lease = self.lease(ttl_s)
         try:
-            return self.admit(spec, lease)
+            return self.admit(spec, lease, platforms)
         except Refused:
             lease.end()
             raise
@@ -405,6 +292,12 @@ class NodeBudget:
         self.reap()
         with self._lock:
             return Headroom(mem_free=self._free_mem(), disk_free=self._free_disk())
+
+    @property
+    def admitted(self) -> int:
+        """How many reservations this budget has taken so far (snapshots advertise it)."""
+        with self._lock:
+            return self._admitted
 
     def reservations(self) -> list[Reservation]:
         with self._lock:

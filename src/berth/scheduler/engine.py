@@ -379,7 +379,7 @@ class Engine:
                 return
             self._untrack(slot)
             self.alive[slot] = False
-            self._names[slot] = None
+            self._set_name(slot, None)
             self.mounted.clear(slot)
             self.cached.clear(slot)
             self._free.append(slot)
@@ -393,7 +393,7 @@ class Engine:
     def _allocate(self, node: str) -> int:
         if self._free:
             slot = self._free.pop()
-            self._names[slot] = node
+            self._set_name(slot, node)
         else:
             slot = self._size
             if slot == self._capacity:
@@ -411,6 +411,13 @@ class Engine:
             self._order = np.insert(self._order, at, slot)
         self._name_rank = None
         return slot
+
+    def _set_name(self, slot: int, name: str | None) -> None:
+        # Copy on write: rankings already handed out keep the list they were made with, so
+        # their slots name the nodes they named then (appends change no existing slot).
+        names = list(self._names)
+        names[slot] = name
+        self._names = names
 
     def _membership_changed(self) -> None:
         self._in_name_order = False
@@ -609,7 +616,7 @@ class Engine:
             fit = self.fit_mask(spec, platforms)
             match = LayerMatch(self.mounted, layers, self._size)
             slots = (policy or SEED).order(self, fit, match)
-            return EngineRanking(self, slots, match)
+            return EngineRanking(self._names, slots, match)
 
     def platforms(self) -> dict[Platform, int]:
         with self._lock:
@@ -631,14 +638,24 @@ class Engine:
 
 
 class EngineRanking(Ranking):
-    """A ranking as engine slots; node names are looked up only when asked for."""
+    """A ranking as engine slots, an immutable value all the same.
 
-    def __init__(self, engine: Engine, slots: Slots, match: LayerMatch) -> None:
+    Node names are looked up only when asked for — a walk that stops at the first confirming
+    node never materialises thousands of names — but in the slot → name table *as it was when
+    the ranking was made*: the engine replaces that table, never edits it, when a node leaves,
+    a free slot is reused or slots are compacted.  Colocated bytes come from the request's own
+    layer match, fixed at the same moment.  So a walk that awaits between nodes visits
+    exactly the nodes it was given, whatever the engine does meanwhile.
+    """
+
+    def __init__(self, names: Sequence[str | None], slots: Slots, match: LayerMatch) -> None:
         super().__init__((), ())
-        self._engine = engine
+        self._names = names
         self.slots = slots
         self.match = match
         self._colocated_of_slots: npt.NDArray[np.int64] | None = None
+        if match.bits is None:
+            match.colocated  # noqa: B018 - the fallback sums read the live index: fix them now
 
     def colocated(self, index: int) -> int:
         if self._colocated_of_slots is None:
@@ -650,8 +667,13 @@ class EngineRanking(Ranking):
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return [self._engine.name(int(slot)) for slot in self.slots[index]]
-        return self._engine.name(int(self.slots[index]))
+            return [self._name(int(slot)) for slot in self.slots[index]]
+        return self._name(int(self.slots[index]))
 
     def __iter__(self) -> Any:
-        return (self._engine.name(int(slot)) for slot in self.slots)
+        return (self._name(int(slot)) for slot in self.slots)
+
+    def _name(self, slot: int) -> str:
+        name = self._names[slot]
+        assert name is not None, f"slot {slot} was free when the ranking was made"
+        return name

@@ -258,7 +258,7 @@ class BerthPolicy:
       it cut refusals at confirmation from 16/11/16 to 6/3/6 and bytes by 5–10 %; with one
       scheduler it costs ≤ 4 % of bytes.  The share is a function of the policy's seed, the
       request's layer ids and the node's position in name order — not of a stream consumed
-      per call — so asking :meth:`~berth.scheduler.cluster.ClusterScheduler.explain` about a
+      per call — so asking :meth:`~berth.scheduler.multinode.ClusterScheduler.explain` about a
       request reproduces the ranking its placement used, and schedulers seeded differently
       draw differently.
     """

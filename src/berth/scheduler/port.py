@@ -1,11 +1,12 @@
 """The placement port: one method, ``schedule(request) -> Placement``.
 
 The caller (a controller that later provisions the workload) depends on this protocol only;
-drivers — :class:`~berth.scheduler.singlenode.SingleNode`, the cluster driver — are swapped
-behind it.  The port's guarantee, which :mod:`berth.testing.contract` checks for any driver:
-a valid request yields a ``Placement`` with a non-empty ``worker_node`` and no error, unless it
-lists platforms none of which the driver's nodes run (``NoMatchingPlatform``, an ``Invalid``)
-or — for drivers that account resources — no node can hold it (``NoCapacity``).
+drivers — :class:`~berth.scheduler.singlenode.SingleNode` and
+:class:`~berth.scheduler.multinode.ClusterScheduler` — are swapped behind it.  The port's
+guarantee, which :mod:`berth.testing.placement_contract` checks for any driver: a valid
+request yields a ``Placement`` with a non-empty ``worker_node`` and no error, unless it lists
+platforms none of which the driver's nodes run (``NoMatchingPlatform``, an ``Invalid``) or —
+for drivers that account resources — no node can hold it (``NoCapacity``).
 
 ``schedule`` is a coroutine because real drivers confirm over the network.
 """

@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from berth.errors import BerthError, Invalid
-from berth.scheduler.cluster import ClusterScheduler
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policies import POLICIES
 from berth.scheduler.policies import policy as make_policy
 from berth.sim.report import Report, comparison_table, write_outputs

@@ -2,9 +2,9 @@
 
 This module owns *time and bookkeeping* around real berth code, so placement quality is
 measured, not assumed.  Every decision is made by the real
-:class:`~berth.scheduler.cluster.ClusterScheduler` (``schedule``, the placement port) with
+:class:`~berth.scheduler.multinode.ClusterScheduler` (``schedule``, the placement port) with
 the policy under test, and confirmed by the chosen node's real
-:class:`~berth.node.budget.NodeBudget` (through :class:`~berth.cluster.client.LocalNodes`):
+:class:`~berth.node.budget.NodeBudget` (through :class:`~berth.nodeclient.local.LocalNodes`):
 the simulator never re-implements fit, ranking or admission.  It is not a load generator
 (:mod:`berth.sim.workload` draws the arrivals) and not a report (:mod:`berth.sim.report`
 turns a :class:`SimResult` into metrics, tables and plots).
@@ -27,7 +27,7 @@ and pessimistic; with the default classes cores, disk and bandwidth are at most 
 memory is full, so memory is the binding resource.
 
 **Schedulers and staleness.**  ``concurrency`` = K schedulers, each a real
-``ClusterScheduler`` with its own :class:`~berth.cluster.memory.MemoryStore` replica and its
+``ClusterScheduler`` with its own :class:`~berth.store.memory.MemoryStore` replica and its
 own policy instance (seeded from ``SimConfig.seed`` and its index).  Arrivals go to them
 round-robin.  A node re-publishes its ``NodeState`` (``generation`` + 1) after every event
 that changed its reservations or layers; each replica receives it ``staleness`` = Δ simulated
@@ -66,21 +66,22 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, StrictInt, field_validator
 
-from berth.cluster.client import LocalNodes
-from berth.cluster.memory import MemoryStore
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
-from berth.model import Bytes, BytesPerSecond, Layer, Name, Spec
-from berth.node.budget import BudgetLimits, NodeBudget, Owner, Refused, StaticLoad
+from berth.model import Bytes, BytesPerSecond, Layer, Name
+from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.node.layers import LayerRegistry, MountOutcome
 from berth.node.runtime import BootSpec, FakeRuntime, Workload
+from berth.nodeclient.local import LocalNodes
+from berth.nodeclient.recording import RecordingNodes
 from berth.platform import Platform
-from berth.scheduler.cluster import ClusterScheduler
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policies import POLICIES, SeedLike
 from berth.scheduler.policies import policy as make_policy
 from berth.scheduler.policy import Policy
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.state import NodeState
+from berth.store.memory import MemoryStore
 from berth.validation import BerthModel
 
 __all__ = [
@@ -157,6 +158,7 @@ class SimConfig(BerthModel):
     boot_seconds: Seconds = 0.125
     concurrency: Annotated[StrictInt, Field(ge=1)] = 1
     staleness: Seconds = 0.0
+    assume: bool = True
     samples: Annotated[StrictInt, Field(ge=1)] = 200
     seed: Annotated[StrictInt, Field(ge=0)] = 0
     workload: WorkloadConfig = DEFAULT_WORKLOAD
@@ -346,6 +348,7 @@ class _Node:
             node=self.info.name,
             platform=self.platform,
             generation=self.generation,
+            admitted=self.budget.admitted,
             published_at=now,
             mem_free=headroom.mem_free,
             disk_free=headroom.disk_free,
@@ -406,32 +409,6 @@ class _Node:
                 f"{self.info.name}: not drained at the end: {len(self.running)} workloads, "
                 f"{len(self.layers.mounted())} mounted layers, headroom {headroom}"
             )
-
-
-class _ConfirmingNodes:
-    """The ``NodeClient`` a scheduler confirms through: ``LocalNodes``, with refusals noted.
-
-    Admission itself is the node's (``LocalNodes`` → ``NodeBudget.admit``); this only records
-    which node refused and why — for placed requests and for those that end in ``NoCapacity``
-    alike (``Placement.refusals`` covers only the former).
-    """
-
-    def __init__(self, nodes: LocalNodes) -> None:
-        self._nodes = nodes
-        self.refusals: list[tuple[str, str]] = []
-
-    async def admit(self, node: str, spec: Spec, *, lease_ttl_s: float) -> str:
-        try:
-            return self._nodes.admit_now(node, spec, lease_ttl_s=lease_ttl_s)
-        except Refused as refused:
-            self.refusals.append((node, refused.reason))
-            raise
-
-    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
-        await self._nodes.bind(node, reservation_id, owner)
-
-    async def release(self, node: str, reservation_id: str) -> bool:
-        return await self._nodes.release(node, reservation_id)
 
 
 # Event kinds, in the order they run at equal times.
@@ -524,10 +501,16 @@ class Simulation:
             state = node.snapshot(0.0)
             for store in self.stores:
                 store.publish_now(state)
-        self._clients = [_ConfirmingNodes(self._local) for _ in self.stores]
+        self._clients = [RecordingNodes(self._local) for _ in self.stores]
         seeds = np.random.SeedSequence([config.seed, 0x9011C7]).spawn(config.concurrency)
         self.schedulers = [
-            ClusterScheduler(store, client, policy=factory(np.random.default_rng(seed)))
+            ClusterScheduler(
+                store,
+                client,
+                policy=factory(np.random.default_rng(seed)),
+                assume=config.assume,
+                clock=self._clock,
+            )
             for store, client, seed in zip(self.stores, self._clients, seeds, strict=True)
         ]
         self._events: list[tuple[float, int, int, Any]] = []
@@ -629,7 +612,7 @@ class Simulation:
         request = arrival.request
         which = index % len(self.schedulers)
         scheduler, client = self.schedulers[which], self._clients[which]
-        client.refusals = []
+        client.clear()
         base: dict[str, Any] = {
             "index": index,
             "at": arrival.at,

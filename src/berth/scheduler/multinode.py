@@ -23,24 +23,27 @@ every node's reason) when some does but none fits or all refuse, or the cluster 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from berth.cluster.client import NodeClient
-from berth.cluster.store import StateEvent, StateStore
-from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
+from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Layer, Placement, Request, Spec
-from berth.node.budget import Owner
+from berth.node.runtime.port import BootFailed
+from berth.nodeclient.port import NodeClient
+from berth.ownership import Admission, Clock, Owner, Refused
 from berth.platform import Platform
+from berth.scheduler.assume import AssumeCache, apply
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import Explanation, summarise, verdicts
 from berth.scheduler.policy import Policy
 from berth.scheduler.ranking import Ranker, Ranking
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState, colocation_score
+from berth.store.port import StateEvent, StateStore
 
-__all__ = ["ClusterScheduler", "Placed"]
+__all__ = ["ClusterScheduler", "Confirmed"]
 
 log = logging.getLogger("berth.scheduler")
 
@@ -49,7 +52,7 @@ W = TypeVar("W", bound=Owner)
 
 
 @dataclass(frozen=True)
-class Placed(Generic[T]):
+class Confirmed(Generic[T]):
     """A confirmed placement: the node, what ``attempt`` returned, rank and colocated bytes."""
 
     node: str
@@ -77,10 +80,15 @@ class ClusterScheduler:
         ranker: Literal["engine", "reference"] | Ranker = "engine",
         policy: Policy | None = None,
         lease_ttl_s: float = 30.0,
+        assume: bool = True,
+        assume_ttl_s: float | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
+        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
+            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
         self.nodes = nodes
         self.policy = policy
-        self.lease_ttl_s = lease_ttl_s
+        self.lease_ttl_s = float(lease_ttl_s)
         self.ranker: Ranker
         if ranker == "engine":
             self.ranker = Engine()
@@ -90,7 +98,11 @@ class ClusterScheduler:
             self.ranker = ranker
         if policy is not None and not isinstance(self.ranker, Engine):
             raise ValueError("policies other than the seed's need the engine ranker")
-        self._states: dict[str, NodeState] = {}
+        self.assumed: AssumeCache | None = (
+            AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
+        )
+        self._base: dict[str, NodeState] = {}  # the nodes' own latest snapshots
+        self._states: dict[str, NodeState] = {}  # the view ranked: snapshots + assumptions
         self._unsubscribe = store.subscribe(self._on_event)
 
     def close(self) -> None:
@@ -99,18 +111,70 @@ class ClusterScheduler:
 
     def _on_event(self, event: StateEvent) -> None:
         if event.kind == "put" and event.state is not None:
-            current = self._states.get(event.node)
+            current = self._base.get(event.node)
             if current is not None and current.generation > event.state.generation:
                 return
-            self._states[event.node] = event.state
-            self.ranker.upsert(event.state)
+            self._base[event.node] = event.state
+            if self.assumed is not None:
+                self.assumed.covered(event.state)
+            self._refresh(event.node)
         elif event.kind == "delete":
+            self._base.pop(event.node, None)
             self._states.pop(event.node, None)
+            if self.assumed is not None:
+                self.assumed.drop_node(event.node)
             self.ranker.remove(event.node)
+
+    def _refresh(self, node: str) -> None:
+        """Feed the ranker the node's snapshot with its pending assumptions applied."""
+        base = self._base.get(node)
+        if base is None:
+            return
+        view = base if self.assumed is None else apply(base, self.assumed.pending(node))
+        self._states[node] = view
+        self.ranker.upsert(view)
+
+    def _expire_assumptions(self) -> None:
+        if self.assumed is not None and len(self.assumed):
+            for node in self.assumed.expire():
+                self._refresh(node)
+
+    # -- the assume cache --------------------------------------------------------------------
+    def assume(self, node: str, admission: Admission, spec: Spec, layers: Sequence[Layer]) -> None:
+        """Count a reservation ``node`` confirmed in this scheduler's view until the node's
+        own snapshot does (see :mod:`berth.scheduler.assume`); a no-op with ``assume=False``."""
+        if self.assumed is None or node not in self._base:
+            return
+        self.assumed.assume(node, admission, spec, _checked_layers(layers))
+        self._refresh(node)
+
+    def forget(self, node: str, reservation_id: str) -> None:
+        """Undo an assumption: the reservation was released or its bind failed."""
+        if self.assumed is not None and self.assumed.forget(node, reservation_id):
+            self._refresh(node)
+
+    async def bind(self, placement: Placement, owner: Owner | str) -> None:
+        """Bind ``placement``'s lease to the workload (``NodeClient.bind``); on refusal the
+        assumption is undone and the ``Refused`` propagates."""
+        if placement.reservation_id is None:
+            return
+        try:
+            await self.nodes.bind(placement.worker_node, placement.reservation_id, owner)
+        except BaseException:
+            self.forget(placement.worker_node, placement.reservation_id)
+            raise
+
+    async def release(self, placement: Placement) -> bool:
+        """Release ``placement``'s reservation on its node and undo the assumption."""
+        if placement.reservation_id is None:
+            return False
+        self.forget(placement.worker_node, placement.reservation_id)
+        return await self.nodes.release(placement.worker_node, placement.reservation_id)
 
     # -- the seed's API ----------------------------------------------------------------------
     def states(self) -> dict[str, NodeState]:
-        """This scheduler's replica: the latest snapshot per live node."""
+        """This scheduler's view: the latest snapshot per live node, with its own confirmed
+        reservations applied until a snapshot covers them."""
         return dict(self._states)
 
     @staticmethod
@@ -131,12 +195,15 @@ class ClusterScheduler:
 
         ``layers`` may be ``Layer``s or ``(id, size)`` pairs and ``platforms`` strings; a
         duplicate layer id, a negative size or a malformed platform raises ``Invalid``.
+        The ranking is an immutable value: node names and colocated bytes are those of the
+        moment it was made, whatever joins, leaves or compacts afterwards.
         """
         return self._rank(spec, *_checked(layers, platforms))
 
     def _rank(
         self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform]
     ) -> Ranking:
+        self._expire_assumptions()
         self._check_platforms(platforms)
         if isinstance(self.ranker, Engine):
             return self.ranker.rank(spec, layers, platforms, self.policy)
@@ -149,20 +216,26 @@ class ClusterScheduler:
         attempt: Callable[[str], Awaitable[T]],
         platforms: Sequence[Platform] = (),
         preferred_node: str | None = None,
-    ) -> Placed[T]:
-        """Walk the candidates calling ``attempt(node)`` until one confirms."""
+    ) -> Confirmed[T]:
+        """Walk the candidates calling ``attempt(node)`` until one confirms.
+
+        A node's ``Refused`` or ``Unavailable`` moves the walk on (and is reported in
+        ``NoCapacity`` if every node says no); any other error — an ``Invalid`` call, a bug —
+        propagates at once.  The walk follows the ranking made before the first ``await``:
+        nodes that join meanwhile are not tried, nodes that left answer ``Unavailable``.
+        """
         layers, platforms = _checked(layers, platforms)
         ranking = self._rank(spec, layers, platforms)
         refusals: dict[str, str] = {}
         for index, node in self._walk(ranking, preferred_node):
             try:
                 result = await attempt(node)
-            except (BerthError, OSError) as error:
+            except (Refused, Unavailable) as error:
                 reason = _reason(error)
                 log.info("node %s refused %s: %s", node, _what(spec), reason)
                 refusals[node] = reason
                 continue
-            return Placed(node, result, index, ranking.colocated(index), tuple(refusals.items()))
+            return Confirmed(node, result, index, ranking.colocated(index), tuple(refusals.items()))
         raise self._no_capacity(spec, layers, platforms, refusals)
 
     async def run(
@@ -172,37 +245,55 @@ class ClusterScheduler:
         start: Callable[[str], Awaitable[W]],
         stop: Callable[[W], Awaitable[object]],
         platforms: Sequence[Platform] = (),
-    ) -> Placed[W]:
-        """Place and boot: on each candidate start, admit owned by the workload, else stop."""
+    ) -> Confirmed[W]:
+        """Place and boot: on each candidate start, admit owned by the workload, else stop.
+
+        A start that fails with ``BootFailed`` or an ``OSError`` is that node's refusal
+        (``boot_failed``), so the walk moves on with the real reason logged.
+        """
+        layers, platforms = _checked(layers, platforms)
 
         async def try_run(node: str) -> W:
-            workload = await start(node)
             try:
-                reservation_id = await self.nodes.admit(node, spec, lease_ttl_s=self.lease_ttl_s)
-                await self.nodes.bind(node, reservation_id, workload)
+                workload = await start(node)
+            except (BootFailed, OSError) as error:
+                raise Refused("boot_failed", str(error), node=node) from None
+            try:
+                admission = await self.nodes.admit(
+                    node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
+                )
+                await self.nodes.bind(node, admission.reservation_id, workload)
             except BaseException:
                 await stop(workload)
                 raise
+            self.assume(node, admission, spec, layers)
             return workload
 
         return await self.place(spec, layers, try_run, platforms)
 
     # -- the port ----------------------------------------------------------------------------
     async def schedule(self, request: Request) -> Placement:
-        """Place ``request``; with a spec, the chosen node holds a lease-owned reservation."""
-        spec = request.spec
+        """Place ``request``; with a spec, the chosen node holds a lease-owned reservation.
 
-        async def confirm(node: str) -> str | None:
+        The caller binds the lease to its workload (:meth:`bind`) or releases it
+        (:meth:`release`) within ``lease_ttl_s``; an unbound lease expires on the node.
+        """
+        spec = request.spec
+        layers, platforms = request.layers, request.platforms
+
+        async def confirm(node: str) -> Admission | None:
             if spec is None:
                 return None
-            return await self.nodes.admit(node, spec, lease_ttl_s=self.lease_ttl_s)
+            admission = await self.nodes.admit(
+                node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
+            )
+            self.assume(node, admission, spec, layers)
+            return admission
 
-        placed = await self.place(
-            spec, request.layers, confirm, request.platforms, request.preferred_node
-        )
+        placed = await self.place(spec, layers, confirm, platforms, request.preferred_node)
         return Placement(
             worker_node=placed.node,
-            reservation_id=placed.result,
+            reservation_id=None if placed.result is None else placed.result.reservation_id,
             colocated_bytes=placed.colocated_bytes,
             rank=placed.rank,
             refusals=placed.refusals,

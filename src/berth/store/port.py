@@ -8,8 +8,8 @@ for every reader.  The store is eventually consistent by contract: readers may s
 older snapshot for a while, never a mix of two, and never a generation older than one they
 have already seen.
 
-This module is the port; :mod:`berth.cluster.memory` is the embedded in-process driver, and
-:mod:`berth.cluster.contract` the suite every driver passes.
+This module is the port; :mod:`berth.store.memory` is the embedded in-process driver, and
+:mod:`berth.testing.store_contract` the suite every driver passes.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
-from berth.cluster.store import StateEvent, StateStore
 from berth.platform import Platform
 from berth.state import NodeState, Overcommit
+from berth.store.port import StateEvent, StateStore
 
 __all__ = ["StateStoreContract", "sample_state"]
 

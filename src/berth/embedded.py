@@ -2,8 +2,8 @@
 
 berth's default needs no server: this module starts a heterogeneous set of agents (sizes and
 platforms cycle through a few classes, so placement has real choices to make), each
-publishing to one :class:`~berth.cluster.memory.MemoryStore`, with a
-:class:`~berth.scheduler.cluster.ClusterScheduler` in front.  ``run(request, boot)`` places and
+publishing to one :class:`~berth.store.memory.MemoryStore`, with a
+:class:`~berth.scheduler.multinode.ClusterScheduler` in front.  ``run(request, boot)`` places and
 boots for real: the seed's walk over the ranked candidates, each attempt being the chosen
 agent's ``try_run`` (mount, boot, admit owned by the workload, stop on refusal).
 
@@ -16,21 +16,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
-from berth.cluster.client import AgentNodes
-from berth.cluster.memory import MemoryStore
-from berth.config import AgentConfig, AgentSection, BudgetSection, NodeSection
 from berth.errors import Invalid
 from berth.model import Request
 from berth.node.agent import Agent
 from berth.node.budget import IDLE
+from berth.node.config import AgentConfig, AgentSection, BudgetSection, NodeSection
 from berth.node.runtime import BootSpec, Workload
-from berth.scheduler.cluster import ClusterScheduler, Placed
+from berth.nodeclient.agents import AgentNodes
+from berth.scheduler.multinode import ClusterScheduler, Confirmed
 from berth.scheduler.policy import Policy
+from berth.store.memory import MemoryStore
 
-__all__ = ["NODE_CLASSES", "EmbeddedCluster", "Started", "embedded_configs"]
+__all__ = ["NODE_CLASSES", "EmbeddedCluster", "embedded_configs"]
 
 GiB = 2**30
 
@@ -83,15 +82,6 @@ def embedded_configs(
     return configs
 
 
-@dataclass(frozen=True)
-class Started:
-    """A workload booted by the embedded cluster: where, the handle, and how it was placed."""
-
-    node: str
-    workload: Workload
-    placed: Placed[Workload]
-
-
 class EmbeddedCluster:
     """In-process agents + memory store + scheduler.  ``async with EmbeddedCluster(...)``."""
 
@@ -140,8 +130,11 @@ class EmbeddedCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def run(self, request: Request, boot: BootSpec) -> Started:
-        """Place ``request`` and boot ``boot`` on the first candidate that admits it."""
+    async def run(self, request: Request, boot: BootSpec) -> Confirmed[Workload]:
+        """Place ``request`` and boot ``boot`` on the first candidate that admits it.
+
+        The result is the booted workload; ``node``, ``rank``, ``colocated_bytes`` and the
+        ``refusals`` met on the way say how it was placed."""
         spec = request.spec
         if spec is None:
             raise Invalid("running a workload needs its resources (an instance type)", field="spec")
@@ -149,7 +142,6 @@ class EmbeddedCluster:
         async def try_run(node: str) -> Workload:
             return await self.agents[node].try_run(spec, request.layers, boot)
 
-        placed = await self.scheduler.place(
+        return await self.scheduler.place(
             spec, request.layers, try_run, request.platforms, request.preferred_node
         )
-        return Started(placed.node, placed.result, placed)

@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from berth.cluster.store import StateEvent, StateListener
 from berth.state import NodeState
+from berth.store.port import StateEvent, StateListener
 
 __all__ = ["MemoryStore"]
 

@@ -1,0 +1,20 @@
+"""Running workloads on a node: the runtime port and its drivers.
+
+``port`` is the protocol (boot, stop, list, exit listeners); ``process`` runs real OS process
+groups, ``fake`` runs nothing (tests, the simulator).  The contract every driver passes is
+:mod:`berth.testing.runtime_contract`.
+"""
+
+from berth.node.runtime.fake import FakeRuntime
+from berth.node.runtime.port import BootFailed, BootSpec, Runtime, Workload, WorkloadExit
+from berth.node.runtime.process import ProcessRuntime
+
+__all__ = [
+    "BootFailed",
+    "BootSpec",
+    "FakeRuntime",
+    "ProcessRuntime",
+    "Runtime",
+    "Workload",
+    "WorkloadExit",
+]

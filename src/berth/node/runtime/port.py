@@ -1,0 +1,264 @@
+"""The workload runtime port: what a node needs from whatever boots its workloads.
+
+This module owns *running* a workload on this node: booting it from a :class:`BootSpec`,
+stopping it, and reporting — to every ``on_exit`` listener, exactly once — when it ends for
+any reason: it exited by itself, something outside killed it, or :meth:`Runtime.stop` did.
+That last guarantee is what the node agent builds on: a hard reservation lives exactly as long
+as its workload, so the agent releases it from an exit listener, whatever ended the workload.
+
+It is deliberately *not* admission (the budget decides whether a workload may start) nor
+placement, and it does not pull image layers.  A boot that cannot happen raises
+:class:`BootFailed` with the real reason (``boot_failed: command not found: 'nosuchcmd'``), so
+a scheduler walking its candidates logs why a node refused rather than mistaking a broken
+command for a full node.
+
+Drivers, each in its own module beside this one: :mod:`~berth.node.runtime.process` (one OS
+process group per workload) and :mod:`~berth.node.runtime.fake` (no processes; tests and the
+simulator).  :class:`ExitListeners` and :class:`WorkloadIds` are the bookkeeping drivers share;
+:mod:`berth.testing.runtime_contract` is the suite every driver passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol, runtime_checkable
+
+from pydantic import BeforeValidator, Field, StrictInt, field_validator
+
+from berth.errors import BerthError, Invalid
+from berth.units import parse_information
+from berth.validation import BerthModel
+
+__all__ = [
+    "BootFailed",
+    "BootSpec",
+    "ExitListener",
+    "ExitListeners",
+    "Runtime",
+    "Workload",
+    "WorkloadExit",
+    "WorkloadIds",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class BootFailed(BerthError):
+    """A workload could not be started; ``reason`` says why (``command not found: 'x'``)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"boot_failed: {reason}")
+
+
+def _information(value: Any) -> Any:
+    return parse_information(value) if isinstance(value, str) else value
+
+
+def _workload_name(value: str) -> str:
+    if not value:
+        raise Invalid("must not be empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise Invalid(f"must not contain whitespace or control characters, got {value!r}")
+    return value
+
+
+class BootSpec(BerthModel):
+    """How to boot one workload.
+
+    ``name`` — a label (workload ids are derived from it); ``command`` — the program and its
+    arguments, never empty; ``env`` — environment variables for the workload; ``mem_limit`` —
+    a memory ceiling in bytes (or a unit string such as ``"256MiB"``), ``None`` for none.
+    """
+
+    name: str
+    command: Annotated[tuple[str, ...], Field(min_length=1)]
+    env: dict[str, str] = Field(default_factory=dict)
+    mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        return _workload_name(name)
+
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command[0]:
+            raise Invalid("the program (first element) must not be empty")
+        if any("\0" in part for part in command):
+            raise Invalid("must not contain NUL characters")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key:
+                raise Invalid(f"variable names must be non-empty without '=' or NUL: {key!r}")
+            if "\0" in value:
+                raise Invalid(f"the value of {key!r} must not contain NUL characters")
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadExit:
+    """How a workload ended.
+
+    ``code`` is its exit status when it exited by itself, ``signal`` the signal number that
+    ended it otherwise; ``stopped`` says the runtime's ``stop`` had been asked to end it.
+    """
+
+    code: int | None = None
+    signal: int | None = None
+    stopped: bool = False
+
+    @property
+    def reason(self) -> str:
+        """``exited with code 0``, ``killed by SIGKILL``, ``stopped (killed by SIGTERM)``…"""
+        if self.signal is not None:
+            try:
+                how = f"killed by {signal.Signals(self.signal).name}"
+            except ValueError:
+                how = f"killed by signal {self.signal}"
+        elif self.code is not None:
+            how = f"exited with code {self.code}"
+        else:
+            how = ""
+        if self.stopped:
+            return f"stopped ({how})" if how else "stopped"
+        return how or "ended"
+
+
+class Workload:
+    """A handle on one started workload: ``id``, its ``spec``, and how it ends.
+
+    ``pid`` is the OS process id for process-backed workloads (``None`` otherwise).  ``await
+    wait()`` returns the :class:`WorkloadExit` once the workload has ended.
+    """
+
+    def __init__(self, workload_id: str, spec: BootSpec, pid: int | None = None) -> None:
+        self.id = workload_id
+        self.spec = spec
+        self.pid = pid
+        self._exit: WorkloadExit | None = None
+        self._ended = asyncio.Event()
+        self._done_callbacks: list[Callable[[Workload], object]] = []
+
+    @property
+    def done(self) -> bool:
+        return self._exit is not None
+
+    @property
+    def exit(self) -> WorkloadExit | None:
+        """How it ended; ``None`` while it runs."""
+        return self._exit
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit status when it exited by itself; ``None`` while running or if signalled."""
+        return None if self._exit is None else self._exit.code
+
+    @property
+    def reason(self) -> str | None:
+        """Why it ended (``exited with code 1``, ``killed by SIGKILL``…); ``None`` while running."""
+        return None if self._exit is None else self._exit.reason
+
+    def add_done_callback(self, fn: Callable[[Workload], object], /) -> None:
+        """Call ``fn(self)`` when the workload ends (at once if it has): an ``Owner``.
+
+        This is what lets a node budget hold a reservation for exactly the workload's life.
+        """
+        if self._exit is not None:
+            fn(self)
+        else:
+            self._done_callbacks.append(fn)
+
+    async def wait(self) -> WorkloadExit:
+        await self._ended.wait()
+        assert self._exit is not None
+        return self._exit
+
+    def _end(self, status: WorkloadExit) -> bool:
+        # Drivers in this module call this exactly once per workload; False if already ended.
+        if self._exit is not None:
+            return False
+        self._exit = status
+        self._ended.set()
+        callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("a done callback of workload %s failed", self.id)
+        return True
+
+    def __repr__(self) -> str:
+        state = "running" if self._exit is None else self._exit.reason
+        return f"Workload(id={self.id!r}, command={self.spec.command!r}, {state})"
+
+
+ExitListener = Callable[[Workload], None]
+"""Called once when a workload ends, for any reason; read ``workload.exit`` for how."""
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Starts and stops workloads on this node and reports every end to its listeners.
+
+    * ``start(spec)`` boots a workload or raises :class:`BootFailed` with the reason.
+    * ``stop(workload_id)`` ends it and returns once it has ended; stopping an unknown or
+      already-ended workload is harmless.
+    * ``list()`` — the workloads still running.
+    * ``on_exit(listener)`` — ``listener(workload)`` is called exactly once per workload that
+      ends after it was registered, whatever ended it; returns a function that unregisters it.
+    """
+
+    async def start(self, spec: BootSpec) -> Workload: ...
+
+    async def stop(self, workload_id: str) -> None: ...
+
+    def list(self) -> tuple[Workload, ...]: ...
+
+    def on_exit(self, listener: ExitListener) -> Callable[[], None]: ...
+
+
+class ExitListeners:
+    """The ``on_exit`` bookkeeping both drivers share."""
+
+    def __init__(self) -> None:
+        self._listeners: list[ExitListener] = []
+
+    def add(self, listener: ExitListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    def notify(self, workload: Workload) -> None:
+        for listener in tuple(self._listeners):
+            try:
+                listener(workload)
+            except Exception:
+                # One broken listener must not keep the others (e.g. the reservation
+                # release) from hearing about the exit.
+                logger.exception("exit listener %r failed for %s", listener, workload.id)
+
+
+class WorkloadIds:
+    """Workload ids unique within one runtime: ``<name>-<n>``."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count(1)
+
+    def next(self, spec: BootSpec) -> str:
+        return f"{spec.name}-{next(self._counter)}"

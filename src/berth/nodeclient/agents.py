@@ -1,0 +1,60 @@
+"""The in-process node-client driver over node agents: node name → that node's ``Agent``.
+
+The embedded cluster's driver.  Every call is the agent's own method — the same ones a
+network driver's server side will call — so what the embedded default proves about
+admission, binding and boots holds for the distributed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from berth.errors import Unavailable
+from berth.model import Layer, Spec
+from berth.node.agent import Agent
+from berth.node.runtime.port import BootSpec
+from berth.ownership import Admission, Owner
+from berth.platform import Platform
+
+__all__ = ["AgentNodes"]
+
+
+class AgentNodes:
+    """``AgentClient`` over node agents in this process."""
+
+    def __init__(self, agents: Mapping[str, Agent] | None = None) -> None:
+        self._agents: dict[str, Agent] = dict(agents or {})
+
+    def add(self, agent: Agent) -> None:
+        self._agents[agent.name] = agent
+
+    def discard(self, node: str) -> None:
+        self._agents.pop(node, None)
+
+    def agent(self, node: str) -> Agent:
+        try:
+            return self._agents[node]
+        except KeyError:
+            raise Unavailable(f"node {node!r} is not reachable") from None
+
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        return self.agent(node).admit(spec, lease_ttl_s, platforms)
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        self.agent(node).bind(reservation_id, owner)
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        return self.agent(node).release(reservation_id)
+
+    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+        return (await self.agent(node).try_run(spec, layers, boot)).id
+
+    async def stop(self, node: str, workload_id: str) -> None:
+        await self.agent(node).stop_workload(workload_id)

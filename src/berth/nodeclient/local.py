@@ -1,0 +1,72 @@
+"""The in-process node-client driver over bare budgets: node name → that node's ``NodeBudget``.
+
+For tests, benchmarks and the simulator, where nodes are budgets and nothing boots.  A
+budget-only node runs no workloads, so ``bind`` takes owner objects only; a workload id is
+refused as ``unknown_workload`` (after the likelier ``lease_expired``, as an agent would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from berth.errors import Unavailable
+from berth.model import Spec
+from berth.node.budget import NodeBudget
+from berth.ownership import Admission, Owner, Refused, refused_by
+from berth.platform import Platform
+
+__all__ = ["LocalNodes"]
+
+
+class LocalNodes:
+    """``NodeClient`` over budgets in this process."""
+
+    def __init__(self, budgets: Mapping[str, NodeBudget] | None = None) -> None:
+        self._budgets: dict[str, NodeBudget] = dict(budgets or {})
+
+    def add(self, node: str, budget: NodeBudget) -> None:
+        self._budgets[node] = budget
+
+    def discard(self, node: str) -> None:
+        self._budgets.pop(node, None)
+
+    def budget(self, node: str) -> NodeBudget:
+        try:
+            return self._budgets[node]
+        except KeyError:
+            raise Unavailable(f"node {node!r} is not reachable") from None
+
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        return self.admit_now(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+
+    def admit_now(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        """Synchronous ``admit`` for in-process callers (the simulator)."""
+        budget = self.budget(node)
+        with refused_by(node):
+            return budget.admit_leased(spec, lease_ttl_s, platforms).admission
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        budget = self.budget(node)
+        with refused_by(node):
+            if isinstance(owner, str):
+                if budget.get(reservation_id) is None:
+                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+                raise Refused("unknown_workload", "budget-only nodes run no workloads")
+            budget.bind(reservation_id, owner)
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        return self.budget(node).release(reservation_id)

@@ -1,0 +1,75 @@
+"""The node client port: how a scheduler reaches a node's authoritative admission.
+
+A scheduler that has ranked the candidates confirms on the chosen node.  Over a network it
+cannot hand the node a live owner object, so confirmation is two steps: ``admit`` reserves
+under a *lease* that expires unless it is ``bind``-ed to the workload (or ``release``-d) in
+time; an unbound lease simply runs out and frees what it held.  ``try_run`` and ``stop`` (the
+node agent's part) extend this port as :class:`AgentClient`.  Messages are plain serialisable
+data (a ``Spec``, platforms, ids, reason codes), so a network driver can carry them unchanged.
+
+The node is the authority for everything it is asked to hold: capacity *and* platform — a
+spec for platforms the node does not run is refused (``platform_mismatch``), whatever the
+scheduler's replica said.
+
+Drivers, each beside this module: :mod:`~berth.nodeclient.local` (budgets in this process),
+:mod:`~berth.nodeclient.agents` (node agents in this process) and
+:mod:`~berth.nodeclient.recording` (any driver, with every refusal noted).  The suite every
+driver passes is :mod:`berth.testing.nodeclient_contract`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from berth.model import Layer, Spec
+from berth.node.runtime.port import BootSpec
+from berth.ownership import Admission, Owner
+from berth.platform import Platform
+
+__all__ = ["AgentClient", "NodeClient"]
+
+
+class NodeClient(Protocol):
+    """Admission on a named node."""
+
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        """Reserve ``spec`` on ``node`` under a lease, for an artifact built for ``platforms``
+        (empty: any).  The reservation id, and the node's admission count it was taken at.
+
+        Raises ``Refused`` (with the node's reason code — ``platform_mismatch`` when the node
+        runs none of ``platforms``), ``Unavailable`` when the node cannot be reached, and
+        ``Invalid`` when the call itself is malformed (a non-positive ``lease_ttl_s``).
+        """
+        ...
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        """Tie the reservation's lease to ``owner`` (an owner object in-process, or a workload
+        id on that node): the reservation is then released when the owner ends."""
+        ...
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        """Release a reservation; idempotent (False when it was not held)."""
+        ...
+
+
+class AgentClient(NodeClient, Protocol):
+    """Admission plus the agent's workload operations."""
+
+    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+        """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
+
+        Raises ``Refused`` (``boot_failed``, ``mem_exhausted`` …) or ``Unavailable``.
+        """
+        ...
+
+    async def stop(self, node: str, workload_id: str) -> None:
+        """Stop a workload; unknown or already stopped ids are harmless."""
+        ...

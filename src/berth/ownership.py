@@ -1,0 +1,181 @@
+"""Owners, leases and refusals: the vocabulary of node admission that the ports share.
+
+A node's budget (:mod:`berth.node.budget`) holds every reservation for an *owner*, the
+node-client port (:mod:`berth.nodeclient.port`) carries leases and refusals between a
+scheduler and a node, and the scheduler reads refusals' reason codes.  The words live here,
+below all three, so none of them has to import another to speak about admission:
+
+* :class:`Owner` — anything that reports its end to a callback (``add_done_callback``): an
+  asyncio task or future, a ``concurrent.futures.Future``, a runtime workload, an OS process
+  through :func:`process_owner`;
+* :class:`Lease` — an explicit owner with a deadline, for confirming over a network before
+  the workload exists; bound to the workload later, or left to expire;
+* :class:`Refused` — a node's "no", with a reason code shared with the snapshot filter
+  (``mem_exhausted``, ``platform_mismatch``, ``boot_failed`` …) and the node's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from berth.errors import BerthError, Invalid
+from berth.state import describe_reason
+
+__all__ = [
+    "Admission",
+    "Clock",
+    "Lease",
+    "Owner",
+    "ProcessHandle",
+    "Refused",
+    "has_ended",
+    "process_owner",
+    "refused_by",
+]
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A node's "yes": the reservation it took, and its admission count after taking it.
+
+    ``seq`` numbers the node's admissions (1, 2, …); a snapshot whose ``admitted`` is at
+    least ``seq`` was taken after this reservation, so it accounts for it (or for its end).
+    A scheduler's assume cache (:mod:`berth.scheduler.assume`) uses it to know when its own
+    view of the reservation can give way to the node's.
+    """
+
+    reservation_id: str
+    seq: int
+
+
+class Owner(Protocol):
+    """What a reservation is held for: anything that reports its end to a callback."""
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> object: ...
+
+
+ProcessHandle = asyncio.subprocess.Process | subprocess.Popen[Any] | psutil.Process
+
+
+def process_owner(process: ProcessHandle) -> Owner:
+    """An owner that ends when an OS process ends.
+
+    * ``asyncio.subprocess.Process`` — a task awaiting ``wait()`` (needs a running loop);
+    * ``subprocess.Popen`` or ``psutil.Process`` — a future completed by a daemon thread
+      blocked in ``wait()``; a process that is already gone ends the owner at once.
+    """
+    if isinstance(process, asyncio.subprocess.Process):
+        return asyncio.ensure_future(process.wait())
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def watch() -> None:
+        with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError, ChildProcessError):
+            process.wait()
+        ended.set_result(None)
+
+    threading.Thread(target=watch, name=f"owner-{process.pid}", daemon=True).start()
+    return ended
+
+
+class Refused(BerthError):
+    """The node refused: ``reason`` is a code such as ``mem_exhausted`` or ``boot_failed``."""
+
+    def __init__(self, reason: str, detail: str = "", *, node: str | None = None) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.node = node
+        where = f"node {node} refused" if node else "refused"
+        text = f"{where}: {reason} ({describe_reason(reason)})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+
+
+@contextlib.contextmanager
+def refused_by(node: str) -> Iterator[None]:
+    """Re-raise a node's ``Refused`` with the node named (budgets do not know their name)."""
+    try:
+        yield
+    except Refused as refused:
+        if refused.node is not None:
+            raise
+        raise Refused(refused.reason, refused.detail, node=node) from None
+
+
+class Lease:
+    """An explicit owner that ends when released, when it expires, or when its bound owner ends.
+
+    A scheduler confirming over the network cannot hand the node a live owner, so the node
+    reserves under a lease with a deadline (``ttl`` seconds).  The caller later ``bind``s it to
+    the workload (the lease then lives exactly as long as that owner) or ``end``s it.  An
+    unbound lease that passes its deadline ends at the next :meth:`NodeBudget.reap` — and with
+    it the reservation.  Expiry is judged on the budget's clock, so tests use a fake one.
+    """
+
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
+        if ttl_s <= 0:
+            raise Invalid(f"must be positive, got {ttl_s}", field="lease_ttl")
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.deadline: float | None = clock() + ttl_s
+        self._callbacks: list[Callable[[Any], object]] = []
+        self._done = False
+        self.bound_to: object | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def renew(self, ttl_s: float) -> None:
+        """Push the deadline to ``ttl_s`` from now (only while unbound and not ended)."""
+        with self._lock:
+            if not self._done and self.bound_to is None:
+                self.deadline = self._clock() + ttl_s
+
+    def bind(self, owner: Owner) -> None:
+        """Tie the lease to ``owner``: no more expiry; it ends when ``owner`` ends."""
+        with self._lock:
+            if self._done:
+                raise Refused("lease_expired", "the reservation ended before it was bound")
+            self.bound_to = owner
+            self.deadline = None
+        owner.add_done_callback(lambda _: self.end())
+
+    def end(self) -> None:
+        """End the lease now (idempotent); its reservation is released."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def expire_if_due(self) -> bool:
+        """End the lease if its deadline has passed; True if it ended now."""
+        deadline = self.deadline
+        if deadline is None or self._done or self._clock() < deadline:
+            return False
+        self.end()
+        return True
+
+
+def has_ended(owner: object) -> bool:
+    """Whether ``owner`` has already ended (futures have ``done()``, workloads a property)."""
+    done = getattr(owner, "done", None)
+    return bool(done() if callable(done) else done)

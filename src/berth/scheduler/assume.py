@@ -149,7 +149,11 @@ class AssumeCache:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, node, rid = deadlines.popleft()
-            if self.forget(node, rid):
+            # The entry may be stale: its assumption covered or forgotten, and the id assumed
+            # again since (a restarted node counts r1, r2 … anew) with a later deadline.
+            assumption = self._by_node.get(node, {}).get(rid)
+            if assumption is not None and assumption.expires_at <= now:
+                self.forget(node, rid)
                 changed.add(node)
         return changed
 

@@ -1,0 +1,385 @@
+"""The conformance suite of the node-client port (:mod:`berth.nodeclient.port`), for any driver.
+
+Subclass :class:`NodeClientContract` beside a driver's tests and implement
+:meth:`~NodeClientContract.open_nodes`: a client that reaches exactly the nodes the given
+shapes describe (:class:`NodeShape`: a name, the platform the node runs, its memory, and the
+clock its budget judges lease expiry by — the suite passes a :class:`FakeClock` and moves it),
+and pytest collects the inherited tests::
+
+    class TestMyNodes(NodeClientContract):
+        def open_nodes(self, shapes):
+            @asynccontextmanager
+            async def opened():
+                yield MyNodes({shape.name: shape.budget() for shape in shapes})
+
+            return opened()
+
+A driver whose nodes run workloads sets ``runs_workloads = True`` and overrides
+:meth:`~NodeClientContract.start_workload` and :meth:`~NodeClientContract.stop_workload`, so
+binding to a workload id is checked too.
+
+The guarantees checked are the ones a scheduler builds on, every one observed through the
+port alone (room on a node is probed by admitting a spec that fills it):
+
+* ``admit`` returns an :class:`~berth.ownership.Admission`: a reservation id unique on the
+  node and an admission count ``seq`` that increases with every admission;
+* the node is the authority: an exact fill fits, one byte more is ``mem_exhausted``; a spec
+  for platforms the node does not run is ``platform_mismatch``; every ``Refused`` names the
+  node, and a refusal reserves nothing;
+* ``bind`` ties the reservation to an owner — it then lives exactly as long as the owner and
+  never expires; ``release`` frees it and is idempotent (``False`` the second time);
+* an unbound lease ends at its deadline on the node's clock: the room is free again,
+  ``release`` says ``False`` and a late ``bind`` is refused ``lease_expired``;
+* ``bind`` to a reservation the node does not hold is ``lease_expired``; to a workload id the
+  node does not run, ``unknown_workload`` (and the reservation is kept);
+* a node the client cannot reach is ``Unavailable`` for ``admit``, ``bind`` and ``release``;
+* a malformed call (``lease_ttl_s`` zero, negative or NaN) is ``Invalid`` naming
+  ``lease_ttl_s``, and reserves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pytest
+
+from berth.errors import Invalid, Unavailable
+from berth.model import Spec
+from berth.node.budget import BudgetLimits, NodeBudget
+from berth.nodeclient.port import NodeClient
+from berth.ownership import Admission, Clock, Refused
+from berth.platform import Platform
+
+__all__ = ["FakeClock", "ManualOwner", "NodeClientContract", "NodeShape"]
+
+MiB = 2**20
+GiB = 2**30
+
+
+class FakeClock:
+    """A clock that moves only when told to (``advance``), for lease expiry."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ManualOwner:
+    """An owner whose end the test decides: callbacks run when :meth:`end` is called."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[Any], object]] = []
+        self.ended = False
+
+    def done(self) -> bool:
+        return self.ended
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        if self.ended:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def end(self) -> None:
+        self.ended = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """One node the suite asks a driver for: name, platform, memory, and its budget's clock.
+
+    Disk, CPU and bandwidth are generous, so only memory and platform decide admission.
+    """
+
+    name: str
+    platform: Platform = field(default_factory=lambda: Platform.parse("linux/amd64"))
+    mem: int = GiB
+    clock: Clock = field(default_factory=FakeClock)
+
+    def limits(self) -> BudgetLimits:
+        return BudgetLimits(
+            mem_max=self.mem,
+            disk_max=100 * GiB,
+            cpu_capacity=64,
+            disk_bw_cap=100 * GiB,
+            net_bw_cap=100 * GiB,
+        )
+
+    def budget(self) -> NodeBudget:
+        """A budget of this shape: for drivers whose nodes are, or hold, a ``NodeBudget``."""
+        return NodeBudget(self.limits(), clock=self.clock, platform=self.platform)
+
+
+def _spec(mem: int) -> Spec:
+    return Spec(vcpus=0.01, mem=mem, disk=MiB)
+
+
+class NodeClientContract:
+    """Base class of a node-client driver's conformance tests; override :meth:`open_nodes`."""
+
+    lease_ttl_s: ClassVar[float] = 30.0
+    timeout_s: ClassVar[float] = 10.0
+    runs_workloads: ClassVar[bool] = False
+
+    # -- hooks -------------------------------------------------------------------------------
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        """A client reaching exactly the nodes ``shapes`` describe (entered in a running loop)."""
+        raise NotImplementedError
+
+    async def start_workload(self, nodes: NodeClient, node: str) -> str:
+        """Start a small workload on ``node``; its id (with ``runs_workloads = True``)."""
+        raise NotImplementedError
+
+    async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
+        """End a workload :meth:`start_workload` started."""
+        raise NotImplementedError
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _run(
+        self, shapes: Sequence[NodeShape], check: Callable[[NodeClient], Awaitable[None]]
+    ) -> None:
+        async def main() -> None:
+            async with self.open_nodes(shapes) as nodes:
+                await asyncio.wait_for(check(nodes), self.timeout_s)
+
+        asyncio.run(main())
+
+    async def _admit(
+        self, nodes: NodeClient, node: str, mem: int, platforms: Sequence[Platform] = ()
+    ) -> Admission:
+        return await nodes.admit(
+            node, _spec(mem), lease_ttl_s=self.lease_ttl_s, platforms=platforms
+        )
+
+    async def _refusal(self, call: Awaitable[object]) -> Refused:
+        with pytest.raises(Refused) as caught:
+            await call
+        return caught.value
+
+    async def _assert_free(self, nodes: NodeClient, shape: NodeShape) -> None:
+        """``shape``'s node holds nothing: a spec of all its memory is admitted (then released)."""
+        admission = await self._admit(nodes, shape.name, shape.mem)
+        assert await nodes.release(shape.name, admission.reservation_id) is True
+
+    async def _assert_full(self, nodes: NodeClient, node: str) -> None:
+        refused = await self._refusal(self._admit(nodes, node, 1))
+        assert refused.reason == "mem_exhausted", refused
+
+    # -- admission ---------------------------------------------------------------------------
+    def test_admit_returns_unique_ids_and_increasing_seq(self) -> None:
+        shape = NodeShape("n1")
+
+        async def check(nodes: NodeClient) -> None:
+            admissions = [await self._admit(nodes, "n1", 64 * MiB) for _ in range(5)]
+            for admission in admissions:
+                assert isinstance(admission, Admission)
+                assert admission.reservation_id and isinstance(admission.reservation_id, str)
+                assert admission.seq >= 1
+            assert len({a.reservation_id for a in admissions}) == len(admissions)
+            seqs = [a.seq for a in admissions]
+            assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+            for admission in admissions:  # seq keeps growing after releases
+                assert await nodes.release("n1", admission.reservation_id) is True
+            assert (await self._admit(nodes, "n1", 64 * MiB)).seq > seqs[-1]
+
+        self._run([shape], check)
+
+    def test_exact_fill_fits_and_one_byte_more_is_mem_exhausted(self) -> None:
+        shape = NodeShape("n1", mem=256 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            await self._admit(nodes, "n1", 200 * MiB)
+            refused = await self._refusal(self._admit(nodes, "n1", 56 * MiB + 1))
+            assert (refused.reason, refused.node) == ("mem_exhausted", "n1")
+            last = await self._admit(nodes, "n1", 56 * MiB)  # the refusal reserved nothing
+            await self._assert_full(nodes, "n1")
+            assert await nodes.release("n1", last.reservation_id) is True
+            await self._admit(nodes, "n1", 56 * MiB)
+
+        self._run([shape], check)
+
+    def test_platforms_the_node_does_not_run_are_platform_mismatch(self) -> None:
+        arm = Platform.parse("linux/arm64")
+        amd, s390x = Platform.parse("linux/amd64"), Platform.parse("linux/s390x")
+        shape = NodeShape("arm-1", platform=arm, mem=128 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            for platforms in ([amd], [amd, s390x]):
+                refused = await self._refusal(self._admit(nodes, "arm-1", MiB, platforms))
+                assert (refused.reason, refused.node) == ("platform_mismatch", "arm-1")
+            await self._assert_free(nodes, shape)  # refusals reserved nothing
+            for platforms in ([], [arm], [amd, arm], [Platform.parse("linux/aarch64")]):
+                admission = await self._admit(nodes, "arm-1", MiB, platforms)
+                assert await nodes.release("arm-1", admission.reservation_id) is True
+
+        self._run([shape], check)
+
+    def test_nodes_are_independent(self) -> None:
+        shapes = [NodeShape("n1", mem=128 * MiB), NodeShape("n2", mem=128 * MiB)]
+
+        async def check(nodes: NodeClient) -> None:
+            await self._admit(nodes, "n1", 128 * MiB)
+            await self._assert_full(nodes, "n1")
+            await self._assert_free(nodes, shapes[1])
+
+        self._run(shapes, check)
+
+    # -- binding and releasing ---------------------------------------------------------------
+    def test_release_frees_and_is_idempotent(self) -> None:
+        shape = NodeShape("n1", mem=128 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            await self._assert_full(nodes, "n1")
+            assert await nodes.release("n1", admission.reservation_id) is True
+            assert await nodes.release("n1", admission.reservation_id) is False
+            assert await nodes.release("n1", "no-such-reservation") is False
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_bound_reservation_lives_as_long_as_its_owner(self) -> None:
+        clock = FakeClock()
+        shape = NodeShape("n1", mem=128 * MiB, clock=clock)
+
+        async def check(nodes: NodeClient) -> None:
+            owner = ManualOwner()
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            await nodes.bind("n1", admission.reservation_id, owner)
+            clock.advance(10 * self.lease_ttl_s)  # bound: the lease deadline no longer applies
+            await self._assert_full(nodes, "n1")
+            owner.end()
+            await self._assert_free(nodes, shape)
+            assert await nodes.release("n1", admission.reservation_id) is False
+
+        self._run([shape], check)
+
+    def test_release_of_a_bound_reservation(self) -> None:
+        shape = NodeShape("n1", mem=128 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            owner = ManualOwner()
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            await nodes.bind("n1", admission.reservation_id, owner)
+            assert await nodes.release("n1", admission.reservation_id) is True
+            assert await nodes.release("n1", admission.reservation_id) is False
+            await self._assert_free(nodes, shape)
+            owner.end()  # the owner's later end releases nothing else
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_unbound_lease_expires_on_the_node_clock(self) -> None:
+        clock = FakeClock()
+        shape = NodeShape("n1", mem=128 * MiB, clock=clock)
+
+        async def check(nodes: NodeClient) -> None:
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            clock.advance(self.lease_ttl_s / 2)
+            await self._assert_full(nodes, "n1")
+            clock.advance(self.lease_ttl_s / 2)  # the deadline
+            # Nothing has looked at the node since: the late bind itself must see the expiry.
+            refused = await self._refusal(nodes.bind("n1", admission.reservation_id, ManualOwner()))
+            assert (refused.reason, refused.node) == ("lease_expired", "n1")
+            assert await nodes.release("n1", admission.reservation_id) is False
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_expired_lease_is_released_before_anything_else_reads_it(self) -> None:
+        clock = FakeClock()
+        shape = NodeShape("n1", mem=128 * MiB, clock=clock)
+
+        async def check(nodes: NodeClient) -> None:
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            clock.advance(self.lease_ttl_s)
+            assert await nodes.release("n1", admission.reservation_id) is False
+            refused = await self._refusal(nodes.bind("n1", admission.reservation_id, "w-1"))
+            assert refused.reason == "lease_expired"
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_bind_to_a_reservation_the_node_does_not_hold_is_lease_expired(self) -> None:
+        async def check(nodes: NodeClient) -> None:
+            for owner in (ManualOwner(), "some-workload"):
+                refused = await self._refusal(nodes.bind("n1", "no-such-reservation", owner))
+                assert (refused.reason, refused.node) == ("lease_expired", "n1")
+            admission = await self._admit(nodes, "n1", MiB)
+            assert await nodes.release("n1", admission.reservation_id) is True
+            refused = await self._refusal(nodes.bind("n1", admission.reservation_id, ManualOwner()))
+            assert refused.reason == "lease_expired"
+
+        self._run([NodeShape("n1")], check)
+
+    def test_bind_to_a_workload_the_node_does_not_run_is_unknown_workload(self) -> None:
+        shape = NodeShape("n1", mem=128 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            refused = await self._refusal(
+                nodes.bind("n1", admission.reservation_id, "no-such-workload")
+            )
+            assert (refused.reason, refused.node) == ("unknown_workload", "n1")
+            await self._assert_full(nodes, "n1")  # the reservation is kept, still leased
+            owner = ManualOwner()
+            await nodes.bind("n1", admission.reservation_id, owner)
+            owner.end()
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_bind_to_a_workload_id(self) -> None:
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+        shape = NodeShape("n1", mem=256 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            workload_id = await self.start_workload(nodes, "n1")
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            await nodes.bind("n1", admission.reservation_id, workload_id)
+            await self.stop_workload(nodes, "n1", workload_id)
+            assert await nodes.release("n1", admission.reservation_id) is False
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    # -- failures of the call ----------------------------------------------------------------
+    def test_unknown_node_is_unavailable(self) -> None:
+        async def check(nodes: NodeClient) -> None:
+            calls: list[Awaitable[object]] = [
+                self._admit(nodes, "ghost", MiB),
+                nodes.bind("ghost", "r1", ManualOwner()),
+                nodes.bind("ghost", "r1", "w-1"),
+                nodes.release("ghost", "r1"),
+            ]
+            for call in calls:
+                with pytest.raises(Unavailable):
+                    await call
+
+        self._run([NodeShape("n1")], check)
+
+    def test_malformed_lease_ttl_is_invalid_and_reserves_nothing(self) -> None:
+        shape = NodeShape("n1", mem=128 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            for ttl in (0, 0.0, -1.0, math.nan):
+                with pytest.raises(Invalid) as caught:
+                    await nodes.admit("n1", _spec(MiB), lease_ttl_s=ttl)
+                assert caught.value.field == "lease_ttl_s", caught.value
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)

@@ -1,0 +1,144 @@
+"""Every node-client driver passes the port's contract; then driver specifics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import pytest
+
+from berth.errors import Unavailable
+from berth.model import Spec
+from berth.node.agent import Agent
+from berth.node.runtime import BootSpec, FakeRuntime
+from berth.nodeclient.agents import AgentNodes
+from berth.nodeclient.local import LocalNodes
+from berth.nodeclient.port import NodeClient
+from berth.nodeclient.recording import RecordingNodes
+from berth.ownership import Refused
+from berth.platform import Platform
+from berth.store.memory import MemoryStore
+from berth.testing.nodeclient_contract import NodeClientContract, NodeShape
+
+MiB = 2**20
+WORKLOAD_SPEC = Spec(vcpus=0.01, mem=MiB, disk=MiB)
+
+
+def local_nodes(shapes: Sequence[NodeShape]) -> LocalNodes:
+    return LocalNodes({shape.name: shape.budget() for shape in shapes})
+
+
+class TestLocalNodesContract(NodeClientContract):
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[NodeClient]:
+            yield local_nodes(shapes)
+
+        return opened()
+
+
+class TestRecordingNodesContract(NodeClientContract):
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[NodeClient]:
+            yield RecordingNodes(local_nodes(shapes))
+
+        return opened()
+
+
+class TestAgentNodesContract(NodeClientContract):
+    """Agents that are not started (no advertiser): the port must not rely on their loops."""
+
+    runs_workloads = True
+
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[NodeClient]:
+            store = MemoryStore()
+            agents = [
+                Agent(shape.name, shape.platform, shape.budget(), store, FakeRuntime())
+                for shape in shapes
+            ]
+            yield AgentNodes({agent.name: agent for agent in agents})
+
+        return opened()
+
+    async def start_workload(self, nodes: NodeClient, node: str) -> str:
+        assert isinstance(nodes, AgentNodes)
+        return await nodes.try_run(node, WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+
+    async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
+        assert isinstance(nodes, AgentNodes)
+        await nodes.stop(node, workload_id)
+
+
+class TestStartedAgentNodesContract(TestAgentNodesContract):
+    """The same agents advertising (reaping leases on their heartbeat) while the suite runs."""
+
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[NodeClient]:
+            store = MemoryStore()
+            agents = [
+                Agent(shape.name, shape.platform, shape.budget(), store, FakeRuntime())
+                for shape in shapes
+            ]
+            for agent in agents:
+                await agent.start()
+            try:
+                yield AgentNodes({agent.name: agent for agent in agents})
+            finally:
+                for agent in agents:
+                    await agent.stop()
+
+        return opened()
+
+
+# --- driver specifics ------------------------------------------------------------------------
+
+
+def test_recording_nodes_note_every_refusal_and_clear() -> None:
+    shapes = [NodeShape("small", mem=MiB), NodeShape("arm", Platform.parse("linux/arm64"))]
+    nodes = RecordingNodes(local_nodes(shapes))
+    spec = Spec(vcpus=0.01, mem=2 * MiB, disk=1)
+
+    async def scenario() -> None:
+        with pytest.raises(Refused):
+            await nodes.admit("small", spec, lease_ttl_s=5)
+        with pytest.raises(Refused):
+            await nodes.admit("arm", spec, lease_ttl_s=5, platforms=(shapes[0].platform,))
+        with pytest.raises(Refused):
+            await nodes.bind("arm", "r404", "w")
+        with pytest.raises(Unavailable):  # not a node's refusal: not noted
+            await nodes.admit("ghost", spec, lease_ttl_s=5)
+        assert nodes.refusals == [
+            ("small", "mem_exhausted"),
+            ("arm", "platform_mismatch"),
+            ("arm", "lease_expired"),
+        ]
+        nodes.clear()
+        assert nodes.refusals == []
+
+    asyncio.run(scenario())
+
+
+def test_discarded_node_answers_unavailable() -> None:
+    local = local_nodes([NodeShape("a")])
+    agents = AgentNodes()
+    agent = Agent("a", "linux/amd64", NodeShape("a").budget(), MemoryStore(), FakeRuntime())
+    agents.add(agent)
+
+    async def scenario(nodes: LocalNodes | AgentNodes) -> None:
+        admission = await nodes.admit("a", WORKLOAD_SPEC, lease_ttl_s=5)
+        nodes.discard("a")
+        nodes.discard("a")  # idempotent
+        for call in (
+            nodes.admit("a", WORKLOAD_SPEC, lease_ttl_s=5),
+            nodes.release("a", admission.reservation_id),
+        ):
+            with pytest.raises(Unavailable, match="'a'"):
+                await call
+
+    asyncio.run(scenario(local))
+    asyncio.run(scenario(agents))

@@ -2,9 +2,11 @@
 
 Between two attempts the walk awaits, and meanwhile nodes leave, others join (reusing a
 departed node's engine slot) and the engine compacts.  The walk must still try exactly the
-nodes of its original ranking: never a newcomer, never a platform the request excluded; a
-node that left answers ``Unavailable`` and is reported as such.  Also: an ``Invalid`` from an
-attempt is not a refusal, it propagates.
+nodes of its original ranking, in order, never a platform the request excluded; a node that
+left answers ``Unavailable`` and is reported as such.  Only when every one of them has said
+no does ``place()`` rank again, and then it tries the nodes it has not tried yet (the amd64
+newcomer), never one twice.  Also: an ``Invalid`` from an attempt is not a refusal, it
+propagates.
 """
 
 from __future__ import annotations
@@ -134,7 +136,9 @@ def test_walk_keeps_its_colocated_bytes_for_the_node_it_confirms(ranker: RankerN
 
 
 @pytest.mark.parametrize("ranker", RANKERS)
-def test_walk_where_all_refuse_tries_only_the_original_nodes(ranker: RankerName) -> None:
+def test_walk_where_all_refuse_tries_the_original_nodes_then_the_newcomer(
+    ranker: RankerName,
+) -> None:
     walk = Walk(ranker)
 
     async def attempt(node: str) -> str:
@@ -144,7 +148,7 @@ def test_walk_where_all_refuse_tries_only_the_original_nodes(ranker: RankerName)
 
     with pytest.raises(NoCapacity) as caught:
         asyncio.run(walk.scheduler.place(SPEC, LAYERS, attempt, AMD64))
-    assert walk.tried == Walk.ORIGINAL
+    assert walk.tried == [*Walk.ORIGINAL, "0-amd"]  # the re-rank's only untried node
     reasons = caught.value.reasons
     assert {node: reasons[node] for node in ("a", "b", "d", "e")} == {
         "a": "boot_failed",
@@ -152,7 +156,7 @@ def test_walk_where_all_refuse_tries_only_the_original_nodes(ranker: RankerName)
         "d": "cpu_saturated",
         "e": "cpu_saturated",
     }
-    # The newcomer and the other arm64 node were never tried: filtered out by platform.
+    # The arm64 newcomer and the other arm64 node were never tried: filtered by platform.
     assert reasons["0-arm"] == reasons["arm-1"] and "platform" in reasons["arm-1"]
 
 
@@ -188,7 +192,7 @@ def test_preferred_node_walk_also_keeps_its_ranking(ranker: RankerName) -> None:
 
     with pytest.raises(NoCapacity):
         asyncio.run(walk.scheduler.place(SPEC, LAYERS, attempt, AMD64, preferred_node="d"))
-    assert walk.tried == ["d", "a", "b", "c", "e"]
+    assert walk.tried == ["d", "a", "b", "c", "e", "0-amd"]
 
 
 # --- the ranking value itself ----------------------------------------------------------------

@@ -1,9 +1,14 @@
 """berth — decides which node runs each workload, and makes the decision stick.
 
-The public API lives here; submodules are organised by architecture: ``scheduler`` (the
-placement port, its drivers, the rankers and policies), ``node`` (a node's authoritative
-budget, monitors, layers, runtime and agent), ``cluster`` (the replicated state store, the
-node client port and the embedded cluster), ``sim`` (workloads and the simulator).
+The public API lives here; submodules are organised by architecture, each port in its own
+module with its drivers beside it and its contract suite in ``berth.testing``:
+``scheduler`` (the placement port, its drivers, the rankers, the assume cache and the
+policies), ``store`` (the replicated node-state store port and its drivers), ``nodeclient``
+(the port a scheduler reaches a node's admission through, and its drivers), ``node`` (a
+node's authoritative budget, layers, runtime port and drivers, monitors, configuration and
+agent), ``embedded`` (the whole system wired in one process), ``sim`` (workloads and the
+simulator).  Shared vocabulary sits at the top: ``model`` (requests, specs, placements),
+``state`` (node snapshots), ``ownership`` (owners, leases, refusals), ``errors``.
 """
 
 from berth.embedded import EmbeddedCluster
@@ -13,7 +18,7 @@ from berth.node.agent import Agent
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.node.config import AgentConfig, load_config
 from berth.nodeclient import AgentNodes, LocalNodes, NodeClient
-from berth.ownership import Lease, Refused
+from berth.ownership import Admission, Lease, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler import Scheduler, SingleNode
 from berth.scheduler.multinode import ClusterScheduler, Confirmed
@@ -24,6 +29,7 @@ from berth.units import format_bandwidth, format_information, parse_bandwidth, p
 
 __all__ = [
     "INSTANCE_TYPES",
+    "Admission",
     "Agent",
     "AgentConfig",
     "AgentNodes",
@@ -42,6 +48,7 @@ __all__ = [
     "NodeBudget",
     "NodeClient",
     "NodeState",
+    "Owner",
     "Placement",
     "Platform",
     "Refused",

@@ -1,18 +1,34 @@
-"""The cluster driver: rank nodes by layer colocation, confirm through the node's admission.
+"""The multi-node driver: rank nodes by layer colocation, confirm through the node's admission.
 
 This is the seed's ``Hyper.Cluster.Scheduler`` behind berth's placement port:
 
-* ``candidates(spec, layers)`` — from this scheduler's replica of the node snapshots (fed by
+* ``candidates(spec, layers)`` — from this scheduler's view of the node snapshots (fed by
   the state store), the nodes that fit, most colocated bytes first (ties by node name);
 * ``place(spec, layers, attempt)`` — walk the candidates in rank order calling
-  ``attempt(node)`` — the authoritative confirmation — until one succeeds; every refusal is
-  logged with its node and *real* reason (a boot failure on the only candidate is not reported
-  as lack of capacity) and kept in the ``NoCapacity`` raised when all refuse;
-* ``run(spec, layers, start, stop)`` — place and boot: on each candidate, ``start`` the
+  ``attempt(node)`` — the authoritative confirmation — until one succeeds.  A node's
+  ``Refused`` or ``Unavailable`` moves the walk on, logged with its node and *real* reason
+  (a boot failure on the only candidate is not reported as lack of capacity) and kept in the
+  ``NoCapacity`` raised when all say no; anything else (an ``Invalid`` call) propagates;
+* ``run(spec, layers, start, stop)`` — place and boot: on each candidate ``start`` the
   workload, admit with the started workload as owner, and ``stop`` it if admission loses a
   race (the node filled up since its snapshot);
 * ``schedule(request)`` — the port: confirm by admitting under a lease that the caller later
-  binds to the workload (``NodeClient.bind``) or releases; an unbound lease expires.
+  binds to the workload (:meth:`ClusterScheduler.bind`) or releases
+  (:meth:`ClusterScheduler.release`); an unbound lease expires on the node.
+
+**A ranking is a value.**  The walk awaits each node's answer; meanwhile nodes may leave,
+join, or the engine may renumber its slots.  The ranking the walk follows was fixed when it
+was made (names and colocated bytes), so the walk visits exactly the nodes it was given; a
+node that left answers ``Unavailable``.  Admission re-checks everything the ranking assumed —
+capacity *and* platform (``platform_mismatch``) — so a stale ranking costs a retry, never a
+wrong placement.
+
+**Assume.**  After a node admits, the scheduler applies the reservation to its own view of
+that node at once (:mod:`berth.scheduler.assume`): free memory and disk down, the request's
+layers counted as arriving, until a snapshot from the node covers it (``admitted >= seq``),
+a release or failed bind undoes it, or it expires.  A scheduler thus never collides with its
+own recent placements, however stale its snapshots (``assume=False`` turns this off, for
+comparison).
 
 Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
 A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first.
@@ -22,6 +38,7 @@ every node's reason) when some does but none fits or all refuse, or the cluster 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -46,6 +63,10 @@ from berth.store.port import StateEvent, StateStore
 __all__ = ["ClusterScheduler", "Confirmed"]
 
 log = logging.getLogger("berth.scheduler")
+
+MAX_PASSES = 3
+"""Rankings one ``place()`` walks at most: the first, and re-rankings that found untried
+nodes after the previous pass was exhausted (the view changed during the walk)."""
 
 T = TypeVar("T")
 W = TypeVar("W", bound=Owner)
@@ -96,8 +117,6 @@ class ClusterScheduler:
             self.ranker = ReferenceRanker()
         else:
             self.ranker = ranker
-        if policy is not None and not isinstance(self.ranker, Engine):
-            raise ValueError("policies other than the seed's need the engine ranker")
         self.assumed: AssumeCache | None = (
             AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
         )
@@ -154,14 +173,21 @@ class ClusterScheduler:
             self._refresh(node)
 
     async def bind(self, placement: Placement, owner: Owner | str) -> None:
-        """Bind ``placement``'s lease to the workload (``NodeClient.bind``); on refusal the
-        assumption is undone and the ``Refused`` propagates."""
+        """Bind ``placement``'s lease to the workload (``NodeClient.bind``).
+
+        A bind that fails leaves nothing behind: the reservation is released on the node
+        (best effort — it would expire anyway) and the assumption undone, so node and view
+        agree; then the error propagates.
+        """
         if placement.reservation_id is None:
             return
+        node, reservation_id = placement.worker_node, placement.reservation_id
         try:
-            await self.nodes.bind(placement.worker_node, placement.reservation_id, owner)
+            await self.nodes.bind(node, reservation_id, owner)
         except BaseException:
-            self.forget(placement.worker_node, placement.reservation_id)
+            self.forget(node, reservation_id)
+            with contextlib.suppress(Refused, Unavailable):
+                await self.nodes.release(node, reservation_id)
             raise
 
     async def release(self, placement: Placement) -> bool:
@@ -205,9 +231,7 @@ class ClusterScheduler:
     ) -> Ranking:
         self._expire_assumptions()
         self._check_platforms(platforms)
-        if isinstance(self.ranker, Engine):
-            return self.ranker.rank(spec, layers, platforms, self.policy)
-        return self.ranker.rank(spec, layers, platforms)
+        return self.ranker.rank(spec, layers, platforms, self.policy)
 
     async def place(
         self,
@@ -221,21 +245,32 @@ class ClusterScheduler:
 
         A node's ``Refused`` or ``Unavailable`` moves the walk on (and is reported in
         ``NoCapacity`` if every node says no); any other error — an ``Invalid`` call, a bug —
-        propagates at once.  The walk follows the ranking made before the first ``await``:
-        nodes that join meanwhile are not tried, nodes that left answer ``Unavailable``.
+        propagates at once.  Each pass follows a ranking made before its first ``await``:
+        nodes that leave meanwhile answer ``Unavailable``.  When a pass is exhausted, the view
+        is ranked again; nodes that fit now and were not yet tried (they joined, or their
+        snapshot changed, during the walk) get a further pass, up to ``MAX_PASSES`` in all.
         """
         layers, platforms = _checked(layers, platforms)
-        ranking = self._rank(spec, layers, platforms)
         refusals: dict[str, str] = {}
-        for index, node in self._walk(ranking, preferred_node):
-            try:
-                result = await attempt(node)
-            except (Refused, Unavailable) as error:
-                reason = _reason(error)
-                log.info("node %s refused %s: %s", node, _what(spec), reason)
-                refusals[node] = reason
-                continue
-            return Confirmed(node, result, index, ranking.colocated(index), tuple(refusals.items()))
+        for _ in range(MAX_PASSES):
+            ranking = self._rank(spec, layers, platforms)
+            untried = 0
+            for index, node in self._walk(ranking, preferred_node):
+                if node in refusals:
+                    continue
+                untried += 1
+                try:
+                    result = await attempt(node)
+                except (Refused, Unavailable) as error:
+                    reason = _reason(error)
+                    log.info("node %s refused %s: %s", node, _what(spec), reason)
+                    refusals[node] = reason
+                    continue
+                return Confirmed(
+                    node, result, index, ranking.colocated(index), tuple(refusals.items())
+                )
+            if not untried:
+                break
         raise self._no_capacity(spec, layers, platforms, refusals)
 
     async def run(

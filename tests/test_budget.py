@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from berth import Invalid, Spec
+from berth import Invalid, Platform, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.ownership import Lease, Refused
 
@@ -101,6 +101,35 @@ def test_soft_checks_read_live_load(load: StaticLoad, asked: Spec, reason: str) 
     assert budget.reservations() == []  # nothing reserved by a refused admission
     load.cpu_load = load.disk_bw_load = load.net_bw_load = 0.0
     budget.admit(asked, Owned())  # the same request fits once the load drops
+
+
+def test_checks_run_in_table_order_hard_before_soft() -> None:
+    """Admission walks the one table (platform, hard, β_max, soft); it used to judge soft first."""
+    budget = NodeBudget(
+        limits(cpu_overcommit=0.25), StaticLoad(cpu_load=1.0), platform="linux/amd64"
+    )
+    asked = spec(mem=5 * GiB, vcpus=2)  # fails memory, the β_max ceiling and the load
+    for platforms, reason in ((["linux/arm64"], "platform_mismatch"), ([], "mem_exhausted")):
+        with pytest.raises(Refused) as caught:
+            budget.admit(asked, Owned(), [Platform.parse(p) for p in platforms])
+        assert caught.value.reason == reason
+    with pytest.raises(Refused, match="cpu_overcommitted"):
+        budget.admit(spec(vcpus=2), Owned())
+    with pytest.raises(Refused, match="cpu_saturated"):
+        budget.admit(spec(vcpus=1), Owned())
+
+
+def test_reserve_judges_only_what_reservations_hold() -> None:
+    budget = NodeBudget(
+        limits(cpu_overcommit=0.5), StaticLoad(cpu_load=1.0), platform="linux/amd64"
+    )
+    budget.reserve(spec(vcpus=2), Owned())  # a saturated node: reserve skips the live load
+    with pytest.raises(Refused) as caught:
+        budget.reserve(spec(vcpus=1), Owned())
+    assert caught.value.reason == "cpu_overcommitted"
+    assert caught.value.detail == "2 + 1 vcpus reserved > ceiling 2"
+    with pytest.raises(Refused, match="mem_exhausted"):
+        budget.reserve(spec(mem=4 * GiB, vcpus=0.001), Owned())
 
 
 def test_soft_edge_is_inclusive() -> None:

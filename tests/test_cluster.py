@@ -205,7 +205,7 @@ def test_no_capacity_message_summarises_every_node() -> None:
     assert "3 insufficient memory" in message
     assert "1 platform linux/amd64 not offered" in message
     assert "1 cpu saturated" in message
-    assert caught.value.reasons["arm"] == "platform_not_offered"
+    assert caught.value.reasons["arm"] == "platform_mismatch"
     assert all(budget.reservations() == [] for budget in cluster.budgets.values())
 
 
@@ -256,7 +256,7 @@ def test_explain_gives_every_verdict_with_rank() -> None:
     assert table == [
         ("a", "fits", 7, 0),
         ("b", "fits", 0, 1),
-        ("arm", "platform_not_offered", 0, None),
+        ("arm", "platform_mismatch", 0, None),
         ("full", "mem_exhausted", 0, None),
     ]
     assert explanation.summary() == (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from berth import Invalid, Layer, Spec
+from berth import Invalid, Layer, Platform, Spec
 from berth.state import NodeState, Overcommit, colocation_score, first_failed_check, fits
 from berth.testing.store_contract import sample_state
 
@@ -59,6 +59,16 @@ def test_each_check_refuses_one_past_the_edge(changes: dict[str, object], reason
 def test_hard_checks_come_before_soft_ones() -> None:
     both = spec(mem=5 * GiB, vcpus=100)
     assert first_failed_check(node(), both) == "mem_exhausted"
+
+
+def test_the_platform_comes_first_and_alone_without_a_spec() -> None:
+    amd64, arm64 = Platform.parse("linux/amd64"), Platform.parse("linux/arm64")
+    full = node(mem_free=0)
+    assert full.platform == amd64
+    assert first_failed_check(full, spec(), [arm64]) == "platform_mismatch"
+    assert first_failed_check(full, spec(), [arm64, amd64]) == "mem_exhausted"
+    assert first_failed_check(full, None, [amd64]) is None  # no spec: the platform only
+    assert fits(full, None) and not fits(full, None, [arm64])
 
 
 def test_overcommit_stage_sits_between_hard_and_soft() -> None:

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import psutil
 
+from berth.checks import describe_reason
 from berth.errors import BerthError, Invalid
-from berth.state import describe_reason
 
 __all__ = [
     "Admission",

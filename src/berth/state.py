@@ -5,67 +5,45 @@ Every node advertises a ``NodeState``; snapshots are replicated to every schedul
 to filter and rank; the node's own admission (:mod:`berth.node.budget`) is the sole
 authority, so a node that no longer fits simply refuses at confirmation time.
 
-The snapshot carries load *and* ceilings, so fit is judged without the target's config:
+The snapshot carries load *and* ceilings, so fit is judged without the target's config: a
+``NodeState`` is a :class:`berth.checks.NodeView` (its ``oc_*`` properties flatten the
+optional β_max stage, DESIGN.md §1.3, an absent ceiling reading ``+inf``), and
 
-``fits(state, spec)`` (the seed's predicate; ``<=`` everywhere, so an exact fill fits):
+``fits(state, spec)`` — the seed's predicate — walks the one table of checks,
+:data:`berth.checks.CHECKS` (platform, hard ``mem``/``disk``, β_max ceilings, soft load;
+``<=`` everywhere, so an exact fill fits), the same table node admission and the engine walk.
 
-* hard:  ``spec.mem <= mem_free`` and ``spec.disk <= disk_free``;
-* over-commit (only when the node configures the β_max stage, DESIGN.md §1.3):
-  ``reserved_β + spec.β <= ceiling_β`` for β in vcpus, disk_bw, net_bw;
-* soft:  ``cpu_load + spec.vcpus / cpu_capacity <= cpu_max_load``,
-  ``disk_bw_load + spec.disk_bw <= disk_bw_ceiling``,
-  ``net_bw_load + spec.net_bw <= net_bw_ceiling``.
+``first_failed_check`` returns the reason code of the first check that fails (``mem_exhausted``
+…), shared with node admission, so explanations and refusals speak the same language.
 
 ``colocation_score(state, layers) = Σ size(L)`` over the request's layers ``L`` whose id the
 node advertises as mounted.
-
-``first_failed_check`` returns the first check that fails, in the order above, as a reason
-code shared with node admission (``mem_exhausted`` …), so explanations and refusals speak the
-same language.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Sequence
 from typing import Annotated
 
 from pydantic import Field, StrictInt
 
+from berth.checks import CHECKS, Check, Demand, first_failed
 from berth.model import Layer, Spec
 from berth.platform import Platform
 from berth.validation import BerthModel
 
 __all__ = [
-    "REASONS",
     "NodeState",
     "Overcommit",
     "colocation_score",
-    "describe_reason",
     "first_failed_check",
     "fits",
-    "soft_check",
 ]
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-
-REASONS: Mapping[str, str] = {
-    "mem_exhausted": "insufficient memory",
-    "disk_exhausted": "insufficient disk",
-    "cpu_overcommitted": "cpu over-commit ceiling reached",
-    "disk_bw_overcommitted": "disk bandwidth over-commit ceiling reached",
-    "net_bw_overcommitted": "network bandwidth over-commit ceiling reached",
-    "cpu_saturated": "cpu saturated",
-    "disk_bw_saturated": "disk bandwidth saturated",
-    "net_bw_saturated": "network bandwidth saturated",
-}
-"""Reason codes of a failed check (snapshot filter and node admission alike) → phrase."""
-
-
-def describe_reason(code: str) -> str:
-    """The human phrase for a reason code (unknown codes are returned as they are)."""
-    return REASONS.get(code, code)
 
 
 class Overcommit(BerthModel):
@@ -83,19 +61,6 @@ class Overcommit(BerthModel):
     disk_bw_ceiling: NonNegativeFloat | None = None
     net_bw_reserved: NonNegativeFloat = 0.0
     net_bw_ceiling: NonNegativeFloat | None = None
-
-    def first_failed_check(self, vcpus: float, disk_bw: int, net_bw: int) -> str | None:
-        """The reason code of the first exceeded ceiling, or ``None``."""
-        if self.vcpus_ceiling is not None and self.vcpus_reserved + vcpus > self.vcpus_ceiling:
-            return "cpu_overcommitted"
-        if (
-            self.disk_bw_ceiling is not None
-            and self.disk_bw_reserved + disk_bw > self.disk_bw_ceiling
-        ):
-            return "disk_bw_overcommitted"
-        if self.net_bw_ceiling is not None and self.net_bw_reserved + net_bw > self.net_bw_ceiling:
-            return "net_bw_overcommitted"
-        return None
 
 
 class NodeState(BerthModel):
@@ -141,57 +106,63 @@ class NodeState(BerthModel):
         """``disk_max`` when advertised, else the free disk."""
         return self.disk_max if self.disk_max is not None else self.disk_free
 
+    # The β_max stage flattened for the checks (berth.checks.NodeView): a node that does not
+    # run the stage, or leaves a resource unbounded, has nothing reserved against +inf.
+    @property
+    def oc_vcpus_reserved(self) -> float:
+        over = self.overcommit
+        return 0.0 if over is None else over.vcpus_reserved
 
-def first_failed_check(state: NodeState, spec: Spec) -> str | None:
-    """The reason code of the first check ``spec`` fails on ``state``; ``None`` if it fits."""
-    if spec.mem > state.mem_free:
-        return "mem_exhausted"
-    if spec.disk > state.disk_free:
-        return "disk_exhausted"
-    if state.overcommit is not None:
-        reason = state.overcommit.first_failed_check(spec.vcpus, spec.disk_bw, spec.net_bw)
-        if reason is not None:
-            return reason
-    return soft_check(
-        spec,
-        cpu_load=state.cpu_load,
-        cpu_capacity=state.cpu_capacity,
-        cpu_max_load=state.cpu_max_load,
-        disk_bw_load=state.disk_bw_load,
-        disk_bw_ceiling=state.disk_bw_ceiling,
-        net_bw_load=state.net_bw_load,
-        net_bw_ceiling=state.net_bw_ceiling,
-    )
+    @property
+    def oc_vcpus_ceiling(self) -> float:
+        over = self.overcommit
+        return math.inf if over is None or over.vcpus_ceiling is None else over.vcpus_ceiling
+
+    @property
+    def oc_disk_bw_reserved(self) -> float:
+        over = self.overcommit
+        return 0.0 if over is None else over.disk_bw_reserved
+
+    @property
+    def oc_disk_bw_ceiling(self) -> float:
+        over = self.overcommit
+        return math.inf if over is None or over.disk_bw_ceiling is None else over.disk_bw_ceiling
+
+    @property
+    def oc_net_bw_reserved(self) -> float:
+        over = self.overcommit
+        return 0.0 if over is None else over.net_bw_reserved
+
+    @property
+    def oc_net_bw_ceiling(self) -> float:
+        over = self.overcommit
+        return math.inf if over is None or over.net_bw_ceiling is None else over.net_bw_ceiling
 
 
-def soft_check(
-    spec: Spec,
+def first_failed_check(
+    state: NodeState,
+    spec: Spec | None,
+    platforms: Sequence[Platform] = (),
     *,
-    cpu_load: float,
-    cpu_capacity: float,
-    cpu_max_load: float,
-    disk_bw_load: float,
-    disk_bw_ceiling: float,
-    net_bw_load: float,
-    net_bw_ceiling: float,
+    checks: Sequence[Check] = CHECKS,
 ) -> str | None:
-    """The soft checks, shared by the snapshot filter and the node's live admission.
+    """The reason code of the first check ``state`` fails (``None`` if it fits).
 
-    ``cpu_load + vcpus / cpu_capacity <= cpu_max_load``, ``disk_bw_load + disk_bw <=
-    disk_bw_ceiling``, ``net_bw_load + net_bw <= net_bw_ceiling``; the first that fails.
+    ``spec=None`` asks only about the platform; ``platforms`` empty accepts any.
     """
-    if cpu_load + spec.vcpus / cpu_capacity > cpu_max_load:
-        return "cpu_saturated"
-    if disk_bw_load + spec.disk_bw > disk_bw_ceiling:
-        return "disk_bw_saturated"
-    if net_bw_load + spec.net_bw > net_bw_ceiling:
-        return "net_bw_saturated"
-    return None
+    failed = first_failed(state, Demand.of(spec, platforms), checks)
+    return None if failed is None else failed.code
 
 
-def fits(state: NodeState, spec: Spec) -> bool:
-    """The seed's ``fits/2``: hard headroom, then the soft load ceilings (all ``<=``)."""
-    return first_failed_check(state, spec) is None
+def fits(
+    state: NodeState,
+    spec: Spec | None,
+    platforms: Sequence[Platform] = (),
+    *,
+    checks: Sequence[Check] = CHECKS,
+) -> bool:
+    """The seed's ``fits/2`` (and the platform): every check of the table passes."""
+    return first_failed(state, Demand.of(spec, platforms), checks) is None
 
 
 def colocation_score(state: NodeState, layers: Iterable[Layer]) -> int:

@@ -15,9 +15,13 @@ refused.  Two kinds of budget per workload (DESIGN.md §1.3):
   Optionally (the β_max stage) the *reserved* soft sums are bounded too:
   ``Σ reserved β + spec.β <= k_max * total``.
 
-``admit(spec, owner)`` = the live soft check, then the atomic hard (and β_max) reservation.
-Refusals raise :class:`Refused` with a reason code: ``mem_exhausted``, ``disk_exhausted``,
-``cpu_saturated``, ``disk_bw_saturated``, ``net_bw_saturated``, ``*_overcommitted``.
+``admit(spec, owner, platforms)`` walks the one table of checks (:data:`berth.checks.CHECKS`
+— platform, hard, β_max, soft, in that order; the snapshot filter walks the same table) on a
+*live view* built under the lock — free amounts from the reserved sums, the readings as they
+are now — and reserves in the same step, so check and reservation are atomic.  A refusal
+raises :class:`Refused` with the failed check's reason code (``platform_mismatch``,
+``mem_exhausted``, ``disk_exhausted``, ``*_overcommitted``, ``*_saturated``) and its detail
+(``"134217728 B asked, 0 B free"``, ``"load 0.600 + 1/4 cores > 0.800"``).
 
 An *owner* is anything that can say when it has ended — it has ``add_done_callback`` (an
 asyncio task or future, a ``concurrent.futures.Future``, a runtime workload handle; an OS
@@ -30,6 +34,7 @@ from threads and from asyncio tasks alike: all state changes happen under one lo
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,10 +43,11 @@ from typing import Annotated, Protocol, runtime_checkable
 
 from pydantic import Field, StrictInt
 
+from berth.checks import CHECKS, HELD_STAGES, Check, Demand, NodeFigures, first_failed
 from berth.model import Spec
 from berth.ownership import Admission, Clock, Lease, Owner, Refused, has_ended
-from berth.platform import Platform, matches_any
-from berth.state import Overcommit, soft_check
+from berth.platform import Platform
+from berth.state import Overcommit
 from berth.validation import BerthModel
 
 __all__ = [
@@ -154,8 +160,11 @@ class NodeBudget:
         on_change: Callable[[], None] | None = None,
         clock: Clock = time.monotonic,
         platform: Platform | str | None = None,
+        checks: Sequence[Check] = CHECKS,
     ) -> None:
         self.limits = limits
+        # The fit rule admission enforces (the table the schedulers filter by).
+        self.checks = tuple(checks)
         # The platform this node runs; ``None`` (a bare budget in a test) runs anything.
         self.platform = None if platform is None else Platform.parse(platform, field="platform")
         self.readings = readings
@@ -176,50 +185,34 @@ class NodeBudget:
         self._listeners.append(listener)
 
     # -- admission ---------------------------------------------------------------------------
-    def soft_check(self, spec: Spec) -> str | None:
-        """The reason code of the first live soft check ``spec`` fails, or ``None``."""
-        limits, load = self.limits, self.readings
-        return soft_check(
-            spec,
-            cpu_load=load.cpu_load,
-            cpu_capacity=limits.cpu_capacity,
-            cpu_max_load=limits.cpu_max_load,
-            disk_bw_load=load.disk_bw_load,
-            disk_bw_ceiling=limits.disk_bw_ceiling,
-            net_bw_load=load.net_bw_load,
-            net_bw_ceiling=limits.net_bw_ceiling,
-        )
-
     def admit(self, spec: Spec, owner: Owner, platforms: Sequence[Platform] = ()) -> Reservation:
-        """Platform and soft checks, then the atomic hard reservation held for ``owner``.
+        """Every check of the table on the live view, then the reservation held for ``owner``.
 
         ``platforms`` are those the workload's artifact was built for (empty: any); a node
         that runs none of them refuses with ``platform_mismatch``.
         """
-        if self.platform is not None and not matches_any(self.platform, platforms):
-            wanted = ", ".join(str(platform) for platform in platforms)
-            raise Refused("platform_mismatch", f"node runs {self.platform}, asked for {wanted}")
-        reason = self.soft_check(spec)
-        if reason is not None:
-            raise Refused(reason, self._soft_detail(reason, spec))
-        return self.reserve(spec, owner)
+        return self._take(spec, owner, Demand.of(spec, platforms), self.checks)
 
     def reserve(self, spec: Spec, owner: Owner) -> Reservation:
-        """Atomically check and reserve the hard (and β_max) amounts of ``spec`` for ``owner``."""
+        """Only the checks on what reservations hold (hard and β_max), then the reservation.
+
+        For a caller that has judged platform and load itself; :meth:`admit` is the rule.
+        """
+        held = tuple(check for check in self.checks if check.stage in HELD_STAGES)
+        return self._take(spec, owner, Demand.of(spec), held)
+
+    def _take(
+        self, spec: Spec, owner: Owner, demand: Demand, checks: Sequence[Check]
+    ) -> Reservation:
+        """Judge ``demand`` by ``checks`` on the live view and reserve ``spec``, atomically."""
         self.reap()
         if has_ended(owner):
             raise Refused("owner_ended", "the workload ended before admission")
         with self._lock:
-            limits = self.limits
-            if self._mem_reserved + spec.mem > limits.mem_max:
-                raise Refused("mem_exhausted", f"{spec.mem} B asked, {self._free_mem()} B free")
-            if self._disk_reserved + spec.disk > limits.disk_max:
-                raise Refused("disk_exhausted", f"{spec.disk} B asked, {self._free_disk()} B free")
-            over = self._overcommit_locked()
-            if over is not None:
-                reason = over.first_failed_check(spec.vcpus, spec.disk_bw, spec.net_bw)
-                if reason is not None:
-                    raise Refused(reason)
+            view = self._view_locked()
+            failed = first_failed(view, demand, checks)
+            if failed is not None:
+                raise Refused(failed.code, failed.detail(view, demand))
             self._admitted += 1
             reservation = Reservation(
                 id=f"r{self._admitted}", spec=spec, owner=owner, seq=self._admitted
@@ -323,30 +316,46 @@ class NodeBudget:
         limits = self.limits
         if not limits.overcommit_enabled:
             return None
-
-        def ceiling(factor: float | None, total: float) -> float | None:
-            return None if factor is None else factor * total
-
         return Overcommit(
             vcpus_reserved=max(self._vcpus_reserved, 0.0),
-            vcpus_ceiling=ceiling(limits.cpu_overcommit, limits.cpu_capacity),
+            vcpus_ceiling=_ceiling(limits.cpu_overcommit, limits.cpu_capacity),
             disk_bw_reserved=self._disk_bw_reserved,
-            disk_bw_ceiling=ceiling(limits.disk_bw_overcommit, limits.disk_bw_cap),
+            disk_bw_ceiling=_ceiling(limits.disk_bw_overcommit, limits.disk_bw_cap),
             net_bw_reserved=self._net_bw_reserved,
-            net_bw_ceiling=ceiling(limits.net_bw_overcommit, limits.net_bw_cap),
+            net_bw_ceiling=_ceiling(limits.net_bw_overcommit, limits.net_bw_cap),
         )
 
-    def _soft_detail(self, reason: str, spec: Spec) -> str:
-        load, limits = self.readings, self.limits
-        if reason == "cpu_saturated":
-            return (
-                f"load {load.cpu_load:.3f} + {spec.vcpus:g}/{limits.cpu_capacity:g} cores "
-                f"> {limits.cpu_max_load:.3f}"
-            )
-        if reason == "disk_bw_saturated":
-            return f"{load.disk_bw_load:.0f} + {spec.disk_bw} B/s > {limits.disk_bw_ceiling:.0f}"
-        return f"{load.net_bw_load:.0f} + {spec.net_bw} B/s > {limits.net_bw_ceiling:.0f}"
+    def _view_locked(self) -> NodeFigures:
+        """What the checks judge: free amounts and β_max sums now, the readings as they are."""
+        limits, load = self.limits, self.readings
+        return NodeFigures(
+            platform=self.platform,
+            mem_free=self._free_mem(),
+            disk_free=self._free_disk(),
+            cpu_load=load.cpu_load,
+            cpu_capacity=limits.cpu_capacity,
+            cpu_max_load=limits.cpu_max_load,
+            disk_bw_load=load.disk_bw_load,
+            disk_bw_ceiling=limits.disk_bw_ceiling,
+            net_bw_load=load.net_bw_load,
+            net_bw_ceiling=limits.net_bw_ceiling,
+            oc_vcpus_reserved=max(self._vcpus_reserved, 0.0),
+            oc_vcpus_ceiling=_unbounded(_ceiling(limits.cpu_overcommit, limits.cpu_capacity)),
+            oc_disk_bw_reserved=self._disk_bw_reserved,
+            oc_disk_bw_ceiling=_unbounded(_ceiling(limits.disk_bw_overcommit, limits.disk_bw_cap)),
+            oc_net_bw_reserved=self._net_bw_reserved,
+            oc_net_bw_ceiling=_unbounded(_ceiling(limits.net_bw_overcommit, limits.net_bw_cap)),
+        )
 
     def _changed(self) -> None:
         for listener in list(self._listeners):
             listener()
+
+
+def _ceiling(factor: float | None, total: float) -> float | None:
+    """The β_max ceiling ``k_max * total``; ``None`` when the resource is unbounded."""
+    return None if factor is None else factor * total
+
+
+def _unbounded(ceiling: float | None) -> float:
+    return math.inf if ceiling is None else ceiling

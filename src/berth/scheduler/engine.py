@@ -4,9 +4,11 @@ Same answers as :mod:`~berth.scheduler.reference` (property tests hold them equa
 cost that grows gently with the cluster:
 
 * **Struct of arrays.**  Each snapshot field the filter reads is one NumPy column indexed by
-  a node *slot*; ``fits`` becomes a handful of vector comparisons over all slots.  The
-  expressions are the reference's, in the same order and in float64, so results agree bit for
-  bit (``cpu_load + vcpus / cpu_capacity <= cpu_max_load`` …; an absent over-commit ceiling is
+  a node *slot*; ``fits`` becomes the vectorised form of every check in the one table
+  (:data:`berth.checks.CHECKS`), a vector comparison or two per check over all slots into
+  preallocated scratch buffers.  Each check's vector and scalar forms evaluate the same
+  expression in the same order in float64, so results agree bit for bit with the reference
+  (``cpu_load + vcpus / cpu_capacity <= cpu_max_load`` …; an absent over-commit ceiling is
   ``+inf``).
 * **Layer → nodes index.**  Layer ids are interned to ints; for each layer the engine keeps
   the slots that mount it (a growable int32 buffer), plus a dense bitmap for layers on a
@@ -39,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from berth.checks import CHECKS, COLUMN_FIELDS, Check, Demand, NodeColumns, Scratch, narrow
 from berth.model import Layer, Spec
 from berth.platform import Platform
 from berth.scheduler.policy import SEED
 from berth.scheduler.ranking import Ranking
-from berth.state import NodeState, Overcommit
+from berth.state import NodeState
 
 if TYPE_CHECKING:
     from berth.scheduler.policy import Policy
@@ -315,18 +318,18 @@ _FLOAT_COLUMNS = (
 _INT_COLUMNS = ("generation", "mem_free", "disk_free", "mem_max", "disk_max")
 
 
-_NO_OVERCOMMIT = Overcommit()
-
-
-def _ceiling(value: float | None) -> float:
-    return np.inf if value is None else value
-
-
 class Engine:
     """The NumPy ranker (see the module docstring).  Thread-safe."""
 
-    def __init__(self, capacity: int = 64, *, compact_after: int | None = 64) -> None:
+    def __init__(
+        self,
+        capacity: int = 64,
+        *,
+        compact_after: int | None = 64,
+        checks: Sequence[Check] = CHECKS,
+    ) -> None:
         self._lock = threading.RLock()
+        self.checks = tuple(checks)  # the fit rule fit_mask applies (vectorised)
         # After ``compact_after`` rankings without a membership change, slots are renumbered
         # into name order (see :meth:`compact`); ``None`` never compacts.
         self.compact_after = compact_after
@@ -359,6 +362,7 @@ class Engine:
         self._positions: dict[type, npt.NDArray[Any]] = {}
         self._scratch_bool = np.zeros(self._capacity, dtype=bool)
         self._scratch_float = np.zeros(self._capacity, dtype=np.float64)
+        self._fit_views: tuple[NodeColumns, Scratch] | None = None  # see _fit_columns
 
     # -- updates -----------------------------------------------------------------------------
     def upsert(self, state: NodeState) -> None:
@@ -471,6 +475,7 @@ class Engine:
         self.cached.resize(capacity)
         self._scratch_bool = np.zeros(capacity, dtype=bool)
         self._scratch_float = np.zeros(capacity, dtype=np.float64)
+        self._fit_views = None  # they viewed the old arrays
         self._capacity = capacity
 
     def _untrack(self, slot: int) -> None:
@@ -499,17 +504,16 @@ class Engine:
         c["disk_bw_ceiling"][slot] = state.disk_bw_ceiling
         c["net_bw_load"][slot] = state.net_bw_load
         c["net_bw_ceiling"][slot] = state.net_bw_ceiling
-        over = state.overcommit
-        if over is None:
-            over = _NO_OVERCOMMIT  # columns of a reused slot must not keep old ceilings
-        else:
+        if state.overcommit is not None:
             self._overcommitting.add(slot)
-        c["oc_vcpus_reserved"][slot] = over.vcpus_reserved
-        c["oc_disk_bw_reserved"][slot] = over.disk_bw_reserved
-        c["oc_net_bw_reserved"][slot] = over.net_bw_reserved
-        c["oc_vcpus_ceiling"][slot] = _ceiling(over.vcpus_ceiling)
-        c["oc_disk_bw_ceiling"][slot] = _ceiling(over.disk_bw_ceiling)
-        c["oc_net_bw_ceiling"][slot] = _ceiling(over.net_bw_ceiling)
+        # Written for every node (0 and +inf without the stage): a reused slot must not keep
+        # an old node's ceilings.
+        c["oc_vcpus_reserved"][slot] = state.oc_vcpus_reserved
+        c["oc_disk_bw_reserved"][slot] = state.oc_disk_bw_reserved
+        c["oc_net_bw_reserved"][slot] = state.oc_net_bw_reserved
+        c["oc_vcpus_ceiling"][slot] = state.oc_vcpus_ceiling
+        c["oc_disk_bw_ceiling"][slot] = state.oc_disk_bw_ceiling
+        c["oc_net_bw_ceiling"][slot] = state.oc_net_bw_ceiling
         self.mounted.set(slot, state.layers)
         self.cached.set(slot, state.cached_layers)
 
@@ -556,49 +560,32 @@ class Engine:
     def fit_mask(
         self, spec: Spec | None, platforms: Sequence[Platform] = ()
     ) -> npt.NDArray[np.bool_]:
-        """Per slot: live, runs one of ``platforms`` (empty: any) and ``fits(state, spec)``."""
+        """Per slot: live and passing every check of the table (``fits(state, spec, platforms)``).
+
+        Allocates only the returned mask: each check computes into the scratch buffers.
+        """
         with self._lock:
-            n = self._size
-            c = self.columns
-            fit = self.alive[:n].copy()
-            if platforms:
-                pids = [self._platform_ids[p] for p in platforms if p in self._platform_ids]
-                if not pids:
-                    fit[:] = False
-                    return fit
-                if len(pids) == 1:
-                    fit &= self.platform_id[:n] == pids[0]
-                else:
-                    fit &= np.isin(self.platform_id[:n], pids)
-            if spec is None:
-                return fit
-            # The reference's expressions, evaluated in place into scratch buffers (addition is
-            # commutative in IEEE arithmetic, so ``x + load`` is bit-identical to ``load + x``).
-            test, total = self._scratch_bool[:n], self._scratch_float[:n]
-            np.greater_equal(c["mem_free"][:n], spec.mem, out=test)
-            fit &= test
-            np.greater_equal(c["disk_free"][:n], spec.disk, out=test)
-            fit &= test
-            if self._overcommitting:
-                for resource, amount in (
-                    ("vcpus", spec.vcpus),
-                    ("disk_bw", spec.disk_bw),
-                    ("net_bw", spec.net_bw),
-                ):
-                    np.add(c[f"oc_{resource}_reserved"][:n], amount, out=total)
-                    np.less_equal(total, c[f"oc_{resource}_ceiling"][:n], out=test)
-                    fit &= test
-            np.divide(spec.vcpus, c["cpu_capacity"][:n], out=total)
-            np.add(total, c["cpu_load"][:n], out=total)
-            np.less_equal(total, c["cpu_max_load"][:n], out=test)
-            fit &= test
-            np.add(c["disk_bw_load"][:n], spec.disk_bw, out=total)
-            np.less_equal(total, c["disk_bw_ceiling"][:n], out=test)
-            fit &= test
-            np.add(c["net_bw_load"][:n], spec.net_bw, out=total)
-            np.less_equal(total, c["net_bw_ceiling"][:n], out=test)
-            fit &= test
+            fit = self.alive[: self._size].copy()
+            columns, scratch = self._fit_columns()
+            narrow(columns, Demand.of(spec, platforms), fit, scratch, self.checks)
             return fit
+
+    def _fit_columns(self) -> tuple[NodeColumns, Scratch]:
+        """The checks' columns and scratch buffers over the used slots (views, kept until the
+        slot count changes or the arrays grow, so a ranking builds none)."""
+        views = self._fit_views
+        n = self._size
+        if views is None or views[1].mask.size != n:
+            c = self.columns
+            columns = NodeColumns(
+                self.platform_id[:n], self._platform_ids, *(c[name][:n] for name in COLUMN_FIELDS)
+            )
+            views = self._fit_views = (
+                columns,
+                Scratch(self._scratch_bool[:n], self._scratch_float[:n]),
+            )
+        views[0].overcommitting = bool(self._overcommitting)
+        return views
 
     def rank(
         self,

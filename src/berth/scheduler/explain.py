@@ -2,25 +2,26 @@
 
 An operator looking at a failed placement needs the *why*, per node and in aggregate:
 ``0/50 nodes can run it: 20 insufficient memory, 5 platform linux/arm64 not offered,
-25 refused at confirmation (cpu_saturated)``.  Verdicts come from the same reason codes as
-the snapshot filter (:func:`berth.state.first_failed_check`) and node admission
-(:class:`berth.node.budget.Refused`), so the two stages read alike.
+25 refused at confirmation (cpu_saturated)``.  A verdict is the first failed check of the
+one table the snapshot filter and node admission also walk (:data:`berth.checks.CHECKS`), so
+the stages read alike: a node without the platform is ``platform_mismatch`` here and in a
+refusal, and each check names its own group in the summary.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from berth.checks import CHECKS, Check, Demand, describe_reason, first_failed
 from berth.model import Layer, Spec
-from berth.platform import Platform, matches_any
-from berth.state import NodeState, colocation_score, describe_reason, first_failed_check
+from berth.platform import Platform
+from berth.state import NodeState, colocation_score
 
 __all__ = ["Explanation", "NodeVerdict", "summarise", "verdicts"]
 
 FITS = "fits"
-PLATFORM = "platform_not_offered"
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,14 @@ class Explanation:
 
     verdicts: tuple[NodeVerdict, ...]
     platforms: tuple[Platform, ...] = ()
+    checks: Sequence[Check] = field(default=CHECKS, repr=False, compare=False)
 
     @property
     def fitting(self) -> int:
         return sum(1 for v in self.verdicts if v.verdict == FITS and v.refused is None)
 
     def summary(self) -> str:
-        return summarise(self.verdicts, self.platforms)
+        return summarise(self.verdicts, self.platforms, checks=self.checks)
 
 
 def verdicts(
@@ -68,17 +70,16 @@ def verdicts(
     platforms: Sequence[Platform],
     ranks: Mapping[str, int],
     refusals: Mapping[str, str] | None = None,
+    *,
+    checks: Sequence[Check] = CHECKS,
 ) -> Explanation:
-    """Judge every snapshot against the request (the reference formulas, node by node)."""
+    """Judge every snapshot against the request: its first failed check of ``checks``."""
     refusals = refusals or {}
+    demand = Demand.of(spec, platforms)
     out: list[NodeVerdict] = []
     for state in states:
-        if not matches_any(state.platform, platforms):
-            verdict = PLATFORM
-        elif spec is None:
-            verdict = FITS
-        else:
-            verdict = first_failed_check(state, spec) or FITS
+        failed = first_failed(state, demand, checks)
+        verdict = FITS if failed is None else failed.code
         out.append(
             NodeVerdict(
                 node=state.node,
@@ -89,25 +90,31 @@ def verdicts(
             )
         )
     out.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node))
-    return Explanation(tuple(out), tuple(platforms))
+    return Explanation(tuple(out), tuple(platforms), checks)
 
 
-def summarise(all_verdicts: Sequence[NodeVerdict], platforms: Sequence[Platform] = ()) -> str:
+def summarise(
+    all_verdicts: Sequence[NodeVerdict],
+    platforms: Sequence[Platform] = (),
+    *,
+    checks: Sequence[Check] = CHECKS,
+) -> str:
     """``"0/50 nodes can run it: 20 insufficient memory, …"`` (largest groups first)."""
     total = len(all_verdicts)
     if total == 0:
         return "0/0 nodes can run it: the cluster has no live nodes"
+    demand = Demand.of(None, platforms)
+    by_code = {check.code: check for check in checks}
     groups: Counter[str] = Counter()
     for verdict in all_verdicts:
         if verdict.refused:
             groups[f"refused at confirmation ({verdict.refused})"] += 1
-        elif verdict.verdict == PLATFORM:
-            wanted = ", ".join(str(p) for p in platforms)
-            groups[f"platform {wanted} not offered"] += 1
-        elif verdict.verdict != FITS:
-            groups[describe_reason(verdict.verdict)] += 1
-        else:
+        elif verdict.verdict == FITS:
             groups["can run it"] += 1
+        elif verdict.verdict in by_code:
+            groups[by_code[verdict.verdict].summary(demand)] += 1
+        else:
+            groups[describe_reason(verdict.verdict, checks)] += 1
     able = groups.pop("can run it", 0)
     parts = ", ".join(f"{count} {what}" for what, count in groups.most_common())
     return f"{able}/{total} nodes can run it" + (f": {parts}" if parts else "")

@@ -1,9 +1,9 @@
 """The reference ranker: the seed's ``candidates/2``, literally, in plain Python.
 
-It exists to be obviously right, not fast: filter the snapshots with ``fits`` (and the
-platform), compute ``colocation_score`` for each survivor, and stable-sort by colocated bytes
-descending over nodes taken in name order (berth's documented tie-break).  Property tests use
-it as the oracle for the NumPy engine, and benchmarks as the baseline.
+It exists to be obviously right, not fast: filter the snapshots with ``fits`` (the table of
+checks, platform included), compute ``colocation_score`` for each survivor, and stable-sort
+by colocated bytes descending over nodes taken in name order (berth's documented tie-break).
+Property tests use it as the oracle for the NumPy engine, and benchmarks as the baseline.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from berth.checks import CHECKS, Check
 from berth.model import Layer, Spec
-from berth.platform import Platform, matches_any
+from berth.platform import Platform
 from berth.scheduler.ranking import Ranking
 from berth.state import NodeState, colocation_score, fits
 
@@ -22,8 +23,9 @@ __all__ = ["ReferenceRanker"]
 class ReferenceRanker:
     """The seed's ranking over a dictionary of snapshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, checks: Sequence[Check] = CHECKS) -> None:
         self._states: dict[str, NodeState] = {}
+        self.checks = tuple(checks)
 
     def upsert(self, state: NodeState) -> None:
         current = self._states.get(state.node)
@@ -38,9 +40,7 @@ class ReferenceRanker:
     ) -> Ranking:
         in_name_order = sorted(self._states.values(), key=lambda state: state.node)
         fitting = [
-            state
-            for state in in_name_order
-            if matches_any(state.platform, platforms) and (spec is None or fits(state, spec))
+            state for state in in_name_order if fits(state, spec, platforms, checks=self.checks)
         ]
         scored = [(state.node, colocation_score(state, layers)) for state in fitting]
         scored.sort(key=lambda pair: pair[1], reverse=True)  # stable: ties keep name order

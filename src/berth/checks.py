@@ -1,0 +1,425 @@
+"""The fit rule, written once: a table of named checks that every stage iterates.
+
+"Can this node hold this workload?" is asked in four places — the reference ranker
+(:func:`berth.state.fits`), the NumPy engine's filter (:meth:`Engine.fit_mask`), the node's
+authoritative admission (:class:`berth.node.budget.NodeBudget`) and the explanations
+(:mod:`berth.scheduler.explain`).  They all walk :data:`CHECKS`, so a rule (a GPU check, a
+label check) is added by adding one :class:`Check`, and a refusal, a filtered node and an
+explanation always name the same reason code.
+
+A check has a reason code, a human phrase, a *scalar* test on one :class:`NodeView`, a
+*vectorised* test on :class:`NodeColumns` (one NumPy column per view field, over every node
+slot) and a detail message for refusals.  The two tests evaluate the same float64
+expression in the same order, so they agree bit for bit (property tests hold the engine
+equal to the reference); ``<=`` everywhere, so an exact fill fits.  In table order:
+
+* **platform** — the node runs one of the demand's platforms (none asked: any);
+* **hard** — ``mem <= mem_free``, ``disk <= disk_free``;
+* **over-commit** (the β_max stage, only on nodes that run it; an absent ceiling is
+  ``+inf``) — ``oc_β_reserved + β <= oc_β_ceiling`` for β in vcpus, disk_bw, net_bw;
+* **soft** — ``cpu_load + vcpus / cpu_capacity <= cpu_max_load``,
+  ``disk_bw_load + disk_bw <= disk_bw_ceiling``, ``net_bw_load + net_bw <= net_bw_ceiling``.
+
+The first failing check is the verdict.  A :class:`Demand` without a size (a request with no
+spec) is judged on the unsized checks only (the platform).
+
+What this module is not: it holds no node state and decides nothing about ranking.  Each
+stage brings its own view — a snapshot is approximate, the budget's live view is
+authoritative — and the table only says what a view must satisfy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from operator import attrgetter
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from berth.model import Spec
+from berth.platform import Platform, matches_any
+
+__all__ = [
+    "CHECKS",
+    "COLUMN_FIELDS",
+    "HELD_STAGES",
+    "Check",
+    "Demand",
+    "NodeColumns",
+    "NodeFigures",
+    "NodeView",
+    "Scratch",
+    "Stage",
+    "describe_reason",
+    "first_failed",
+    "narrow",
+]
+
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class Stage(Enum):
+    """Which budget a check guards (admission's ``reserve`` runs only the held stages)."""
+
+    PLATFORM = "platform"
+    HARD = "hard"
+    OVERCOMMIT = "overcommit"
+    SOFT = "soft"
+
+
+HELD_STAGES = frozenset({Stage.HARD, Stage.OVERCOMMIT})
+"""Stages judged on what reservations hold (not on the platform or the live load)."""
+
+
+class NodeView(Protocol):
+    """The figures of one node the checks read (a snapshot, or a budget's live view).
+
+    ``platform`` is ``None`` for a node that runs anything (a bare budget in a test).  Sizes
+    are bytes, bandwidths bytes/s, ``cpu_load`` the busy fraction of the machine,
+    ``cpu_capacity`` cores; the ``oc_*`` figures are the β_max stage's reserved sums and
+    ceilings (``0`` and ``+inf`` on a node that does not run it).
+    """
+
+    @property
+    def platform(self) -> Platform | None: ...
+    @property
+    def mem_free(self) -> int: ...
+    @property
+    def disk_free(self) -> int: ...
+    @property
+    def oc_vcpus_reserved(self) -> float: ...
+    @property
+    def oc_vcpus_ceiling(self) -> float: ...
+    @property
+    def oc_disk_bw_reserved(self) -> float: ...
+    @property
+    def oc_disk_bw_ceiling(self) -> float: ...
+    @property
+    def oc_net_bw_reserved(self) -> float: ...
+    @property
+    def oc_net_bw_ceiling(self) -> float: ...
+    @property
+    def cpu_load(self) -> float: ...
+    @property
+    def cpu_capacity(self) -> float: ...
+    @property
+    def cpu_max_load(self) -> float: ...
+    @property
+    def disk_bw_load(self) -> float: ...
+    @property
+    def disk_bw_ceiling(self) -> float: ...
+    @property
+    def net_bw_load(self) -> float: ...
+    @property
+    def net_bw_ceiling(self) -> float: ...
+
+
+class NodeFigures(NamedTuple):
+    """A :class:`NodeView` as plain values (the budget's live view, tests)."""
+
+    platform: Platform | None
+    mem_free: int
+    disk_free: int
+    cpu_load: float
+    cpu_capacity: float
+    cpu_max_load: float
+    disk_bw_load: float
+    disk_bw_ceiling: float
+    net_bw_load: float
+    net_bw_ceiling: float
+    oc_vcpus_reserved: float = 0.0
+    oc_vcpus_ceiling: float = math.inf
+    oc_disk_bw_reserved: float = 0.0
+    oc_disk_bw_ceiling: float = math.inf
+    oc_net_bw_reserved: float = 0.0
+    oc_net_bw_ceiling: float = math.inf
+
+
+@dataclass(slots=True)
+class NodeColumns:
+    """The :class:`NodeView` fields as columns over node slots (the engine's struct of arrays).
+
+    ``platform_id`` holds each slot's platform as an id of ``platform_ids``.  Absent β_max
+    ceilings are ``+inf``; ``overcommitting`` is ``False`` when no slot runs the β_max stage,
+    so the over-commit checks, which would pass everywhere, skip their passes.
+    """
+
+    platform_id: npt.NDArray[np.integer[Any]]
+    platform_ids: Mapping[Platform, int]
+    mem_free: IntArray
+    disk_free: IntArray
+    oc_vcpus_reserved: FloatArray
+    oc_vcpus_ceiling: FloatArray
+    oc_disk_bw_reserved: FloatArray
+    oc_disk_bw_ceiling: FloatArray
+    oc_net_bw_reserved: FloatArray
+    oc_net_bw_ceiling: FloatArray
+    cpu_load: FloatArray
+    cpu_capacity: FloatArray
+    cpu_max_load: FloatArray
+    disk_bw_load: FloatArray
+    disk_bw_ceiling: FloatArray
+    net_bw_load: FloatArray
+    net_bw_ceiling: FloatArray
+    overcommitting: bool = field(default=True, init=False)
+
+
+COLUMN_FIELDS: tuple[str, ...] = tuple(
+    column.name
+    for column in fields(NodeColumns)
+    if column.init and column.name not in {"platform_id", "platform_ids"}
+)
+"""The numeric :class:`NodeView` fields, one column each in :class:`NodeColumns` (in the
+order of its constructor's arguments after ``platform_id`` and ``platform_ids``)."""
+
+
+class Scratch(NamedTuple):
+    """Preallocated buffers (as long as the columns) a vectorised test computes into."""
+
+    mask: BoolArray
+    total: FloatArray
+
+
+class Demand(NamedTuple):
+    """What is asked of a node: the spec's amounts and the acceptable platforms.
+
+    ``sized`` is ``False`` for a request without a spec: only the unsized checks (the
+    platform) judge it, and the amounts are zero.
+    """
+
+    platforms: tuple[Platform, ...] = ()
+    sized: bool = False
+    vcpus: float = 0.0
+    mem: int = 0
+    disk: int = 0
+    disk_bw: int = 0
+    net_bw: int = 0
+
+    @classmethod
+    def of(cls, spec: Spec | None, platforms: Sequence[Platform] = ()) -> Demand:
+        if spec is None:
+            return cls(tuple(platforms))
+        return cls(
+            tuple(platforms), True, spec.vcpus, spec.mem, spec.disk, spec.disk_bw, spec.net_bw
+        )
+
+
+ScalarTest = Callable[[NodeView, Demand], bool]
+VectorTest = Callable[[NodeColumns, Demand, BoolArray, Scratch], None]
+Detail = Callable[[NodeView, Demand], str]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One named check (see the module docstring).
+
+    * ``test(view, demand)`` — does the node pass?
+    * ``narrow(columns, demand, fit, scratch)`` — the same test over every slot: clears the
+      slots of ``fit`` that fail, computing in ``scratch`` so that it allocates nothing;
+    * ``detail(view, demand)`` — the figures behind a failure, for a refusal's message;
+    * ``group(demand)`` — how a summary names the nodes failing it (default: ``phrase``);
+    * ``sized`` — reads the demand's amounts (skipped for a demand without a spec).
+    """
+
+    code: str
+    phrase: str
+    stage: Stage
+    test: ScalarTest
+    narrow: VectorTest
+    detail: Detail
+    group: Callable[[Demand], str] | None = None
+    sized: bool = True
+
+    def summary(self, demand: Demand) -> str:
+        """The phrase for a group of nodes failing this check for ``demand``."""
+        return self.phrase if self.group is None else self.group(demand)
+
+
+# -- platform ------------------------------------------------------------------------------
+def _wanted(demand: Demand) -> str:
+    return ", ".join(str(platform) for platform in demand.platforms)
+
+
+def _platform_test(view: NodeView, demand: Demand) -> bool:
+    return view.platform is None or matches_any(view.platform, demand.platforms)
+
+
+def _platform_narrow(
+    columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch
+) -> None:
+    if not demand.platforms:
+        return
+    known = columns.platform_ids
+    ids = [known[platform] for platform in demand.platforms if platform in known]
+    if not ids:
+        fit[:] = False
+    elif len(ids) == 1:
+        np.equal(columns.platform_id, ids[0], out=scratch.mask)
+        fit &= scratch.mask
+    else:
+        fit &= np.isin(columns.platform_id, ids)
+
+
+PLATFORM = Check(
+    code="platform_mismatch",
+    phrase="platform not offered",
+    stage=Stage.PLATFORM,
+    test=_platform_test,
+    narrow=_platform_narrow,
+    detail=lambda view, demand: f"node runs {view.platform}, asked for {_wanted(demand)}",
+    group=lambda demand: f"platform {_wanted(demand)} not offered",
+    sized=False,
+)
+
+
+# -- hard, over-commit and bandwidth checks ------------------------------------------------
+# Each factory derives the vectorised test and the detail from field names; the scalar test is
+# written out in the table below, so each rule reads as its formula (and stays fast in the
+# reference ranker, which calls it once per node).  Property tests hold the two forms equal.
+def _hard(resource: str, code: str, phrase: str, test: ScalarTest) -> Check:
+    """``demand.<resource> <= view.<resource>_free`` (exact integers)."""
+    asked = attrgetter(resource)
+    free = attrgetter(f"{resource}_free")
+
+    def narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+        np.greater_equal(free(columns), asked(demand), out=scratch.mask)
+        fit &= scratch.mask
+
+    def detail(view: NodeView, demand: Demand) -> str:
+        return f"{asked(demand)} B asked, {free(view)} B free"
+
+    return Check(code, phrase, Stage.HARD, test, narrow, detail)
+
+
+def _overcommit(resource: str, code: str, phrase: str, unit: str, test: ScalarTest) -> Check:
+    """``oc_<resource>_reserved + demand.<resource> <= oc_<resource>_ceiling`` (β_max)."""
+    asked = attrgetter(resource)
+    reserved = attrgetter(f"oc_{resource}_reserved")
+    ceiling = attrgetter(f"oc_{resource}_ceiling")
+
+    def narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+        if not columns.overcommitting:
+            return  # every ceiling is +inf: the check passes everywhere
+        np.add(reserved(columns), asked(demand), out=scratch.total)
+        np.less_equal(scratch.total, ceiling(columns), out=scratch.mask)
+        fit &= scratch.mask
+
+    def detail(view: NodeView, demand: Demand) -> str:
+        return f"{reserved(view):g} + {asked(demand):g} {unit} reserved > ceiling {ceiling(view):g}"
+
+    return Check(code, phrase, Stage.OVERCOMMIT, test, narrow, detail)
+
+
+def _bandwidth(resource: str, code: str, phrase: str, test: ScalarTest) -> Check:
+    """``<resource>_load + demand.<resource> <= <resource>_ceiling`` (bytes/s, live load)."""
+    asked = attrgetter(resource)
+    load = attrgetter(f"{resource}_load")
+    ceiling = attrgetter(f"{resource}_ceiling")
+
+    def narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+        np.add(load(columns), asked(demand), out=scratch.total)
+        np.less_equal(scratch.total, ceiling(columns), out=scratch.mask)
+        fit &= scratch.mask
+
+    def detail(view: NodeView, demand: Demand) -> str:
+        return f"{load(view):.0f} + {asked(demand)} B/s > {ceiling(view):.0f}"
+
+    return Check(code, phrase, Stage.SOFT, test, narrow, detail)
+
+
+# -- cpu load --------------------------------------------------------------------------------
+def _cpu_test(view: NodeView, demand: Demand) -> bool:
+    return view.cpu_load + demand.vcpus / view.cpu_capacity <= view.cpu_max_load
+
+
+def _cpu_narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+    # ``vcpus / capacity`` then ``+ load``: addition commutes exactly in IEEE arithmetic, so
+    # this is bit-identical to the scalar ``load + vcpus / capacity``.
+    np.divide(demand.vcpus, columns.cpu_capacity, out=scratch.total)
+    np.add(scratch.total, columns.cpu_load, out=scratch.total)
+    np.less_equal(scratch.total, columns.cpu_max_load, out=scratch.mask)
+    fit &= scratch.mask
+
+
+def _cpu_detail(view: NodeView, demand: Demand) -> str:
+    return (
+        f"load {view.cpu_load:.3f} + {demand.vcpus:g}/{view.cpu_capacity:g} cores "
+        f"> {view.cpu_max_load:.3f}"
+    )
+
+
+CHECKS: tuple[Check, ...] = (
+    PLATFORM,
+    _hard(
+        "mem", "mem_exhausted", "insufficient memory",
+        lambda view, demand: demand.mem <= view.mem_free,
+    ),
+    _hard(
+        "disk", "disk_exhausted", "insufficient disk",
+        lambda view, demand: demand.disk <= view.disk_free,
+    ),
+    _overcommit(
+        "vcpus", "cpu_overcommitted", "cpu over-commit ceiling reached", "vcpus",
+        lambda view, demand: view.oc_vcpus_reserved + demand.vcpus <= view.oc_vcpus_ceiling,
+    ),
+    _overcommit(
+        "disk_bw", "disk_bw_overcommitted", "disk bandwidth over-commit ceiling reached", "B/s",
+        lambda view, demand: view.oc_disk_bw_reserved + demand.disk_bw <= view.oc_disk_bw_ceiling,
+    ),
+    _overcommit(
+        "net_bw", "net_bw_overcommitted", "network bandwidth over-commit ceiling reached", "B/s",
+        lambda view, demand: view.oc_net_bw_reserved + demand.net_bw <= view.oc_net_bw_ceiling,
+    ),
+    Check("cpu_saturated", "cpu saturated", Stage.SOFT, _cpu_test, _cpu_narrow, _cpu_detail),
+    _bandwidth(
+        "disk_bw", "disk_bw_saturated", "disk bandwidth saturated",
+        lambda view, demand: view.disk_bw_load + demand.disk_bw <= view.disk_bw_ceiling,
+    ),
+    _bandwidth(
+        "net_bw", "net_bw_saturated", "network bandwidth saturated",
+        lambda view, demand: view.net_bw_load + demand.net_bw <= view.net_bw_ceiling,
+    ),
+)  # fmt: skip
+"""The fit rule, in the order checks are judged (the first failure is the verdict)."""
+
+
+# -- walking the table ---------------------------------------------------------------------
+def first_failed(view: NodeView, demand: Demand, checks: Sequence[Check] = CHECKS) -> Check | None:
+    """The first check of ``checks`` that ``view`` fails for ``demand``; ``None`` if it fits."""
+    if demand.sized:
+        for check in checks:
+            if not check.test(view, demand):
+                return check
+    else:
+        for check in checks:
+            if not check.sized and not check.test(view, demand):
+                return check
+    return None
+
+
+def narrow(
+    columns: NodeColumns,
+    demand: Demand,
+    fit: BoolArray,
+    scratch: Scratch,
+    checks: Sequence[Check] = CHECKS,
+) -> None:
+    """Clear every slot of ``fit`` that fails some check of ``checks`` (vectorised)."""
+    sized = demand.sized
+    for check in checks:
+        if sized or not check.sized:
+            check.narrow(columns, demand, fit, scratch)
+
+
+def describe_reason(code: str, checks: Sequence[Check] = CHECKS) -> str:
+    """The human phrase for a reason code (codes of no check are returned as they are)."""
+    for check in checks:
+        if check.code == code:
+            return check.phrase
+    return code

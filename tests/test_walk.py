@@ -160,12 +160,6 @@ def test_walk_where_all_refuse_tries_the_original_nodes_then_the_newcomer(
     assert reasons["0-arm"] == reasons["arm-1"] and "platform" in reasons["arm-1"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ClusterScheduler._no_capacity explains only the nodes alive at the end of the "
-    "walk: a node that left mid-walk loses its Unavailable, and a newcomer never tried "
-    "counts as able to run the request",
-)
 @pytest.mark.parametrize("ranker", RANKERS)
 def test_no_capacity_reports_a_node_that_left_mid_walk(ranker: RankerName) -> None:
     walk = Walk(ranker)

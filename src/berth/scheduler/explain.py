@@ -73,7 +73,11 @@ def verdicts(
     *,
     checks: Sequence[Check] = CHECKS,
 ) -> Explanation:
-    """Judge every snapshot against the request: its first failed check of ``checks``."""
+    """Judge every snapshot against the request: its first failed check of ``checks``.
+
+    ``refusals`` are the nodes' answers at confirmation; a refused node no longer among
+    ``states`` (it left during the walk) is listed with its refusal all the same.
+    """
     refusals = refusals or {}
     demand = Demand.of(spec, platforms)
     out: list[NodeVerdict] = []
@@ -89,6 +93,14 @@ def verdicts(
                 refused=refusals.get(state.node),
             )
         )
+    # A node that refused and has left since (its refusal was ``Unavailable``, typically)
+    # still counts: it was a candidate, and its answer is part of why the request failed.
+    seen = {verdict.node for verdict in out}
+    out.extend(
+        NodeVerdict(node=node, verdict=FITS, colocated_bytes=0, refused=reason)
+        for node, reason in refusals.items()
+        if node not in seen
+    )
     out.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node))
     return Explanation(tuple(out), tuple(platforms), checks)
 

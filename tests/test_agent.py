@@ -17,11 +17,13 @@ from berth.node.layers import LayerRegistry
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime
 from berth.nodeclient.agents import AgentNodes
 from berth.ownership import Refused
+from berth.platform import Platform
 from berth.store.memory import MemoryStore
 
 GiB = 2**30
 SPEC = Spec(vcpus=0.5, mem=GiB, disk=GiB)
 LAYERS = (Layer(id="base", size=100), Layer(id="app", size=10))
+BOOT = BootSpec(name="w", command=("x",))
 
 
 def make_agent(runtime: Runtime, store: MemoryStore | None = None, **options: object) -> Agent:
@@ -156,6 +158,22 @@ def test_agent_client_binds_a_lease_to_a_workload_by_id() -> None:
             assert not await nodes.release("n1", other)
             with pytest.raises(Unavailable):
                 await nodes.admit("elsewhere", SPEC, lease_ttl_s=1)
+
+    run(test)
+
+
+def test_the_agent_runs_the_node_core_and_advertises_its_snapshot() -> None:
+    async def test() -> None:
+        runtime = FakeRuntime()
+        store = MemoryStore()
+        async with make_agent(runtime, store) as agent:
+            with pytest.raises(Refused) as caught:  # the core's platform check, before booting
+                await agent.try_run(SPEC, LAYERS, BOOT, (Platform.parse("linux/arm64"),))
+            assert caught.value.reason == "platform_mismatch" and runtime.list() == ()
+            workload = await agent.try_run(SPEC, LAYERS, BOOT)
+            assert agent.workloads() == agent.core.workloads() == {workload.id: workload}
+            await until(lambda: store.states_now()["n1"].admitted == 1)
+            assert store.states_now()["n1"].generation == agent.core.generation
 
     run(test)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -9,7 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from berth.sim.commands import parse_policies, register
+from berth.sim.commands import parse_policies, register, sim, sim_config
+from berth.sim.simulator import SimConfig
 
 runner = CliRunner()
 
@@ -116,3 +118,26 @@ def test_berth_cli_exposes_sim_and_demo_once_registered() -> None:
     result = runner.invoke(cli.app, ["sim", "--staleness", "-1"])
     assert result.exit_code == 2
     assert "--staleness" in result.stderr
+
+
+def test_no_assume_turns_the_assume_cache_off(tmp_path: Path) -> None:
+    flags = ["sim", *SMALL, "--policy", "binpack", "--staleness", "5"]
+    off = runner.invoke(app(), [*flags, "--no-assume", "--out", str(tmp_path / "off")])
+    assert off.exit_code == 0, off.stderr
+    assert "no assume" in off.stdout  # the title says so
+    document = json.loads((tmp_path / "off" / "report.json").read_text())
+    assert document["config"]["assume"] is False
+    on = runner.invoke(app(), [*flags, "--out", str(tmp_path / "on")])
+    assert on.exit_code == 0, on.stderr
+    assert json.loads((tmp_path / "on" / "report.json").read_text())["config"]["assume"] is True
+
+
+def test_sim_flag_defaults_are_simconfigs() -> None:
+    # One source of truth: running with no flags builds exactly SimConfig's defaults.
+    defaults = {
+        name: param.default
+        for name, param in inspect.signature(sim).parameters.items()
+        if name not in ("policy", "out", "quiet")
+    }
+    assert sim_config(**defaults) == SimConfig()
+    assert defaults["cache"] == "8GiB" and defaults["pull_bandwidth"] == "125MBps"

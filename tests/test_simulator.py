@@ -11,12 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from berth import Invalid, Spec
+from berth import Invalid, Platform, Spec
 from berth.dataset import load_dockerhub
+from berth.node.core import NodeCore
 from berth.ownership import Lease
-from berth.scheduler.engine import Engine, LayerMatch, Slots
-from berth.scheduler.policies import POLICIES, SeedLike
-from berth.scheduler.policy import Policy
+from berth.scheduler.policy import POLICIES, ClusterView, PlacementRequest, Policy, SeedLike, Slots
 from berth.sim.report import build_report, write_outputs
 from berth.sim.simulator import (
     InvariantViolated,
@@ -121,14 +120,40 @@ def test_budgets_hold_at_every_event_and_everything_is_released(policy: str) -> 
 
 def test_the_invariant_check_catches_an_untracked_reservation() -> None:
     simulation = Simulation(small(), "seed")
-    node = next(iter(simulation.nodes.values()))
-    node.check()
+    name, node = next(iter(simulation.nodes.items()))
+    simulation.check(name)
     lease = Lease(60.0, node.budget.clock)
     node.budget.reserve(Spec(vcpus=1, mem=GiB, disk=GiB), lease)  # behind the simulator's back
-    with pytest.raises(InvariantViolated, match="reservations for 0 workloads"):
-        node.check()
+    with pytest.raises(InvariantViolated, match="1 reservations for 0 workloads"):
+        simulation.check(name)
     lease.end()
-    node.check()
+    simulation.check(name)
+
+
+def test_the_invariant_check_catches_a_stray_mount() -> None:
+    simulation = Simulation(small(), "seed")
+    name, node = next(iter(simulation.nodes.items()))
+    node.layers.mount("stray", 10)  # no workload holds it
+    with pytest.raises(InvariantViolated, match="mounted layers differ"):
+        simulation.check(name)
+
+
+def test_every_node_is_a_node_core_with_the_simulated_load_model() -> None:
+    # The simulator's nodes are the agent's core (one snapshot, one wiring); only the load
+    # model — reserved sums — is the simulator's, plugged in as the budget's readings.
+    simulation = Simulation(small(), "seed")
+    name, node = next(iter(simulation.nodes.items()))
+    assert isinstance(node, NodeCore)
+    assert node.platform == Platform.parse(simulation.info[name].platform)
+    lease = Lease(60.0, node.budget.clock)
+    cores = node.budget.limits.cpu_capacity
+    node.budget.reserve(Spec(vcpus=2, mem=GiB, disk=GiB, net_bw=1000), lease)
+    state = node.snapshot(5.0)
+    assert state.cpu_load == pytest.approx(2 / cores)
+    assert state.net_bw_load == 1000 and state.published_at == 5.0
+    assert state.admitted == 1 and state.generation == 2  # the initial snapshot was 1
+    lease.end()
+    assert node.snapshot(6.0).cpu_load == 0.0
 
 
 def test_a_simulation_runs_once() -> None:
@@ -146,9 +171,9 @@ class LastNameFirst:
 
     name = "last-name-first"
 
-    def order(self, engine: Engine, fit: np.ndarray, match: LayerMatch) -> Slots:
-        by_name = engine.name_order()
-        return by_name[fit[by_name]][::-1]
+    def order(self, view: ClusterView, request: PlacementRequest) -> Slots:
+        by_name = view.name_order
+        return by_name[request.fit[by_name]][::-1]
 
 
 def last_name_first(seed: SeedLike) -> Policy:

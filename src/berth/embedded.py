@@ -5,7 +5,9 @@ platforms cycle through a few classes, so placement has real choices to make), e
 publishing to one :class:`~berth.store.memory.MemoryStore`, with a
 :class:`~berth.scheduler.multinode.ClusterScheduler` in front.  ``run(request, boot)`` places and
 boots for real: the seed's walk over the ranked candidates, each attempt being the chosen
-agent's ``try_run`` (mount, boot, admit owned by the workload, stop on refusal).
+agent's ``try_run`` (mount, boot, admit owned by the workload, stop on refusal — the node
+core's one lifecycle, :mod:`berth.node.core`).  Node sizes are
+:class:`~berth.node.classes.NodeClass` values, the type the simulator's nodes use too.
 
 Agents here read load through fixed idle readings unless ``live_monitors=True``: N agents in
 one process share one machine, so live monitors would all measure the same host.  The hard
@@ -22,7 +24,8 @@ from berth.errors import Invalid
 from berth.model import Request
 from berth.node.agent import Agent
 from berth.node.budget import IDLE
-from berth.node.config import AgentConfig, AgentSection, BudgetSection, NodeSection
+from berth.node.classes import NodeClass
+from berth.node.config import AgentConfig, AgentSection, NodeSection
 from berth.node.runtime import BootSpec, Workload
 from berth.nodeclient.agents import AgentNodes
 from berth.scheduler.multinode import ClusterScheduler, Confirmed
@@ -31,14 +34,16 @@ from berth.store.memory import MemoryStore
 
 __all__ = ["NODE_CLASSES", "EmbeddedCluster", "embedded_configs"]
 
-GiB = 2**30
-
-NODE_CLASSES: tuple[tuple[str, int, int, float], ...] = (
-    # (class, mem_max, disk_max, cores)
-    ("small", 2 * GiB, 32 * GiB, 2.0),
-    ("medium", 4 * GiB, 64 * GiB, 4.0),
-    ("large", 8 * GiB, 128 * GiB, 8.0),
-)
+NODE_CLASSES: tuple[NodeClass, ...] = (
+    NodeClass(name="small", mem="2GiB", disk="32GiB", cpus=2, disk_bw="2GiBps",
+              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
+    NodeClass(name="medium", mem="4GiB", disk="64GiB", cpus=4, disk_bw="2GiBps",
+              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
+    NodeClass(name="large", mem="8GiB", disk="128GiB", cpus=8, disk_bw="2GiBps",
+              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
+)  # fmt: skip
+"""The embedded cluster's sizes, cycled in order: small enough that a few real processes on
+one host fill them, with 10 % CPU and 20 % bandwidth headroom kept free."""
 DEFAULT_PLATFORMS = ("linux/amd64", "linux/amd64", "linux/arm64")
 
 
@@ -58,24 +63,15 @@ def embedded_configs(
     sizes = itertools.cycle(NODE_CLASSES)
     kinds = itertools.cycle(platforms)
     for index in range(nodes):
-        size_class, mem, disk, cores = next(sizes)
+        size = next(sizes)
         configs.append(
             AgentConfig(
                 node=NodeSection(
                     name=f"node-{index:02d}",
                     platform=next(kinds),
-                    labels={"class": size_class},
+                    labels={"class": size.name},
                 ),
-                budget=BudgetSection(
-                    mem_max=mem,
-                    disk_max=disk,
-                    cpu_max_load=0.9,
-                    cpu_max_cap=cores,
-                    disk_bw_cap=2 * GiB,
-                    disk_bw_max_load=0.8,
-                    net_bw_cap=GiB,
-                    net_bw_max_load=0.8,
-                ),
+                budget=size.budget_section(),
                 agent=AgentSection(runtime=runtime, heartbeat_s=heartbeat_s, stop_grace_s=1.0),
             )
         )
@@ -140,7 +136,7 @@ class EmbeddedCluster:
             raise Invalid("running a workload needs its resources (an instance type)", field="spec")
 
         async def try_run(node: str) -> Workload:
-            return await self.agents[node].try_run(spec, request.layers, boot)
+            return await self.agents[node].try_run(spec, request.layers, boot, request.platforms)
 
         return await self.scheduler.place(
             spec, request.layers, try_run, request.platforms, request.preferred_node

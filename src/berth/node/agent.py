@@ -1,25 +1,21 @@
-"""The node agent: one node's budget, monitors, layers and runtime, advertised as a whole.
+"""The node agent: a node core plus the node's I/O — load monitor, advertiser, state store.
 
-The agent is the node's authority.  It owns
+A node's state and lifecycle — budget, layers, runtime wiring, running workloads, snapshot,
+the place-and-boot order — live in :class:`~berth.node.core.NodeCore`, which does no I/O so
+the simulator runs the very same code.  The agent owns what touches the outside world:
 
-* the :class:`~berth.node.budget.NodeBudget` (hard reservations, soft checks against live
-  load from the :class:`~berth.node.monitor.LoadMonitor`),
-* the :class:`~berth.node.layers.LayerRegistry` (mounted layers and the LRU cache of recently
-  unmounted ones),
-* a :class:`~berth.node.runtime.Runtime` that boots workloads,
+* a :class:`~berth.node.monitor.LoadMonitor` feeding the budget live, smoothed load (unless
+  readings are handed in),
+* the *advertiser*: it publishes the core's snapshot through the state store port whenever
+  the budget or the layers change, and on a heartbeat (``heartbeat_s``, wall-clock time) so a
+  store with liveness by expiry keeps the node alive; each beat also reaps unbound leases,
+* joining and leaving the cluster (first publication, removal on ``stop``).
 
-and keeps the cluster informed: the *advertiser* publishes this node's ``NodeState`` through
-the state store port whenever the budget or the layers change, and on a heartbeat
-(``heartbeat_s``) so a store with liveness by expiry keeps the node alive.
-
-``try_run(spec, layers, boot)`` is the seed's try-run: mount the image's layers, start the
-workload, then ``admit`` with the running workload as the owner; if admission refuses, stop
-the workload.  Whenever a workload ends — it exits, is killed from outside, or is stopped —
-its reservation and its layer references are released (the budget and the layer registry
-both follow the workload's end) and the node re-advertises.
-
-It is deliberately not a scheduler (it never looks at other nodes) and not a transport: the
-network driver of the node client port will call these same methods.
+``try_run``, ``admit``, ``bind``, ``release``, ``stop_workload``, ``workloads`` and
+``snapshot`` are the core's (see :mod:`berth.node.core` for the try-run order: mount, start,
+admit owned by the workload, stop on refusal).  The agent is deliberately not a scheduler (it
+never looks at other nodes) and not a transport: the network driver of the node client port
+will call these same methods.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -35,10 +30,11 @@ from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
+from berth.node.core import NodeCore
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
-from berth.node.runtime import BootFailed, BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
-from berth.ownership import Admission, Owner, Refused, refused_by
+from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
+from berth.ownership import Admission, Owner
 from berth.platform import Platform
 from berth.state import NodeState
 from berth.store.port import StateStore
@@ -65,37 +61,44 @@ class Agent:
         heartbeat_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if not name:
-            raise Invalid("must not be empty", field="name")
         if heartbeat_s <= 0:
             raise Invalid(f"must be positive, got {heartbeat_s}", field="heartbeat_s")
-        self.name = name
-        self.platform = Platform.parse(platform)
-        if budget.platform is None:
-            budget.platform = self.platform
-        elif budget.platform != self.platform:
-            raise Invalid(
-                f"the budget is for {budget.platform}, the node runs {self.platform}",
-                field="platform",
-            )
-        self.budget = budget
+        self.core = NodeCore(name, platform, budget, runtime, layers=layers, labels=labels)
         self.store = store
-        self.runtime = runtime
-        self.layers = layers or LayerRegistry()
         self.monitor = monitor
-        self.labels = dict(labels or {})
         self.heartbeat_s = heartbeat_s
         self._wall_clock = wall_clock
-        self._generation = 0
-        self._generation_lock = threading.Lock()
-        self._workloads: dict[str, Workload] = {}
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advertiser: asyncio.Task[None] | None = None
         self._stopping = False
         self.published = 0
-        budget.add_change_listener(self._mark_changed)
-        self.layers.add_change_listener(self._mark_changed)
+        self.core.add_change_listener(self._mark_changed)
+
+    # The core's parts, read-only here: the agent holds no second copy of the node's state.
+    @property
+    def name(self) -> str:
+        return self.core.name
+
+    @property
+    def platform(self) -> Platform:
+        return self.core.platform
+
+    @property
+    def budget(self) -> NodeBudget:
+        return self.core.budget
+
+    @property
+    def layers(self) -> LayerRegistry:
+        return self.core.layers
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.core.runtime
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.core.labels
 
     @classmethod
     def from_config(
@@ -144,8 +147,7 @@ class Agent:
 
     async def stop(self) -> None:
         """Stop every workload, stop advertising and leave the cluster."""
-        for workload_id in list(self._workloads):
-            await self.runtime.stop(workload_id)
+        await self.core.stop_all()
         if self._advertiser is not None:
             # A flag and a wake-up, not cancel(): on Python 3.11 ``wait_for`` can swallow a
             # cancellation that lands as the awaited event fires, and the loop would go on.
@@ -166,34 +168,8 @@ class Agent:
 
     # -- advertising -------------------------------------------------------------------------
     def snapshot(self) -> NodeState:
-        """This node's state now, with the next generation number."""
-        headroom = self.budget.headroom()
-        limits, load = self.budget.limits, self.budget.readings
-        with self._generation_lock:
-            self._generation += 1
-            generation = self._generation
-        return NodeState(
-            node=self.name,
-            platform=self.platform,
-            generation=generation,
-            admitted=self.budget.admitted,
-            published_at=self._wall_clock(),
-            labels=self.labels,
-            mem_free=headroom.mem_free,
-            disk_free=headroom.disk_free,
-            mem_max=limits.mem_max,
-            disk_max=limits.disk_max,
-            cpu_load=min(max(load.cpu_load, 0.0), 1.0),
-            cpu_capacity=limits.cpu_capacity,
-            cpu_max_load=limits.cpu_max_load,
-            disk_bw_load=max(load.disk_bw_load, 0.0),
-            disk_bw_ceiling=limits.disk_bw_ceiling,
-            net_bw_load=max(load.net_bw_load, 0.0),
-            net_bw_ceiling=limits.net_bw_ceiling,
-            layers=self.layers.mounted(),
-            cached_layers=self.layers.cached(),
-            overcommit=self.budget.overcommit(),
-        )
+        """This node's state now (wall clock), with the next generation number."""
+        return self.core.snapshot(self._wall_clock())
 
     async def advertise(self) -> None:
         """Publish the current snapshot now."""
@@ -226,68 +202,37 @@ class Agent:
         else:  # a budget change from another thread (e.g. a future's callback)
             loop.call_soon_threadsafe(self._changed.set)
 
-    # -- the node's side of the node client port ---------------------------------------------
-    async def try_run(self, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> Workload:
+    # -- the node's side of the node client port: the core's -----------------------------
+    async def try_run(
+        self,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+    ) -> Workload:
         """Mount, start, admit owned by the workload; stop it and refuse if admission fails."""
-        mounted: list[str] = []
-        for layer in layers:
-            self.layers.mount(layer.id, layer.size)
-            mounted.append(layer.id)
-        if boot.mem_limit is None:
-            boot = boot.model_copy(update={"mem_limit": spec.mem or None})
-        try:
-            workload = await self.runtime.start(boot)
-        except BootFailed as failed:
-            self._unmount(mounted)
-            raise Refused("boot_failed", failed.reason, node=self.name) from None
-        self._workloads[workload.id] = workload
-        workload.add_done_callback(lambda ended: self._ended(ended, mounted))
-        try:
-            self.budget.admit(spec, workload)
-        except Refused as refused:
-            log.info("node %s refused %s after boot: %s", self.name, workload.id, refused.reason)
-            await self.runtime.stop(workload.id)
-            raise Refused(refused.reason, refused.detail, node=self.name) from None
-        return workload
+        return (await self.core.boot(spec, layers, boot, platforms=platforms)).workload
 
     def admit(
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
-        with refused_by(self.name):
-            return self.budget.admit_leased(spec, lease_ttl_s, platforms).admission
+        return self.core.admit(spec, lease_ttl_s, platforms)
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object)."""
-        with refused_by(self.name):
-            if isinstance(owner, str):
-                if self.budget.get(reservation_id) is None:  # say the likelier thing first
-                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
-                workload = self._workloads.get(owner)
-                if workload is None:
-                    raise Refused("unknown_workload", f"no workload {owner!r}")
-                owner = workload
-            self.budget.bind(reservation_id, owner)
+        self.core.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:
-        return self.budget.release(reservation_id)
+        return self.core.release(reservation_id)
 
     async def stop_workload(self, workload_id: str) -> None:
         """Stop a workload; unknown or already stopped ids are harmless."""
-        await self.runtime.stop(workload_id)
+        await self.core.stop(workload_id)
 
     def workloads(self) -> dict[str, Workload]:
         """The running workloads by id."""
-        return dict(self._workloads)
-
-    def _ended(self, workload: Workload, mounted: list[str]) -> None:
-        self._workloads.pop(workload.id, None)
-        self._unmount(mounted)
-        log.info("workload %s on %s ended: %s", workload.id, self.name, workload.reason)
-
-    def _unmount(self, layer_ids: list[str]) -> None:
-        for layer_id in layer_ids:
-            self.layers.unmount(layer_id)
+        return self.core.workloads()
 
     def __repr__(self) -> str:
-        return f"Agent({self.name!r}, {self.platform}, {len(self._workloads)} workloads)"
+        return f"Agent({self.name!r}, {self.platform}, {len(self.core.workloads())} workloads)"

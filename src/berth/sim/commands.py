@@ -11,6 +11,13 @@ simulation is :mod:`berth.sim.simulator`, the figures :mod:`berth.sim.report`.  
   placements): a few placements with every node's verdict, then the comparison table and where
   the plots went.
 
+**One definition of the options.**  Every flag of ``berth sim`` sets a field of
+:class:`~berth.sim.simulator.SimConfig` (or of its :class:`~berth.sim.workload.WorkloadConfig`)
+and takes its default from that model's default (:data:`SIM_DEFAULTS`), so the command line
+and the library cannot disagree; the bounds are the models' too — a flag is only parsed here,
+then validated by the model, whose ``Invalid`` names the field, which :data:`_FLAGS` turns back
+into the flag the user typed.
+
 Bad flags (negative counts, an unknown policy, negative staleness, malformed sizes) print one
 line on stderr and exit with status 2 — here, so the behaviour does not depend on which app
 the commands are registered on.
@@ -31,14 +38,14 @@ from rich.table import Table
 
 from berth.errors import BerthError, Invalid
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.policies import POLICIES
-from berth.scheduler.policies import policy as make_policy
+from berth.scheduler.policy import POLICIES
+from berth.scheduler.policy import policy as make_policy
 from berth.sim.report import Report, comparison_table, write_outputs
 from berth.sim.simulator import Decision, SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
-from berth.units import format_information
+from berth.units import INFORMATION_UNITS, format_information
 
-__all__ = ["DEMO_CONFIG", "parse_policies", "register", "sim_config"]
+__all__ = ["DEMO_CONFIG", "SIM_DEFAULTS", "parse_policies", "register", "sim_config"]
 
 console = Console()
 errors = Console(stderr=True)
@@ -56,8 +63,23 @@ _FLAGS = {
     "cache_bytes": "--cache",
     "pull_bandwidth": "--pull-bandwidth",
     "boot_seconds": "--boot",
+    "assume": "--assume",
     "policy": "--policy",
 }
+
+SIM_DEFAULTS = SimConfig()
+"""The defaults of every ``berth sim`` flag: those of ``SimConfig`` and its workload."""
+_WORKLOAD_DEFAULTS = SIM_DEFAULTS.workload
+
+
+def _quantity(value: int, suffix: str = "") -> str:
+    """``value`` bytes in the largest unit that holds it exactly (``8GiB``, ``125MBps``)."""
+    units = sorted(INFORMATION_UNITS.items(), key=lambda item: item[1], reverse=True)
+    for unit, size in units:
+        if value and value % size == 0:
+            return f"{value // size}{unit}{suffix}"
+    return f"{value}B{suffix}"
+
 
 DEMO_CONFIG = SimConfig(
     nodes=50,
@@ -108,6 +130,7 @@ def sim_config(
     cache: str,
     pull_bandwidth: str,
     boot: float,
+    assume: bool = SIM_DEFAULTS.assume,
 ) -> SimConfig:
     """A validated ``SimConfig`` from flag values (``Invalid`` names the offending field)."""
     workload = WorkloadConfig(
@@ -122,6 +145,7 @@ def sim_config(
         nodes=nodes,
         concurrency=concurrency,
         staleness=staleness,
+        assume=assume,
         seed=seed,
         cache_bytes=cache,  # unit strings are parsed by the model
         pull_bandwidth=pull_bandwidth,
@@ -181,39 +205,64 @@ def _print_summary(report: Report, out: Path) -> None:
 
 
 def sim(
-    nodes: Annotated[int, typer.Option(help="Number of nodes (mixed sizes and platforms).")] = 100,
-    requests: Annotated[int, typer.Option(help="Number of arrivals.")] = 2000,
-    rate: Annotated[float, typer.Option(help="Mean arrivals per simulated second.")] = 2.0,
-    lifetime: Annotated[float, typer.Option(help="Mean workload lifetime (s).")] = 300.0,
+    nodes: Annotated[
+        int, typer.Option(help="Number of nodes (mixed sizes and platforms).")
+    ] = SIM_DEFAULTS.nodes,
+    requests: Annotated[
+        int, typer.Option(help="Number of arrivals.")
+    ] = _WORKLOAD_DEFAULTS.requests,
+    rate: Annotated[
+        float, typer.Option(help="Mean arrivals per simulated second.")
+    ] = _WORKLOAD_DEFAULTS.rate,
+    lifetime: Annotated[
+        float, typer.Option(help="Mean workload lifetime (s).")
+    ] = _WORKLOAD_DEFAULTS.lifetime_mean,
     arrival: Annotated[
         Literal["poisson", "bursty"], typer.Option(help="Arrival process.")
-    ] = "poisson",
+    ] = _WORKLOAD_DEFAULTS.arrival,
     flatten: Annotated[
         float, typer.Option(help="Image popularity ∝ pulls**flatten (1: as Docker Hub, 0: flat).")
-    ] = 1.0,
+    ] = _WORKLOAD_DEFAULTS.flatten,
     policy: Annotated[
         str, typer.Option(help=f"all, or comma-separated names: {', '.join(POLICIES)}.")
     ] = "all",
-    concurrency: Annotated[int, typer.Option(help="K concurrent schedulers.")] = 1,
+    concurrency: Annotated[
+        int, typer.Option(help="K concurrent schedulers.")
+    ] = SIM_DEFAULTS.concurrency,
     staleness: Annotated[
         float, typer.Option(help="Δ: seconds before a node's snapshot reaches schedulers.")
-    ] = 0.0,
-    seed: Annotated[int, typer.Option(help="Seed of the workload, node layout, policies.")] = 0,
-    cache: Annotated[str, typer.Option(help="Per-node layer cache budget.")] = "8GiB",
-    pull_bandwidth: Annotated[str, typer.Option(help="Layer pull bandwidth.")] = "125MBps",
-    boot: Annotated[float, typer.Option(help="Fixed boot time added to starts (s).")] = 0.125,
+    ] = SIM_DEFAULTS.staleness,
+    assume: Annotated[
+        bool,
+        typer.Option(
+            help="Schedulers count their own confirmed placements until a snapshot shows them "
+            "(--no-assume: only what the snapshots say)."
+        ),
+    ] = SIM_DEFAULTS.assume,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the workload, node layout, policies.")
+    ] = SIM_DEFAULTS.seed,
+    cache: Annotated[
+        str, typer.Option(help="Per-node layer cache budget.")
+    ] = _quantity(SIM_DEFAULTS.cache_bytes),
+    pull_bandwidth: Annotated[
+        str, typer.Option(help="Layer pull bandwidth.")
+    ] = _quantity(SIM_DEFAULTS.pull_bandwidth, "ps"),
+    boot: Annotated[
+        float, typer.Option(help="Fixed boot time added to starts (s).")
+    ] = SIM_DEFAULTS.boot_seconds,
     out: Annotated[Path, typer.Option(help="Directory for report.json and plots.")] = Path(
         "berth-sim-out"
     ),
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-) -> None:
+) -> None:  # fmt: skip
     """Compare placement policies on a simulated cluster fed by Docker Hub image layers."""
     with _clean_errors():
         names = parse_policies(policy)
         config = sim_config(
             nodes=nodes, requests=requests, rate=rate, lifetime=lifetime, arrival=arrival,
             flatten=flatten, concurrency=concurrency, staleness=staleness, seed=seed,
-            cache=cache, pull_bandwidth=pull_bandwidth, boot=boot,
+            cache=cache, pull_bandwidth=pull_bandwidth, boot=boot, assume=assume,
         )  # fmt: skip
         arrivals = generate_workload(config.workload)
         results = _run_all(config, names, arrivals, quiet)
@@ -227,7 +276,7 @@ def _title(config: SimConfig) -> str:
     return (
         f"{config.nodes} nodes, {workload.requests} requests at {workload.rate:g}/s "
         f"(lifetime ~{workload.lifetime_mean:g} s), K={config.concurrency}, "
-        f"Δ={config.staleness:g} s, seed {config.seed}"
+        f"Δ={config.staleness:g} s, seed {config.seed}" + ("" if config.assume else ", no assume")
     )
 
 

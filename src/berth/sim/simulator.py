@@ -10,21 +10,25 @@ the simulator never re-implements fit, ranking or admission.  It is not a load g
 turns a :class:`SimResult` into metrics, tables and plots).
 
 **The cluster.**  ``SimConfig.nodes`` nodes named ``node-000`` …; each draws a size class
-(:class:`NodeClass`: memory, disk, cores, bandwidth caps) and a platform from weighted mixes,
-shuffled by ``SimConfig.seed`` so neither correlates with the name order some policies use
-for ties.  A node has a ``NodeBudget`` on the simulated clock, a
-:class:`~berth.node.layers.LayerRegistry` (refcounted mounts, LRU cache of
-``cache_bytes``) and a :class:`~berth.node.runtime.FakeRuntime`.  The lease a placement
-reserved under is bound to the booted workload, so when the simulator finishes the workload
-its reservation ends with it and its layers are unmounted — the node agent's wiring, minus
-processes.  (:class:`~berth.node.agent.Agent` itself is not used: its advertiser is an asyncio
-heartbeat in wall-clock time, while here snapshots must follow the simulated clock.)
+(:class:`~berth.node.classes.NodeClass`: memory, disk, cores, bandwidth caps — the type the
+embedded cluster uses too) and a platform from weighted mixes, shuffled by ``SimConfig.seed``
+so neither correlates with the name order some policies use for ties.  Every node is a
+:class:`~berth.node.core.NodeCore` — the node agent's own core, minus the agent's I/O — with a
+``NodeBudget`` on the simulated clock, a :class:`~berth.node.layers.LayerRegistry`
+(refcounted mounts, LRU cache of ``cache_bytes``) and a
+:class:`~berth.node.runtime.FakeRuntime`.  The core's wiring is the agent's: a workload's end
+releases its reservation (the lease is bound to it) and unmounts its layers into the cache,
+and its snapshot is the agent's snapshot.  (:class:`~berth.node.agent.Agent` itself is not
+used: its advertiser is an asyncio heartbeat in wall-clock time, while here snapshots must
+follow the simulated clock — the simulator is the advertiser.)
 
-**Load model** (what the budget's soft check and the snapshot read): every workload keeps
+**Load model** (what the budget's soft check and the snapshot read — a simulator concern,
+plugged into the core as its budget's readings plus a change listener): every workload keeps
 the vCPUs and bandwidth it declared busy, so ``cpu_load = min(1, Σ reserved vcpus /
-cpu_capacity)`` and ``disk_bw_load`` / ``net_bw_load`` are the reserved sums.  Deterministic
-and pessimistic; with the default classes cores, disk and bandwidth are at most 80 % used when
-memory is full, so memory is the binding resource.
+cpu_capacity)`` and ``disk_bw_load`` / ``net_bw_load`` are the reserved sums, recomputed on
+every change of the node's reservations.  Deterministic and pessimistic; with the default
+classes cores, disk and bandwidth are at most 80 % used when memory is full, so memory is the
+binding resource.
 
 **Schedulers and staleness.**  ``concurrency`` = K schedulers, each a real
 ``ClusterScheduler`` with its own :class:`~berth.store.memory.MemoryStore` replica and its
@@ -37,15 +41,19 @@ delivered at time 0.
 
 **A placement's life.**  At ``arrival.at`` the scheduler's ``schedule(request)`` ranks its
 replica and walks the candidates; each node's ``admit`` reserves under a lease or refuses.
-The simulator then boots the workload on the node's runtime, binds the lease to it, and
-mounts the image's layers: a layer neither mounted nor cached is *pulled* (bytes counted,
-taking ``bytes / pull_bandwidth`` seconds for all of the request's missing layers together);
-a cached layer is re-mounted free; a layer another workload is still pulling is waited for.
-The workload starts ``boot_seconds`` after its last layer is ready — that wait is its modelled
-start latency — and ends ``lifetime`` seconds after starting, when the runtime reports its
-exit: the reservation is released and its layers unmounted into the cache.  A request the
-scheduler cannot place (``NoCapacity``, ``NoMatchingPlatform``) is recorded and dropped,
-never retried.
+The simulator then hands the placement to the node's core — ``NodeCore.boot`` with the
+lease, the same lifecycle the agent runs: mount the image's layers, start the workload, bind
+the lease to it.  The mounts say what the start waits for: a layer neither mounted nor cached
+is *pulled* (bytes counted, taking ``bytes / pull_bandwidth`` seconds for all of the
+request's missing layers together); a cached layer is re-mounted free; a layer another
+workload is still pulling is waited for.  The workload starts ``boot_seconds`` after its last
+layer is ready — that wait is its modelled start latency — and ends ``lifetime`` seconds after
+starting, when the runtime reports its exit: the reservation is released and its layers
+unmounted into the cache.  A request the scheduler cannot place (``NoCapacity``,
+``NoMatchingPlatform``) is recorded and dropped, never retried.
+
+**Events** are dispatched by kind through a handler table (:attr:`Simulation._handlers`):
+a workload's end, a snapshot's delivery to a replica, a utilisation sample, an arrival.
 
 **Determinism.**  Events are ordered by (time, kind, sequence): at equal times ends come
 before snapshot deliveries, samples and arrivals.  Nodes publish in name order.  Nothing
@@ -55,11 +63,13 @@ depends on the wall clock except the measured decision latency, which is reporte
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -68,17 +78,18 @@ from pydantic import Field, StrictInt, field_validator
 
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
-from berth.model import Bytes, BytesPerSecond, Layer, Name
-from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.model import Bytes, BytesPerSecond
+from berth.node.budget import NodeBudget, StaticLoad
+from berth.node.classes import NodeClass
+from berth.node.core import NodeCore
 from berth.node.layers import LayerRegistry, MountOutcome
-from berth.node.runtime import BootSpec, FakeRuntime, Workload
+from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.local import LocalNodes
 from berth.nodeclient.recording import RecordingNodes
 from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.policies import POLICIES, SeedLike
-from berth.scheduler.policies import policy as make_policy
-from berth.scheduler.policy import Policy
+from berth.scheduler.policy import POLICIES, Policy, SeedLike
+from berth.scheduler.policy import policy as make_policy
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
@@ -95,6 +106,8 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "Simulation",
+    "check_drained",
+    "check_node",
     "layout",
     "simulate",
     "simulate_policies",
@@ -102,18 +115,6 @@ __all__ = [
 
 GiB = 2**30
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class NodeClass(BerthModel):
-    """One node size: hard budget (``mem``, ``disk``), cores, bandwidth caps, mix weight."""
-
-    name: Name
-    mem: Bytes
-    disk: Bytes
-    cpus: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    disk_bw: BytesPerSecond
-    net_bw: BytesPerSecond
-    weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.0
 
 
 DEFAULT_NODE_CLASSES: tuple[NodeClass, ...] = (
@@ -276,143 +277,90 @@ Observer = Callable[[Decision, Arrival, ClusterScheduler], None]
 is still the view the decision was made from (``berth demo`` explains placements with it)."""
 
 
-class _Node:
-    """One simulated node: real budget, layer registry and fake runtime, wired like an agent."""
+def _reserved_load(budget: NodeBudget, load: StaticLoad) -> Callable[[], None]:
+    """The simulated load model (module docstring), as a listener on ``budget``'s changes:
+    ``load`` is kept at the reserved sums (``cpu_load`` as a fraction of the cores)."""
 
-    def __init__(
-        self,
-        info: NodeInfo,
-        node_class: NodeClass,
-        cache_bytes: int,
-        clock: Callable[[], float],
-        mark_dirty: Callable[[str], None],
-    ) -> None:
-        self.info = info
-        self.platform = Platform.parse(info.platform)
-        self._mark_dirty = mark_dirty
-        self.load = StaticLoad()
-        limits = BudgetLimits(
-            mem_max=node_class.mem,
-            disk_max=node_class.disk,
-            cpu_capacity=node_class.cpus,
-            cpu_max_load=1.0,
-            disk_bw_cap=node_class.disk_bw,
-            net_bw_cap=node_class.net_bw,
-        )
-        self.budget = NodeBudget(limits, self.load, on_change=self._budget_changed, clock=clock)
-        self.layers = LayerRegistry(cache_bytes, on_change=self._mark)
-        self.runtime = FakeRuntime()
-        self.running: dict[str, tuple[Workload, tuple[Layer, ...]]] = {}
-        self.ready_at: dict[str, float] = {}
-        self.generation = 0
-        self.exit_errors: list[str] = []
-
-    def _mark(self) -> None:
-        self._mark_dirty(self.info.name)
-
-    def _budget_changed(self) -> None:
+    def update() -> None:
         vcpus = disk_bw = net_bw = 0.0
-        for reservation in self.budget.reservations():
+        for reservation in budget.reservations():
             vcpus += reservation.spec.vcpus
             disk_bw += reservation.spec.disk_bw
             net_bw += reservation.spec.net_bw
-        self.load.cpu_load = min(1.0, vcpus / self.budget.limits.cpu_capacity)
-        self.load.disk_bw_load = disk_bw
-        self.load.net_bw_load = net_bw
-        self._mark()
+        load.cpu_load = min(1.0, vcpus / budget.limits.cpu_capacity)
+        load.disk_bw_load = disk_bw
+        load.net_bw_load = net_bw
 
-    def start(self, workload: Workload, layers: tuple[Layer, ...]) -> None:
-        """Track a booted workload: when it ends, its layers are unmounted (into the cache)."""
-        self.running[workload.id] = (workload, layers)
-        workload.add_done_callback(self._ended)
+    return update
 
-    def _ended(self, workload: Workload) -> None:
-        # The agent's wiring: the reservation ends with its owner (the lease is bound to the
-        # workload), and the layers unmount.  Errors are recorded, because the runtime only
-        # logs a failing callback, and the invariant check must see them.
-        entry = self.running.pop(workload.id, None)
-        if entry is None:
-            self.exit_errors.append(f"unknown workload {workload.id} ended")
-            return
-        try:
-            for layer in entry[1]:
-                self.layers.unmount(layer.id)
-        except BerthError as error:
-            self.exit_errors.append(f"workload {workload.id}: {error}")
 
-    def snapshot(self, now: float) -> NodeState:
-        self.generation += 1
-        headroom = self.budget.headroom()
-        limits = self.budget.limits
-        return NodeState(
-            node=self.info.name,
-            platform=self.platform,
-            generation=self.generation,
-            admitted=self.budget.admitted,
-            published_at=now,
-            mem_free=headroom.mem_free,
-            disk_free=headroom.disk_free,
-            mem_max=limits.mem_max,
-            disk_max=limits.disk_max,
-            cpu_load=self.load.cpu_load,
-            cpu_capacity=limits.cpu_capacity,
-            cpu_max_load=limits.cpu_max_load,
-            disk_bw_load=self.load.disk_bw_load,
-            disk_bw_ceiling=limits.disk_bw_ceiling,
-            net_bw_load=self.load.net_bw_load,
-            net_bw_ceiling=limits.net_bw_ceiling,
-            layers=self.layers.mounted(),
-            cached_layers=self.layers.cached(),
+def _simulated_node(
+    info: NodeInfo, node_class: NodeClass, cache_bytes: int, clock: Callable[[], float]
+) -> NodeCore:
+    """A node core with the simulated load model, on the simulated clock."""
+    load = StaticLoad()
+    budget = NodeBudget(node_class.limits(), load, clock=clock)
+    budget.add_change_listener(_reserved_load(budget, load))
+    return NodeCore(
+        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(cache_bytes)
+    )
+
+
+def check_node(node: NodeCore) -> None:
+    """Raise ``InvariantViolated`` unless ``node``'s bookkeeping holds between two events.
+
+    The core's own checks (:meth:`~berth.node.core.NodeCore.problems`: hard budget, layer
+    refcounts, cache bound, clean ends), plus one that holds only here: every reservation
+    belongs to a running workload, because the simulator binds each lease in the event that
+    took it.
+    """
+    problems = node.problems()
+    reservations, running = len(node.budget.reservations()), len(node.workloads())
+    if reservations != running:
+        problems.append(f"{reservations} reservations for {running} workloads")
+    if problems:
+        raise InvariantViolated(f"{node.name}: {problems[0]}")
+
+
+def check_drained(node: NodeCore) -> None:
+    """Raise ``InvariantViolated`` unless every workload ended and released everything."""
+    check_node(node)
+    limits = node.budget.limits
+    headroom = node.budget.headroom()
+    leftovers = (
+        node.workloads() or node.runtime.list() or node.layers.mounted(),
+        (headroom.mem_free, headroom.disk_free) != (limits.mem_max, limits.disk_max),
+    )
+    if any(leftovers):
+        raise InvariantViolated(
+            f"{node.name}: not drained at the end: {len(node.workloads())} workloads, "
+            f"{len(node.layers.mounted())} mounted layers, headroom {headroom}"
         )
 
-    def check(self) -> None:
-        """Raise ``InvariantViolated`` unless the hard budget and layer refcounts hold."""
-        limits = self.budget.limits
-        reservations = self.budget.reservations()
-        mem = sum(reservation.spec.mem for reservation in reservations)
-        disk = sum(reservation.spec.disk for reservation in reservations)
-        headroom = self.budget.headroom()
-        name = self.info.name
-        if mem > limits.mem_max or disk > limits.disk_max:
-            raise InvariantViolated(
-                f"{name}: reserved {mem} B mem / {disk} B disk exceeds "
-                f"{limits.mem_max} / {limits.disk_max}"
-            )
-        if (headroom.mem_free, headroom.disk_free) != (
-            limits.mem_max - mem,
-            limits.disk_max - disk,
-        ):
-            raise InvariantViolated(f"{name}: headroom {headroom} disagrees with reservations")
-        if len(reservations) != len(self.running):
-            raise InvariantViolated(
-                f"{name}: {len(reservations)} reservations for {len(self.running)} workloads"
-            )
-        used = {layer.id for _, layers in self.running.values() for layer in layers}
-        if used != set(self.layers.mounted()):
-            raise InvariantViolated(f"{name}: mounted layers differ from running workloads'")
-        if self.layers.cached_bytes > self.layers.cache_budget_bytes:
-            raise InvariantViolated(f"{name}: layer cache over its budget")
-        if self.exit_errors:
-            raise InvariantViolated(f"{name}: {self.exit_errors[0]}")
 
-    def check_drained(self) -> None:
-        """Raise ``InvariantViolated`` unless every workload ended and released everything."""
-        self.check()
-        limits = self.budget.limits
-        headroom = self.budget.headroom()
-        leftovers = (
-            self.running or self.runtime.list() or self.layers.mounted(),
-            (headroom.mem_free, headroom.disk_free) != (limits.mem_max, limits.disk_max),
-        )
-        if any(leftovers):
-            raise InvariantViolated(
-                f"{self.info.name}: not drained at the end: {len(self.running)} workloads, "
-                f"{len(self.layers.mounted())} mounted layers, headroom {headroom}"
-            )
+class _Event(IntEnum):
+    """Event kinds, in the order they run at equal times."""
+
+    END = 0
+    DELIVER = 1
+    SAMPLE = 2
+    ARRIVE = 3
 
 
-# Event kinds, in the order they run at equal times.
-_END, _DELIVER, _SAMPLE, _ARRIVE = range(4)
+@dataclass
+class _Tally:
+    """What a run accumulates as its events are handled."""
+
+    names: list[str]
+    mem_max: npt.NDArray[np.float64]
+    utilisation: npt.NDArray[np.float64]
+    progress: Callable[[int, int], None] | None
+    observer: Observer | None
+    samples: int = 0
+    decisions: list[Decision] = field(default_factory=list)
+    pulls: list[tuple[float, int]] = field(default_factory=list)
+    pulled_total: int = 0
+    distinct: dict[str, int] = field(default_factory=dict)
 
 
 def _counts(weights: Sequence[float], total: int) -> list[int]:
@@ -462,10 +410,13 @@ def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
 class Simulation:
     """One run of one policy over a fixed list of arrivals (see the module docstring).
 
-    ``policy`` is a registered policy name (:data:`berth.scheduler.policies.POLICIES`) or a
+    ``policy`` is a registered policy name (:data:`berth.scheduler.policy.POLICIES`) or a
     factory called once per scheduler with that scheduler's seed generator, so a test can hand
     in any :class:`~berth.scheduler.policy.Policy`.  ``check_invariants`` re-checks every
     touched node's hard budget and layer refcounts after every event (slower; for tests).
+
+    ``nodes`` are the simulated nodes' :class:`~berth.node.core.NodeCore` by name, ``info``
+    their fixed descriptions.
     """
 
     def __init__(
@@ -491,10 +442,15 @@ class Simulation:
         self.check_invariants = check_invariants
         self.now = 0.0
         self._dirty: set[str] = set()
-        self.nodes: dict[str, _Node] = {
-            info.name: _Node(info, node_class, config.cache_bytes, self._clock, self._dirty.add)
-            for info, node_class in layout(config)
-        }
+        self.info: dict[str, NodeInfo] = {}
+        self.nodes: dict[str, NodeCore] = {}
+        for info, node_class in layout(config):
+            node = _simulated_node(info, node_class, config.cache_bytes, self._clock)
+            node.add_change_listener(functools.partial(self._dirty.add, info.name))
+            self.info[info.name] = info
+            self.nodes[info.name] = node
+        # When each layer a node pulled is ready (a later mount of it waits until then).
+        self._ready_at: dict[str, dict[str, float]] = {name: {} for name in self.nodes}
         self._local = LocalNodes({name: node.budget for name, node in self.nodes.items()})
         self.stores = [MemoryStore(clock=self._clock) for _ in range(config.concurrency)]
         for node in self.nodes.values():
@@ -513,15 +469,27 @@ class Simulation:
             )
             for store, client, seed in zip(self.stores, self._clients, seeds, strict=True)
         ]
-        self._events: list[tuple[float, int, int, Any]] = []
+        self._events: list[tuple[float, _Event, int, Any]] = []
         self._sequence = itertools.count()
+        self._handlers: dict[_Event, Callable[[Any], Awaitable[None]]] = {
+            _Event.END: self._end,
+            _Event.DELIVER: self._deliver,
+            _Event.SAMPLE: self._sample,
+            _Event.ARRIVE: self._arrival,
+        }
+        self._tally: _Tally | None = None
         self._ran = False
 
     def _clock(self) -> float:
         return self.now
 
-    def _push(self, at: float, kind: int, payload: Any) -> None:
+    def _push(self, at: float, kind: _Event, payload: Any) -> None:
         heapq.heappush(self._events, (at, kind, next(self._sequence), payload))
+
+    def check(self, node: str) -> None:
+        """Raise ``InvariantViolated`` unless ``node``'s bookkeeping holds (see
+        :func:`check_node`)."""
+        check_node(self.nodes[node])
 
     def run(
         self,
@@ -542,71 +510,90 @@ class Simulation:
     ) -> SimResult:
         started = time.perf_counter()
         for index, arrival in enumerate(self.arrivals):
-            self._push(arrival.at, _ARRIVE, index)
+            self._push(arrival.at, _Event.ARRIVE, index)
         horizon = self.arrivals[-1].at if self.arrivals else 0.0
         sample_times = np.linspace(0.0, horizon, self.config.samples, endpoint=False)
         for at in sample_times.tolist():
-            self._push(at, _SAMPLE, None)
+            self._push(at, _Event.SAMPLE, None)
         names = sorted(self.nodes)
-        mem_max = np.array([self.nodes[name].info.mem_max for name in names], dtype=np.float64)
-        utilisation = np.zeros((self.config.samples, len(names)), dtype=np.float64)
-        samples = 0
-        decisions: list[Decision] = []
-        pulls: list[tuple[float, int]] = []
-        pulled_total = 0
-        distinct: dict[str, int] = {}
-        total = len(self.arrivals)
-
+        tally = self._tally = _Tally(
+            names=names,
+            mem_max=np.array([self.info[name].mem_max for name in names], dtype=np.float64),
+            utilisation=np.zeros((self.config.samples, len(names)), dtype=np.float64),
+            progress=progress,
+            observer=observer,
+        )
+        handlers = self._handlers
         while self._events:
             at, kind, _, payload = heapq.heappop(self._events)
             self.now = at
-            if kind == _END:
-                node_name, workload_id = payload
-                self.nodes[node_name].runtime.finish(workload_id)
-            elif kind == _DELIVER:
-                store_index, state = payload
-                self.stores[store_index].publish_now(state)
-            elif kind == _SAMPLE:
-                free = np.array(
-                    [self.nodes[name].budget.headroom().mem_free for name in names],
-                    dtype=np.float64,
-                )
-                utilisation[samples] = 1.0 - np.divide(
-                    free, mem_max, out=np.ones_like(free), where=mem_max > 0
-                )
-                samples += 1
-            else:
-                arrival = self.arrivals[payload]
-                decision = await self._arrive(payload, arrival)
-                decisions.append(decision)
-                if decision.placed:
-                    for layer in arrival.request.layers:
-                        distinct[layer.id] = layer.size
-                    if decision.pulled_bytes:
-                        pulled_total += decision.pulled_bytes
-                        pulls.append((at, pulled_total))
-                if observer is not None:
-                    observer(decision, arrival, self.schedulers[decision.scheduler])
-                if progress is not None:
-                    progress(len(decisions), total)
+            await handlers[kind](payload)
             self._flush()
 
         for node in self.nodes.values():
-            node.check_drained()
+            check_drained(node)
         for scheduler in self.schedulers:
             scheduler.close()
         return SimResult(
             config=self.config,
             policy=self.policy_name,
-            nodes=tuple(self.nodes[name].info for name in names),
-            decisions=decisions,
-            pulls=pulls,
+            nodes=tuple(self.info[name] for name in names),
+            decisions=tally.decisions,
+            pulls=tally.pulls,
             sample_times=sample_times,
-            utilisation=utilisation[:samples],
-            lower_bound_bytes=sum(distinct.values()),
+            utilisation=tally.utilisation[: tally.samples],
+            lower_bound_bytes=sum(tally.distinct.values()),
             end_time=self.now,
             wall_seconds=time.perf_counter() - started,
         )
+
+    # -- event handlers ----------------------------------------------------------------------
+    async def _end(self, payload: tuple[str, str]) -> None:
+        """A workload's lifetime is over: its runtime reports the exit (the core releases)."""
+        node_name, workload_id = payload
+        runtime = self.nodes[node_name].runtime
+        assert isinstance(runtime, FakeRuntime)
+        runtime.finish(workload_id)
+
+    async def _deliver(self, payload: tuple[int, NodeState]) -> None:
+        """A snapshot published ``staleness`` seconds ago reaches one scheduler's replica."""
+        store_index, state = payload
+        self.stores[store_index].publish_now(state)
+
+    async def _sample(self, payload: None) -> None:
+        """Record every node's reserved memory fraction."""
+        tally = self._running_tally()
+        free = np.array(
+            [self.nodes[name].budget.headroom().mem_free for name in tally.names],
+            dtype=np.float64,
+        )
+        mem_max = tally.mem_max
+        tally.utilisation[tally.samples] = 1.0 - np.divide(
+            free, mem_max, out=np.ones_like(free), where=mem_max > 0
+        )
+        tally.samples += 1
+
+    async def _arrival(self, index: int) -> None:
+        """Place one arrival, record the decision, tell the observer and the progress bar."""
+        tally = self._running_tally()
+        arrival = self.arrivals[index]
+        decision = await self._arrive(index, arrival)
+        tally.decisions.append(decision)
+        if decision.placed:
+            for layer in arrival.request.layers:
+                tally.distinct[layer.id] = layer.size
+            if decision.pulled_bytes:
+                tally.pulled_total += decision.pulled_bytes
+                tally.pulls.append((self.now, tally.pulled_total))
+        if tally.observer is not None:
+            tally.observer(decision, arrival, self.schedulers[decision.scheduler])
+        if tally.progress is not None:
+            tally.progress(len(tally.decisions), len(self.arrivals))
+
+    def _running_tally(self) -> _Tally:
+        if self._tally is None:  # pragma: no cover - handlers run only inside _run
+            raise RuntimeError("no simulation is running")
+        return self._tally
 
     async def _arrive(self, index: int, arrival: Arrival) -> Decision:
         request = arrival.request
@@ -635,42 +622,43 @@ class Simulation:
         if outcome != "placed":
             return Decision(**base, outcome=outcome, decision_seconds=elapsed, refusals=refusals)
 
-        node = self.nodes[placement.worker_node]
-        if placement.reservation_id is None:  # pragma: no cover - every arrival has a spec
+        name = placement.worker_node
+        node = self.nodes[name]
+        spec = request.spec
+        if placement.reservation_id is None or spec is None:  # pragma: no cover - specs given
             raise InvariantViolated(f"{request.key}: placed without a reservation")
-        workload = await node.runtime.start(
-            BootSpec(name=request.key, command=("microvm", arrival.image))
-        )
-        node.start(workload, request.layers)
+        boot = BootSpec(name=request.key, command=("microvm", arrival.image), mem_limit=spec.mem)
         try:
-            await client.bind(node.info.name, placement.reservation_id, workload)
-        except BerthError as error:  # pragma: no cover - leases are bound at once
-            raise InvariantViolated(f"{request.key}: could not bind its lease: {error}") from None
+            booted = await node.boot(
+                spec, request.layers, boot, reservation=placement.reservation_id
+            )
+        except BerthError as error:  # pragma: no cover - leases are bound in the same event
+            raise InvariantViolated(f"{request.key}: could not boot on {name}: {error}") from None
 
         now = self.now
+        ready_at = self._ready_at[name]
         missing = 0
         pulled_now: list[str] = []
         waits = now
-        for layer in request.layers:
-            mounted = node.layers.mount(layer.id, layer.size)
+        for mounted in booted.mounts:
             if mounted.outcome is MountOutcome.PULLED:
-                missing += layer.size
-                pulled_now.append(layer.id)
+                missing += mounted.size
+                pulled_now.append(mounted.layer_id)
             elif mounted.outcome is MountOutcome.ALREADY_MOUNTED:
-                waits = max(waits, node.ready_at.get(layer.id, now))
+                waits = max(waits, ready_at.get(mounted.layer_id, now))
         pulled_by = now + missing / self.config.pull_bandwidth
         for layer_id in pulled_now:
-            node.ready_at[layer_id] = pulled_by
+            ready_at[layer_id] = pulled_by
         starts = max(waits, pulled_by) + self.config.boot_seconds
         ends = starts + arrival.lifetime
-        self._push(ends, _END, (node.info.name, workload.id))
+        self._push(ends, _Event.END, (name, booted.workload.id))
         total_bytes = sum(layer.size for layer in request.layers)
         return Decision(
             **base,
             outcome="placed",
             decision_seconds=elapsed,
             refusals=refusals,
-            node=placement.worker_node,
+            node=name,
             rank=placement.rank,
             colocated_bytes=placement.colocated_bytes,
             local_bytes=total_bytes - missing,
@@ -689,13 +677,13 @@ class Simulation:
         for name in dirty:
             node = self.nodes[name]
             if self.check_invariants:
-                node.check()
+                check_node(node)
             state = node.snapshot(self.now)
             for index, store in enumerate(self.stores):
                 if delay == 0:
                     store.publish_now(state)
                 else:
-                    self._push(self.now + delay, _DELIVER, (index, state))
+                    self._push(self.now + delay, _Event.DELIVER, (index, state))
 
 
 def simulate(

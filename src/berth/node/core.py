@@ -1,0 +1,351 @@
+"""The node core: one node's budget, layers, running workloads and snapshot — and no I/O.
+
+This module owns what makes a node a node, independent of how time passes or how the node
+talks to the cluster:
+
+* the :class:`~berth.node.budget.NodeBudget` (the authority on what the node may hold), the
+  :class:`~berth.node.layers.LayerRegistry` (mounted layers, LRU cache of unmounted ones) and
+  a :class:`~berth.node.runtime.Runtime`, wired so that **a workload's end releases what it
+  held**: its reservation (the budget follows its owner, or the lease bound to it) and its
+  layer mounts (into the cache), whatever ended it;
+* the running workloads, by id;
+* :meth:`NodeCore.snapshot` — the node's :class:`~berth.state.NodeState` at a given time,
+  numbered by a generation counter, with ``admitted`` (the budget's admission count, which a
+  scheduler's assume cache compares with the ``seq`` of the admissions it made);
+* the **one place-and-boot lifecycle**, :meth:`NodeCore.boot`.
+
+Two users drive it.  The node agent (:mod:`berth.node.agent`) adds the I/O: a load monitor,
+an advertiser that publishes snapshots on wall-clock heartbeats, the state store.  The
+simulator (:mod:`berth.sim.simulator`) adds a simulated clock and load model, and publishes
+snapshots when its events say so.  Both therefore run the same wiring and the same lifecycle;
+neither re-implements them.
+
+**The lifecycle** — ``boot(spec, layers, boot_spec)``, in this order:
+
+0. *platform* — a node that runs none of the artifact's platforms refuses
+   (``platform_mismatch``) before touching anything; it is a static fact, so it costs nothing
+   to check first.  With a ``reservation`` the lease must still be held (``lease_expired``).
+1. *mount* the image's layers — the workload boots from them, so they come first; each mount
+   reports whether it needed a pull (``PULLED`` / ``FROM_CACHE`` / ``ALREADY_MOUNTED``),
+   which is what the simulator times pulls from;
+2. *start* the workload — a boot failure is the node's refusal (``boot_failed``), after
+   unmounting;
+3. *admit or bind* — without a reservation (the seed's try-run) the budget admits ``spec``
+   owned by the running workload; with one (the port's ``schedule``: a scheduler admitted
+   under a lease first) the lease is bound to the workload.  A refusal stops the workload,
+   whose end unmounts its layers.
+
+Why admit *after* start: a reservation must be owned by something that can end, and the
+workload is that only once it exists.  Admitting (or binding) the started workload means there
+is never a reservation without an owner that releases it — the hard budget cannot leak — at
+the price of a boot that is sometimes refused and stopped (a lost race against a stale
+snapshot: rare, and cheap next to a leak).  On the leased path, any failure also releases the
+reservation at once: nothing will ever bind it, and waiting for the lease to expire would
+hold memory for nothing.
+
+It is deliberately not an advertiser, a clock, a monitor or a transport, and it never looks
+at another node.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from berth.errors import BerthError, Invalid
+from berth.model import Layer, Spec
+from berth.node.budget import NodeBudget
+from berth.node.layers import LayerRegistry, MountResult
+from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.ownership import Admission, Owner, Refused, refused_by
+from berth.platform import Platform, matches_any
+from berth.state import NodeState
+
+__all__ = ["Booted", "NodeCore"]
+
+log = logging.getLogger("berth.node")
+
+
+@dataclass(frozen=True)
+class Booted:
+    """A booted workload: the workload, the reservation it owns, and what each mount did.
+
+    ``mounts`` are in the order of the request's layers; a layer with outcome ``PULLED`` was
+    on this node neither mounted nor cached.
+    """
+
+    workload: Workload
+    admission: Admission
+    mounts: tuple[MountResult, ...]
+
+    @property
+    def pulled_bytes(self) -> int:
+        """Bytes of the layers that had to be pulled."""
+        return sum(mount.pulled_bytes for mount in self.mounts)
+
+
+class NodeCore:
+    """One node's state and lifecycle without I/O (see the module docstring).
+
+    ``platform`` is the platform the node runs; the budget's is set to it (or must equal it).
+    ``labels`` are advertised in every snapshot.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        platform: Platform | str,
+        budget: NodeBudget,
+        runtime: Runtime,
+        *,
+        layers: LayerRegistry | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        if not name:
+            raise Invalid("must not be empty", field="name")
+        self.name = name
+        self.platform = Platform.parse(platform)
+        if budget.platform is None:
+            budget.platform = self.platform
+        elif budget.platform != self.platform:
+            raise Invalid(
+                f"the budget is for {budget.platform}, the node runs {self.platform}",
+                field="platform",
+            )
+        self.budget = budget
+        self.runtime = runtime
+        self.layers = layers if layers is not None else LayerRegistry()
+        self.labels = dict(labels or {})
+        self.end_errors: list[str] = []
+        """Bookkeeping errors met when a workload ended (a runtime only logs a failing
+        callback, so they are kept here for :meth:`problems` to report)."""
+        self._running: dict[str, tuple[Workload, tuple[str, ...]]] = {}
+        self._generation = 0
+        self._generation_lock = threading.Lock()
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of reservations or of mounted/cached layers."""
+        self.budget.add_change_listener(listener)
+        self.layers.add_change_listener(listener)
+
+    # -- the lifecycle -----------------------------------------------------------------------
+    async def boot(
+        self,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        *,
+        reservation: str | None = None,
+        platforms: Sequence[Platform] = (),
+    ) -> Booted:
+        """Mount, start, then admit owned by the workload — or bind ``reservation`` to it.
+
+        Raises ``Refused`` naming this node (``platform_mismatch``, ``lease_expired``,
+        ``boot_failed``, ``mem_exhausted`` …); nothing is left mounted, running or reserved
+        by a refused boot.  ``boot.mem_limit`` defaults to ``spec.mem``.
+        """
+        with refused_by(self.name):
+            self._check_platforms(platforms)
+            if reservation is not None:
+                self.budget.reap()  # a lease past its deadline is gone, reaped or not
+                if self.budget.get(reservation) is None:
+                    raise Refused("lease_expired", f"reservation {reservation} is gone")
+            mounts = self._mount(layers)
+            layer_ids = tuple(mount.layer_id for mount in mounts)
+            if boot.mem_limit is None and spec.mem:
+                boot = boot.model_copy(update={"mem_limit": spec.mem})
+            try:
+                workload = await self.runtime.start(boot)
+            except BaseException as error:
+                self._unmount(layer_ids)
+                if reservation is not None:
+                    self.budget.release(reservation)
+                if isinstance(error, BootFailed):
+                    raise Refused("boot_failed", error.reason) from None
+                raise
+            self._running[workload.id] = (workload, layer_ids)
+            workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
+            try:
+                admission = self._own(spec, workload, reservation, platforms)
+            except BaseException as error:
+                reason = getattr(error, "reason", type(error).__name__)
+                log.info("node %s refused %s after boot: %s", self.name, workload.id, reason)
+                await self.runtime.stop(workload.id)
+                if reservation is not None:
+                    self.budget.release(reservation)
+                raise
+        return Booted(workload, admission, mounts)
+
+    def _check_platforms(self, platforms: Sequence[Platform]) -> None:
+        if not matches_any(self.platform, platforms):
+            wanted = ", ".join(str(platform) for platform in platforms)
+            raise Refused("platform_mismatch", f"node runs {self.platform}, asked for {wanted}")
+
+    def _mount(self, layers: Sequence[Layer]) -> tuple[MountResult, ...]:
+        mounts: list[MountResult] = []
+        try:
+            for layer in layers:
+                mounts.append(self.layers.mount(layer.id, layer.size))
+        except BaseException:
+            self._unmount(tuple(mount.layer_id for mount in mounts))
+            raise
+        return tuple(mounts)
+
+    def _own(
+        self,
+        spec: Spec,
+        workload: Workload,
+        reservation: str | None,
+        platforms: Sequence[Platform],
+    ) -> Admission:
+        """The reservation ``workload`` now owns: admitted for it, or the lease bound to it."""
+        if reservation is None:
+            return self.budget.admit(spec, workload, platforms).admission
+        held = self.budget.get(reservation)
+        if held is None:
+            raise Refused("lease_expired", f"reservation {reservation} is gone")
+        self.budget.bind(reservation, workload)
+        return held.admission
+
+    def _ended(self, workload: Workload, layer_ids: tuple[str, ...]) -> None:
+        # The reservation is released by the budget itself (it follows its owner); the layers
+        # are ours to unmount.
+        if self._running.pop(workload.id, None) is None:
+            self.end_errors.append(f"unknown workload {workload.id} ended")
+        try:
+            self._unmount(layer_ids)
+        except BerthError as error:
+            self.end_errors.append(f"workload {workload.id}: {error}")
+            log.error("node %s: unmounting after %s ended: %s", self.name, workload.id, error)
+        log.info("workload %s on %s ended: %s", workload.id, self.name, workload.reason)
+
+    def _unmount(self, layer_ids: Sequence[str]) -> None:
+        for layer_id in layer_ids:
+            self.layers.unmount(layer_id)
+
+    # -- admission without a boot (the node client port) -------------------------------------
+    def admit(
+        self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
+    ) -> Admission:
+        """Reserve under a lease (the port's ``schedule`` confirmation)."""
+        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
+            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
+        with refused_by(self.name):
+            return self.budget.admit_leased(spec, lease_ttl_s, platforms).admission
+
+    def bind(self, reservation_id: str, owner: Owner | str) -> None:
+        """Tie a leased reservation to a workload (by id on this node, or an owner object).
+
+        Leases past their deadline are ended first: the budget reaps lazily, and a late bind
+        must not revive an expired reservation.
+        """
+        self.budget.reap()
+        with refused_by(self.name):
+            if isinstance(owner, str):
+                if self.budget.get(reservation_id) is None:  # say the likelier thing first
+                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+                running = self._running.get(owner)
+                if running is None:
+                    raise Refused("unknown_workload", f"no workload {owner!r}")
+                owner = running[0]
+            self.budget.bind(reservation_id, owner)
+
+    def release(self, reservation_id: str) -> bool:
+        """Release a reservation; idempotent (False when it was not held, or already expired)."""
+        self.budget.reap()
+        return self.budget.release(reservation_id)
+
+    # -- workloads ---------------------------------------------------------------------------
+    async def stop(self, workload_id: str) -> None:
+        """Stop a workload; unknown or already stopped ids are harmless."""
+        await self.runtime.stop(workload_id)
+
+    async def stop_all(self) -> None:
+        """Stop every running workload (each end releases what it held)."""
+        for workload_id in list(self._running):
+            await self.runtime.stop(workload_id)
+
+    def workloads(self) -> dict[str, Workload]:
+        """The running workloads by id."""
+        return {workload_id: entry[0] for workload_id, entry in self._running.items()}
+
+    def workload_layers(self) -> dict[str, tuple[str, ...]]:
+        """The layer ids each running workload holds mounted, by workload id."""
+        return {workload_id: entry[1] for workload_id, entry in self._running.items()}
+
+    # -- the snapshot ------------------------------------------------------------------------
+    def snapshot(self, now: float) -> NodeState:
+        """This node's state at ``now`` (the caller's clock), with the next generation number.
+
+        Loads are read from the budget's readings, clamped to the snapshot's ranges
+        (``cpu_load`` to 0..1, bandwidths to ≥ 0): a monitor may briefly over- or undershoot.
+        """
+        headroom = self.budget.headroom()
+        limits, load = self.budget.limits, self.budget.readings
+        with self._generation_lock:
+            self._generation += 1
+            generation = self._generation
+        return NodeState(
+            node=self.name,
+            platform=self.platform,
+            generation=generation,
+            admitted=self.budget.admitted,
+            published_at=now,
+            labels=self.labels,
+            mem_free=headroom.mem_free,
+            disk_free=headroom.disk_free,
+            mem_max=limits.mem_max,
+            disk_max=limits.disk_max,
+            cpu_load=min(max(load.cpu_load, 0.0), 1.0),
+            cpu_capacity=limits.cpu_capacity,
+            cpu_max_load=limits.cpu_max_load,
+            disk_bw_load=max(load.disk_bw_load, 0.0),
+            disk_bw_ceiling=limits.disk_bw_ceiling,
+            net_bw_load=max(load.net_bw_load, 0.0),
+            net_bw_ceiling=limits.net_bw_ceiling,
+            layers=self.layers.mounted(),
+            cached_layers=self.layers.cached(),
+            overcommit=self.budget.overcommit(),
+        )
+
+    @property
+    def generation(self) -> int:
+        """The generation of the last snapshot taken (0 before the first)."""
+        with self._generation_lock:
+            return self._generation
+
+    # -- self-checks -------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """What is wrong with this node's bookkeeping; empty when it is sound.
+
+        The hard budget holds (reserved ``mem``/``disk`` within the limits, headroom equal to
+        limits minus reservations), the mounted layers are exactly those of the running
+        workloads, the layer cache is within its budget, and no workload's end went wrong.
+        (Whether every reservation has a workload is the caller's to judge: an unbound lease
+        legitimately has none.)
+        """
+        found: list[str] = []
+        limits = self.budget.limits
+        reservations = self.budget.reservations()
+        mem = sum(reservation.spec.mem for reservation in reservations)
+        disk = sum(reservation.spec.disk for reservation in reservations)
+        if mem > limits.mem_max or disk > limits.disk_max:
+            found.append(
+                f"reserved {mem} B mem / {disk} B disk exceeds {limits.mem_max} / {limits.disk_max}"
+            )
+        headroom = self.budget.headroom()
+        expected = (limits.mem_max - mem, limits.disk_max - disk)
+        if (headroom.mem_free, headroom.disk_free) != expected:
+            found.append(f"headroom {headroom} disagrees with reservations")
+        used = {layer_id for _, layer_ids in self._running.values() for layer_id in layer_ids}
+        if used != set(self.layers.mounted()):
+            found.append("mounted layers differ from running workloads'")
+        if self.layers.cached_bytes > self.layers.cache_budget_bytes:
+            found.append("layer cache over its budget")
+        found.extend(self.end_errors)
+        return found
+
+    def __repr__(self) -> str:
+        return f"NodeCore({self.name!r}, {self.platform}, {len(self._running)} workloads)"

@@ -1,0 +1,82 @@
+"""Connecting to NATS the way every berth process does: reconnect for ever, log, name yourself.
+
+A berth agent or scheduler is a long-lived service: when the server restarts it must come
+back by itself (DESIGN.md §5: the client reconnects at once and buffered publishes are
+delivered), so the connection retries without limit, quickly, and reports disconnections and
+asynchronous errors (a permission violation arrives that way) to the ``berth.nats`` logger
+instead of nats-py's default of printing them.  A server that cannot be reached at all on the
+first attempt is :class:`~berth.errors.Unavailable`, one clear line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+
+from berth.errors import Unavailable
+
+__all__ = ["Credentials", "connect"]
+
+log = logging.getLogger("berth.nats")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A NATS user and password (``berth up`` generates one per role)."""
+
+    user: str
+    password: str
+
+
+async def connect(
+    url: str,
+    *,
+    name: str = "berth",
+    credentials: Credentials | None = None,
+    connect_timeout_s: float = 2.0,
+    first_connect_timeout_s: float = 5.0,
+    reconnect_wait_s: float = 0.25,
+) -> Client:
+    """A connection to ``url`` that reconnects without limit (see the module docstring)."""
+
+    async def on_error(error: Exception) -> None:
+        log.warning("%s: nats error: %s", name, error)
+
+    async def on_disconnected() -> None:
+        log.info("%s: disconnected from nats", name)
+
+    async def on_reconnected() -> None:
+        log.info("%s: reconnected to nats", name)
+
+    options: dict[str, object] = {}
+    if credentials is not None:
+        options["user"] = credentials.user
+        options["password"] = credentials.password
+    client = Client()
+    try:
+        # Reconnecting for ever also retries the *first* connection for ever: bound that one.
+        await asyncio.wait_for(
+            client.connect(
+                url,
+                name=name,
+                connect_timeout=connect_timeout_s,  # type: ignore[arg-type]  # int in the stubs
+                reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+                **options,  # type: ignore[arg-type]
+            ),
+            first_connect_timeout_s,
+        )
+    except Exception as error:  # nats-py raises several unrelated types for "cannot connect"
+        with contextlib.suppress(Exception):
+            await client.close()
+        detail = str(error) or type(error).__name__
+        raise Unavailable(f"cannot connect to nats at {url}: {detail}") from None
+    return client

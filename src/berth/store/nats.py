@@ -1,0 +1,351 @@
+"""The state store on a NATS JetStream key-value bucket: one key per node, a replica per reader.
+
+Every node *publishes* its ``NodeState`` as the value of its own key in one bucket (default
+``berth_nodes``); every reader keeps a *replica* — node name → latest snapshot — from a
+watch of the whole bucket, and serves :meth:`NatsStore.states` and
+:meth:`NatsStore.subscribe` from it without a round trip.
+
+**Liveness is the server's.**  The bucket's ``max_age`` is the snapshot time-to-live (three
+heartbeats: :func:`bucket_ttl_s`) and it is created *with limit markers*
+(``limit_marker_ttl``): when a node's last value ages out, the server writes a marker that
+every watcher receives as a purge, so a node that stops heartbeating leaves every replica,
+decided by the server's clock, never a node's.  Without markers an expired key vanishes
+silently and stays in every replica (DESIGN.md §5).  :meth:`NatsStore.remove` (an agent's
+clean shutdown) deletes the key at once.
+
+**The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
+1 s): nats-py resets an ordered consumer after two missed heartbeats, from the stream
+sequence after the last one it saw, so a replica resumes about two seconds after a server
+restart — the stock KV watcher waits for its own 5 s heartbeats and resumed only after ~14 s.
+
+**Messages are versioned and schema-checked.**  A value is ``{"v": 1, "state": {...}}``
+(:func:`encode_state`); :func:`decode_state` validates it into a ``NodeState`` and checks
+that the state names the node whose key it is stored under.  Peer data that fails — not
+JSON, another version, an invalid field, a state filed under another node's key — raises
+:class:`MalformedMessage`, which the watch logs (``berth.store.nats``) and counts
+(:attr:`NatsStore.rejected`); the replica is left exactly as it was.
+
+**Generations survive a node's restart.**  Readers drop snapshots older than one they hold
+(the port's guarantee), and a restarted agent counts generations from 1 again; so a store
+continues the key's generation: on its first publication for a node it reads the stored
+snapshot and numbers its own after it (``generation + offset``).  A publication older than
+the store's previous one for that node is dropped before it reaches the server, so the bucket
+never regresses.
+
+Node names become keys (and subject tokens, :func:`node_token`) by escaping every character
+outside ``[A-Za-z0-9_-]`` as ``=XX`` (hex of its UTF-8 bytes): ``node.1`` → ``node=2E1``.
+
+Not here: admission (the node-client drivers) and the routing registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, KeyValueConfig
+from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from berth.errors import Invalid, Unavailable
+from berth.state import NodeState
+from berth.store.port import StateEvent, StateListener
+
+__all__ = [
+    "DEFAULT_BUCKET",
+    "SCHEMA_VERSION",
+    "MalformedMessage",
+    "NatsStore",
+    "bucket_ttl_s",
+    "decode_state",
+    "encode_state",
+    "node_token",
+]
+
+log = logging.getLogger("berth.store.nats")
+
+DEFAULT_BUCKET = "berth_nodes"
+SCHEMA_VERSION = 1
+KV_OPERATION = "KV-Operation"
+MARKER_REASON = "Nats-Marker-Reason"  # nats-server >= 2.11: a limit marker (expiry)
+_SAFE = re.compile(r"[A-Za-z0-9_-]")
+
+
+class MalformedMessage(Invalid):
+    """Data from the network that berth cannot accept: ``source`` says where it came from."""
+
+    def __init__(self, message: str, *, source: str, field: str | None = None) -> None:
+        self.source = source
+        super().__init__(f"malformed message on {source}: {message}", field=field)
+
+
+def node_token(node: str) -> str:
+    """``node`` as one NATS subject token / KV key (see the module docstring)."""
+    if not node:
+        raise Invalid("must not be empty", field="node")
+    return "".join(
+        ch if _SAFE.fullmatch(ch) else "".join(f"={byte:02X}" for byte in ch.encode())
+        for ch in node
+    )
+
+
+def bucket_ttl_s(heartbeat_s: float) -> float:
+    """The snapshot time-to-live for nodes that publish every ``heartbeat_s``: three beats."""
+    return 3 * heartbeat_s
+
+
+def encode_state(state: NodeState) -> bytes:
+    """The wire form of ``state`` (``{"v": 1, "state": {...}}``)."""
+    return b'{"v":%d,"state":%s}' % (SCHEMA_VERSION, state.to_json().encode())
+
+
+def decode_state(data: bytes, *, key: str | None = None, source: str = "state store") -> NodeState:
+    """Validate a published snapshot; :class:`MalformedMessage` says what is wrong with it.
+
+    ``key`` (the KV key it was stored under) must be the snapshot's own node's token.
+    """
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedMessage(f"not JSON ({error})", source=source) from None
+    if not isinstance(document, dict):
+        raise MalformedMessage("not a JSON object", source=source)
+    version = document.get("v")
+    if version != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"schema version {version!r}, this berth reads {SCHEMA_VERSION}",
+            source=source,
+            field="v",
+        )
+    try:
+        state = NodeState.from_dict(document.get("state"))
+    except Invalid as error:
+        field = f"state.{error.field}" if error.field else "state"
+        raise MalformedMessage(error.message, source=source, field=field) from None
+    if key is not None and node_token(state.node) != key:
+        raise MalformedMessage(
+            f"the state of node {state.node!r} is stored under key {key!r}",
+            source=source,
+            field="state.node",
+        )
+    return state
+
+
+class NatsStore:
+    """``StateStore`` on a JetStream KV bucket (see the module docstring).
+
+    ``ttl_s`` is the bucket's ``max_age`` (``None``: snapshots never expire); it applies
+    when this store creates the bucket — a bucket that already exists keeps its own settings
+    (a different ``max_age`` is logged).  Use ``async with NatsStore(client, ...)`` or
+    ``start()``/``close()``; the connection stays the caller's.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        ttl_s: float | None = None,
+        marker_ttl_s: float = 1.0,
+        idle_heartbeat_s: float = 1.0,
+        sync_timeout_s: float = 10.0,
+    ) -> None:
+        if ttl_s is not None and not ttl_s > 0:
+            raise Invalid(f"must be positive, got {ttl_s!r}", field="ttl_s")
+        if not marker_ttl_s >= 1:
+            raise Invalid(f"must be at least 1 second, got {marker_ttl_s!r}", field="marker_ttl_s")
+        self.client = client
+        self.bucket = bucket
+        self.ttl_s = ttl_s
+        self.marker_ttl_s = marker_ttl_s
+        self.idle_heartbeat_s = idle_heartbeat_s
+        self.sync_timeout_s = sync_timeout_s
+        self.rejected = 0
+        """Messages the watch refused as malformed (each one logged)."""
+        self._js: JetStreamContext = client.jetstream()
+        self._prefix = f"$KV.{bucket}."
+        self._stream = f"KV_{bucket}"
+        self._replica: dict[str, NodeState] = {}
+        self._key_nodes: dict[str, str] = {}  # key → node whose snapshot the replica holds
+        self._listeners: list[StateListener] = []
+        self._offsets: dict[str, int] = {}  # node → generation offset of this publisher
+        self._last_published: dict[str, int] = {}
+        self._subscription: Any = None
+        self._kv: KeyValue | None = None
+        self._synced = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> NatsStore:
+        """Create (or bind) the bucket and fill the replica from a watch of it."""
+        self._kv = await self._ensure_bucket()
+        self._subscription = await self._js.subscribe(
+            f"{self._prefix}>",
+            stream=self._stream,
+            cb=self._on_message,
+            ordered_consumer=True,
+            idle_heartbeat=self.idle_heartbeat_s,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=max(30.0, 10 * self.idle_heartbeat_s),
+        )
+        info = await self._subscription.consumer_info()
+        if info.num_pending == 0 and info.delivered.stream_seq == 0:
+            self._synced.set()  # an empty bucket: nothing to wait for
+        try:
+            await asyncio.wait_for(self._synced.wait(), self.sync_timeout_s)
+        except TimeoutError:
+            raise Unavailable(
+                f"the state store's watch of bucket {self.bucket} did not catch up "
+                f"within {self.sync_timeout_s:g}s"
+            ) from None
+        return self
+
+    async def _ensure_bucket(self) -> KeyValue:
+        config = KeyValueConfig(bucket=self.bucket, history=1)
+        if self.ttl_s is not None:
+            config.ttl = self.ttl_s
+            config.limit_marker_ttl = self.marker_ttl_s
+        try:
+            return await self._js.create_key_value(config)
+        except BadRequestError as error:  # exists with another configuration
+            log.debug("bucket %s exists: %s", self.bucket, error)
+        try:
+            kv = await self._js.key_value(self.bucket)
+            status = await kv.status()
+        except BucketNotFoundError:
+            raise Unavailable(f"cannot create or bind bucket {self.bucket}") from None
+        if self.ttl_s is not None and status.ttl != self.ttl_s:
+            log.warning(
+                "bucket %s keeps snapshots for %ss, not the %ss asked for; its settings win",
+                self.bucket,
+                status.ttl,
+                self.ttl_s,
+            )
+        return kv
+
+    async def close(self) -> None:
+        """Stop watching (the replica stays as it was; nothing is removed)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def __aenter__(self) -> NatsStore:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the port ----------------------------------------------------------------------------
+    async def publish(self, state: NodeState) -> None:
+        node = state.node
+        offset = self._offsets.get(node)
+        if offset is None:
+            offset = self._offsets[node] = await self._stored_generation(node)
+        if offset:
+            state = state.model_copy(update={"generation": state.generation + offset})
+        if state.generation < self._last_published.get(node, -1):
+            return
+        self._last_published[node] = state.generation
+        try:
+            await self._js.publish(self._prefix + node_token(node), encode_state(state))
+        except Exception as error:
+            raise Unavailable(f"cannot publish the state of {node}: {error}") from error
+
+    def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            raise Unavailable(f"the state store on bucket {self.bucket} is not started")
+        return self._kv
+
+    async def _stored_generation(self, node: str) -> int:
+        try:
+            entry = await self._bucket().get(node_token(node))
+        except KeyNotFoundError:
+            return 0
+        except Exception as error:
+            raise Unavailable(f"cannot read the state of {node}: {error}") from error
+        try:
+            return decode_state(entry.value or b"", key=node_token(node)).generation
+        except MalformedMessage:
+            return 0
+
+    async def remove(self, node: str) -> None:
+        kv = self._bucket()
+        try:
+            await kv.delete(node_token(node))
+        except Exception as error:
+            raise Unavailable(f"cannot remove the state of {node}: {error}") from error
+
+    async def states(self) -> dict[str, NodeState]:
+        return dict(self._replica)
+
+    def subscribe(self, listener: StateListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        for state in list(self._replica.values()):
+            listener(StateEvent("put", state.node, state))
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    # -- the watch ---------------------------------------------------------------------------
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            self._apply(msg)
+        finally:
+            if not self._synced.is_set():
+                with contextlib.suppress(Exception):
+                    if msg.metadata.num_pending == 0:
+                        self._synced.set()
+
+    def _apply(self, msg: Msg) -> None:
+        key = msg.subject[len(self._prefix) :]
+        headers = msg.headers or {}
+        if KV_OPERATION in headers or MARKER_REASON in headers:
+            node = self._key_nodes.pop(key, None)  # a delete, a purge or an expiry marker
+            if node is not None and self._replica.pop(node, None) is not None:
+                self._notify(StateEvent("delete", node))
+            return
+        try:
+            state = decode_state(msg.data, key=key, source=msg.subject)
+        except MalformedMessage as error:
+            self.rejected += 1
+            log.warning("ignored: %s", error)
+            return
+        current = self._replica.get(state.node)
+        if current is not None and current.generation > state.generation:
+            return
+        self._replica[state.node] = state
+        self._key_nodes[key] = state.node
+        self._notify(StateEvent("put", state.node, state))
+
+    def _notify(self, event: StateEvent) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.exception("a state store listener failed on %s of %s", event.kind, event.node)
+
+
+@contextlib.asynccontextmanager
+async def open_nats_store(
+    url: str, **options: Any
+) -> AsyncIterator[NatsStore]:  # pragma: no cover - a convenience over connect + NatsStore
+    """Connect to ``url`` and open a :class:`NatsStore` on it; both closed on exit."""
+    from berth.service.connection import connect
+
+    client = await connect(url, name="berth-store")
+    try:
+        async with NatsStore(client, **options) as store:
+            yield store
+    finally:
+        await client.close()

@@ -19,7 +19,7 @@ from nats.aio.client import Client
 
 from berth.errors import Unavailable
 
-__all__ = ["Credentials", "connect"]
+__all__ = ["Credentials", "connect", "settle"]
 
 log = logging.getLogger("berth.nats")
 
@@ -80,3 +80,16 @@ async def connect(
         detail = str(error) or type(error).__name__
         raise Unavailable(f"cannot connect to nats at {url}: {detail}") from None
     return client
+
+
+async def settle(client: Client) -> None:
+    """Return once the server has processed everything sent on ``client`` so far.
+
+    nats-py's ``flush`` writes its PING straight to the socket, ahead of commands still in
+    its own buffer, so it can return before a just-made subscription reached the server (a
+    request from another connection then finds no responders — seen about once in a hundred
+    tries on loopback).  The first round trip lets the buffer drain; the second PING follows
+    everything.
+    """
+    await client.flush()
+    await client.flush()

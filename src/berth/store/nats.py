@@ -56,6 +56,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundErro
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
+from berth.service.connection import settle
 from berth.state import NodeState
 from berth.store.port import StateEvent, StateListener
 
@@ -195,6 +196,7 @@ class NatsStore:
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
             inactive_threshold=max(30.0, 10 * self.idle_heartbeat_s),
         )
+        await settle(self.client)
         info = await self._subscription.consumer_info()
         if info.num_pending == 0 and info.delivered.stream_seq == 0:
             self._synced.set()  # an empty bucket: nothing to wait for

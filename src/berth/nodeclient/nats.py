@@ -1,0 +1,238 @@
+"""The node-client driver over NATS request/reply: a scheduler confirming on remote nodes.
+
+:class:`NatsNodes` implements :class:`~berth.nodeclient.port.AgentClient` by sending each
+call to the node's own subject (``berth.node.<node>.<op>``, :mod:`~berth.nodeclient.nats_wire`)
+where that node's :class:`~berth.nodeclient.nats_server.NodeServer` answers from its agent.
+
+Failures are typed, so a scheduler's walk knows what to do with each:
+
+* no agent subscribed to the node's subjects (``NoRespondersError``), a closed or
+  reconnecting connection → ``Unavailable`` at once;
+* no answer in time → ``Unavailable`` too, but the outcome is *unknown*: a timed-out request
+  can still be delivered later.  So every ``admit`` carries an idempotency key and is retried
+  with the same key (``admit_attempts``): the node answers a retry with the reservation it
+  already took.  If no attempt is answered the walk moves on, and a reservation the node took
+  anyway is an unbound lease that expires;
+* the node's ``Refused`` and ``Invalid`` arrive as themselves (the node named in every
+  refusal); a reply that is not a berth reply is :class:`~berth.nodeclient.nats_wire.BadReply`.
+
+A call that is malformed on its face (``lease_ttl_s`` zero, negative or NaN) is ``Invalid``
+before anything is sent.
+
+Binding to an owner *object* (in-process code, the contract suite) cannot send the object:
+the node holds the reservation until told, and this client releases it when the owner ends —
+before its next call to that node, so the release is never overtaken (see
+:class:`~berth.nodeclient.nats_server.HeldUntilReleased`).  Bind to workload ids where the
+workload runs on the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+
+from berth.errors import Invalid, Unavailable
+from berth.model import Layer, Spec
+from berth.node.runtime.port import BootSpec
+from berth.nodeclient.nats_wire import (
+    IDEMPOTENCY_HEADER,
+    PREFIX,
+    SCHEMA_VERSION,
+    BadReply,
+    decode_reply,
+    encode,
+    subject,
+)
+from berth.ownership import Admission, Owner, Refused
+from berth.platform import Platform
+
+__all__ = ["NatsNodes"]
+
+log = logging.getLogger("berth.nodeclient.nats")
+
+
+class _TimedOut(Unavailable):
+    """No answer in time: the outcome is unknown."""
+
+
+class NatsNodes:
+    """``AgentClient`` over NATS (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        prefix: str = PREFIX,
+        timeout_s: float = 2.0,
+        run_timeout_s: float = 60.0,
+        admit_attempts: int = 2,
+    ) -> None:
+        if admit_attempts < 1:
+            raise Invalid(f"must be at least 1, got {admit_attempts}", field="admit_attempts")
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.run_timeout_s = run_timeout_s
+        self.admit_attempts = admit_attempts
+        self._lock = threading.Lock()
+        self._ended: dict[str, list[str]] = {}  # node → reservations whose owner ended
+        self._flushing: dict[str, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- the port ----------------------------------------------------------------------------
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        if (
+            isinstance(lease_ttl_s, bool)
+            or not isinstance(lease_ttl_s, int | float)
+            or not lease_ttl_s > 0
+            or math.isinf(lease_ttl_s)
+        ):
+            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
+        document = {
+            "v": SCHEMA_VERSION,
+            "spec": spec.model_dump(mode="json"),
+            "lease_ttl_s": float(lease_ttl_s),
+            "platforms": [str(platform) for platform in platforms],
+        }
+        headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
+        for attempt in range(1, self.admit_attempts + 1):
+            try:
+                value = await self._call(node, "admit", document, headers=headers)
+                break
+            except _TimedOut:
+                if attempt == self.admit_attempts:
+                    raise
+                log.info("admit on %s timed out; retrying with the same key", node)
+        try:
+            return Admission(reservation_id=str(value["reservation_id"]), seq=int(value["seq"]))
+        except (TypeError, KeyError, ValueError):
+            raise BadReply(f"node {node} answered admit with {value!r}") from None
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        workload_id = owner if isinstance(owner, str) else None
+        document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
+        document["workload_id"] = workload_id
+        await self._call(node, "bind", document)
+        if not isinstance(owner, str):
+            owner.add_done_callback(lambda _: self._owner_ended(node, reservation_id))
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
+        return bool(await self._call(node, "release", document))
+
+    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+        document = {
+            "v": SCHEMA_VERSION,
+            "spec": spec.model_dump(mode="json"),
+            "layers": [Layer.of(layer).model_dump(mode="json") for layer in layers],
+            "boot": boot.model_dump(mode="json"),
+            "platforms": [],
+        }
+        value = await self._call(node, "run", document, timeout_s=self.run_timeout_s)
+        if not isinstance(value, str):
+            raise BadReply(f"node {node} answered run with {value!r}")
+        return value
+
+    async def stop(self, node: str, workload_id: str) -> None:
+        document = {"v": SCHEMA_VERSION, "workload_id": workload_id}
+        await self._call(node, "stop", document, timeout_s=self.run_timeout_s)
+
+    # -- transport ---------------------------------------------------------------------------
+    async def _call(
+        self,
+        node: str,
+        operation: str,
+        document: dict[str, Any],
+        *,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        self._loop = asyncio.get_running_loop()
+        await self._settle_ended(node)
+        return await self._request(node, operation, document, headers, timeout_s)
+
+    async def _request(
+        self,
+        node: str,
+        operation: str,
+        document: dict[str, Any],
+        headers: dict[str, str] | None,
+        timeout_s: float | None,
+    ) -> Any:
+        where = subject(node, operation, self.prefix)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            reply = await self.client.request(where, encode(document), timeout, headers=headers)
+        except nats.errors.NoRespondersError:
+            raise Unavailable(f"node {node!r} is not reachable: no agent answers {where}") from None
+        except nats.errors.TimeoutError:
+            raise _TimedOut(
+                f"node {node!r} did not answer {operation} within {timeout:g}s (outcome unknown)"
+            ) from None
+        except nats.errors.Error as error:
+            raise Unavailable(f"node {node!r} is not reachable: {error}") from None
+        try:
+            return decode_reply(reply.data, source=where)
+        except Refused as refused:
+            if refused.node is None:
+                raise Refused(refused.reason, refused.detail, node=node) from None
+            raise
+
+    # -- releases for owner objects that ended -----------------------------------------------
+    def _owner_ended(self, node: str, reservation_id: str) -> None:
+        with self._lock:
+            self._ended.setdefault(node, []).append(reservation_id)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._start_settling(node)
+        else:  # the owner ended in another thread
+            loop.call_soon_threadsafe(self._start_settling, node)
+
+    def _start_settling(self, node: str) -> None:
+        if node not in self._flushing:
+            task = asyncio.get_running_loop().create_task(self._settle_ended(node))
+            self._flushing[node] = task
+            task.add_done_callback(lambda _: self._flushing.pop(node, None))
+
+    async def _settle_ended(self, node: str) -> None:
+        """Send the releases owed to ``node`` (before anything else is sent to it)."""
+        pending = self._flushing.get(node)
+        if pending is not None and pending is not asyncio.current_task():
+            await asyncio.shield(pending)
+        while True:
+            with self._lock:
+                owed = self._ended.pop(node, None)
+            if not owed:
+                return
+            for reservation_id in owed:
+                document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
+                try:
+                    await self._request(node, "release", document, None, None)
+                except (Unavailable, Refused, Invalid) as error:
+                    log.warning(
+                        "could not release %s on %s after its owner ended: %s",
+                        reservation_id,
+                        node,
+                        error,
+                    )

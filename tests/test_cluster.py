@@ -335,11 +335,19 @@ def test_departed_nodes_are_not_candidates() -> None:
     assert cluster.scheduler.candidates(None, []) == ["b"]  # no longer following the store
 
 
-def test_policy_requires_the_engine() -> None:
-    from berth.scheduler.policy import SEED
+def test_every_ranker_takes_the_policy() -> None:
+    from berth.scheduler.policy import BerthPolicy
 
-    with pytest.raises(ValueError):
-        ClusterScheduler(MemoryStore(), LocalNodes(), ranker="reference", policy=SEED)
+    cluster = Cluster()
+    cluster.add("a", mem=4 * GiB, layers=frozenset({"x"}))
+    cluster.add("b", mem=16 * GiB)
+    cluster.add("c", mem=8 * GiB)
+    layers = [Layer(id="x", size=1)]
+    assert cluster.scheduler.candidates(None, layers) == ["a", "b", "c"]  # the seed's
+    for ranker in ("engine", "reference"):
+        roomiest = BerthPolicy(jitter=0.0)  # one stray byte is no reason to skip room
+        scheduler = ClusterScheduler(cluster.store, cluster.nodes, ranker=ranker, policy=roomiest)
+        assert scheduler.candidates(None, layers) == ["b", "c", "a"]
 
 
 def test_direct_api_rejects_bad_layers_and_platforms() -> None:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from berth import Layer, Platform, Spec
 from berth.scheduler.engine import Engine
+from berth.scheduler.policy import POLICIES, policy
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState, Overcommit
 
@@ -270,3 +271,61 @@ def test_compaction_renumbers_slots_into_name_order_and_keeps_answers() -> None:
     both(plain("a"))
     assert not engine.in_name_order
     assert engine.rank(spec, layers).pairs() == reference.rank(spec, layers).pairs()
+
+
+# -- every policy ranks identically on both rankers ---------------------------------------------
+
+# Sizes around kube's thresholds (23 MiB, 1000 MiB) and berth's 1 MiB tolerance, so locality
+# (mounted and cached) decides orders rather than ties.
+policy_layers = st.lists(
+    st.tuples(st.sampled_from(LAYER_IDS), st.sampled_from([0, 7, 30 << 20, 400 << 20, 2**33])),
+    unique_by=lambda pair: pair[0],
+    max_size=8,
+).map(lambda pairs: [Layer(id=i, size=s) for i, s in pairs])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    histories(),
+    specs,
+    policy_layers,
+    platform_lists,
+    st.sampled_from(sorted(POLICIES)),
+    st.integers(0, 3),
+    st.sampled_from([None, 0, 3]),
+    st.data(),
+)
+def test_every_policy_ranks_identically_on_engine_and_reference(
+    events: list[tuple[str, NodeState | str]],
+    spec: Spec | None,
+    layers: list[Layer],
+    platforms: list[Platform],
+    name: str,
+    seed: int,
+    compact_after: int | None,
+    data: st.DataObject,
+) -> None:
+    """The same policy (a twin with the same seed for random, kube and berth) on the engine
+    and on the reference, ranked after every event: free slots, reused slots, compaction."""
+    engine, reference = Engine(capacity=2, compact_after=compact_after), ReferenceRanker()
+    on_engine, on_reference = policy(name, seed=seed), policy(name, seed=seed)
+    totals = st.none() | st.integers(0, 8).map(lambda extra: extra * 256)
+    for kind, payload in events:
+        if kind == "put":
+            assert isinstance(payload, NodeState)
+            mem_extra, disk_extra = data.draw(totals), data.draw(totals)
+            payload = payload.model_copy(
+                update={
+                    "mem_max": None if mem_extra is None else payload.mem_free + mem_extra,
+                    "disk_max": None if disk_extra is None else payload.disk_free + disk_extra,
+                }
+            )
+            engine.upsert(payload)
+            reference.upsert(payload)
+        else:
+            assert isinstance(payload, str)
+            engine.remove(payload)
+            reference.remove(payload)
+        got = engine.rank(spec, layers, platforms, policy=on_engine)
+        expected = reference.rank(spec, layers, platforms, policy=on_reference)
+        assert got.pairs() == expected.pairs()

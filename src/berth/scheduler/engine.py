@@ -19,11 +19,14 @@ cost that grows gently with the cluster:
 * **Incremental updates.**  ``upsert`` rewrites one slot's columns and, only when the node's
   layer set changed, moves that slot in and out of the affected holder buffers.  Slots of
   departed nodes are reused; the name order is kept up to date by insertion.
-* **Ordering** (the seed policy, :mod:`~berth.scheduler.policy`): each fitting slot's key is
-  packed with its name position into one integer and the integers are sorted once — the
-  stable sort by (bytes desc, name) without ``lexsort``.  Once membership has been stable for
-  a while, :meth:`Engine.compact` renumbers slots into name order so that even the two
-  name-order gathers disappear.
+* **Ordering.**  The seed's ordering runs on a fast path
+  (:func:`~berth.scheduler.policy.seed.fast_order`): each fitting slot's key is packed with
+  its name position into one integer and the integers are sorted once — the stable sort by
+  (bytes desc, name) without ``lexsort``.  Once membership has been stable for a while,
+  :meth:`Engine.compact` renumbers slots into name order so that even the two name-order
+  gathers disappear.  Any other policy gets a read-only
+  :class:`~berth.scheduler.policy.base.ClusterView` of the columns (:meth:`Engine.view`) and
+  the request with its fit mask and colocated bytes.
 
 Memory per node: ~130 bytes of columns, the node's interned layer array, its slots in the
 holder buffers (4 bytes per mounted layer, up to 2× slack), a byte per dense layer bitmap and
@@ -36,7 +39,7 @@ import bisect
 import functools
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,12 +47,10 @@ import numpy.typing as npt
 from berth.checks import CHECKS, COLUMN_FIELDS, Check, Demand, NodeColumns, Scratch, narrow
 from berth.model import Layer, Spec
 from berth.platform import Platform
-from berth.scheduler.policy import SEED
+from berth.scheduler.policy.base import ClusterView, PlacementRequest, Policy
+from berth.scheduler.policy.seed import SeedPolicy, fast_order
 from berth.scheduler.ranking import Ranking
 from berth.state import NodeState
-
-if TYPE_CHECKING:
-    from berth.scheduler.policy import Policy
 
 __all__ = ["Engine", "EngineRanking", "LayerIndex", "LayerMatch"]
 
@@ -594,7 +595,11 @@ class Engine:
         platforms: Sequence[Platform] = (),
         policy: Policy | None = None,
     ) -> EngineRanking:
-        """Fitting nodes ordered by ``policy`` (default: the seed's colocation ranking)."""
+        """Fitting nodes ordered by ``policy`` (default: the seed's colocation ranking).
+
+        The seed's policy takes the packed-sort fast path; any other gets :meth:`view` and a
+        :class:`~berth.scheduler.policy.base.PlacementRequest` (fit mask, colocated bytes).
+        """
         with self._lock:
             if not self._in_name_order and self.compact_after is not None:
                 self._ranks_since_change += 1
@@ -602,8 +607,45 @@ class Engine:
                     self.compact()
             fit = self.fit_mask(spec, platforms)
             match = LayerMatch(self.mounted, layers, self._size)
-            slots = (policy or SEED).order(self, fit, match)
+            if policy is None or type(policy) is SeedPolicy:
+                by_name = None if self._in_name_order else self.name_order()
+                slots = fast_order(fit, match, by_name, self.positions)
+            else:
+                request = PlacementRequest(
+                    spec, tuple(layers), tuple(platforms), fit, match.colocated
+                )
+                slots = policy.order(self.view(), request)
             return EngineRanking(self._names, slots, match)
+
+    def view(self) -> ClusterView:
+        """The slots as a read-only :class:`~berth.scheduler.policy.base.ClusterView`.
+
+        Its arrays are windows on the live columns, valid until the next update: :meth:`rank`
+        hands one to a policy under the engine's lock.
+        """
+        with self._lock:
+            n, c = self._size, self.columns
+            return ClusterView(
+                size=n,
+                count=len(self._slot_of),
+                alive=self.alive[:n],
+                name_order=self.name_order(),
+                name_rank=self.name_rank(),
+                mem_free=c["mem_free"][:n],
+                mem_max=c["mem_max"][:n],
+                disk_free=c["disk_free"][:n],
+                disk_max=c["disk_max"][:n],
+                cpu_load=c["cpu_load"][:n],
+                cpu_capacity=c["cpu_capacity"][:n],
+                cpu_max_load=c["cpu_max_load"][:n],
+                disk_bw_load=c["disk_bw_load"][:n],
+                disk_bw_ceiling=c["disk_bw_ceiling"][:n],
+                net_bw_load=c["net_bw_load"][:n],
+                net_bw_ceiling=c["net_bw_ceiling"][:n],
+                mounted=self.mounted,
+                cached=self.cached,
+                names=self._names,
+            )
 
     def platforms(self) -> dict[Platform, int]:
         with self._lock:

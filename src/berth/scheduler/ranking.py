@@ -1,13 +1,17 @@
 """What a ranker answers, and the interface both rankers implement.
 
 A *ranker* holds a scheduler's replica of the cluster (the latest ``NodeState`` per node)
-and answers ``rank(spec, layers, platforms)``: the nodes that fit, best first, each with the
-bytes of the request's layers it already has mounted.  Two rankers implement it —
+and answers ``rank(spec, layers, platforms, policy)``: the nodes that fit, best first by the
+policy (:mod:`berth.scheduler.policy`; default the seed's), each with the bytes of the
+request's layers it already has mounted.  Two rankers implement it —
 :mod:`~berth.scheduler.reference` (the seed, literally, in plain Python: the oracle) and
-:mod:`~berth.scheduler.engine` (NumPy, for speed) — and property tests hold them equal.
+:mod:`~berth.scheduler.engine` (NumPy, for speed) — and property tests hold them equal for
+every registered policy.  A ranker owns the filter and the view of the cluster; the policy
+owns only the order, so every ranker takes every policy.
 
-**Tie-break** (the seed leaves it open; berth fixes it so every scheduler and every run
-agrees): among nodes with equal colocated bytes, node names in ascending code-point order.
+**Tie-break** of the seed's ordering (the seed leaves it open; berth fixes it so every
+scheduler and every run agrees): among nodes with equal colocated bytes, node names in
+ascending code-point order.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy.typing as npt
 
 from berth.model import Layer, Spec
 from berth.platform import Platform
+from berth.scheduler.policy.base import Policy
 from berth.state import NodeState
 
 __all__ = ["Ranker", "Ranking"]
@@ -74,9 +79,14 @@ class Ranker(Protocol):
         ...
 
     def rank(
-        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        platforms: Sequence[Platform] = (),
+        policy: Policy | None = None,
     ) -> Ranking:
-        """Fitting nodes, most colocated bytes first, ties by node name.
+        """Fitting nodes ordered by ``policy``; ``None`` is the seed's: most colocated bytes
+        first, ties by node name.
 
         ``spec=None`` skips the resource checks; empty ``platforms`` matches any node.
         """

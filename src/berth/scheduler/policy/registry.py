@@ -1,0 +1,50 @@
+"""The registry of named policies: what ``berth sim --policy NAME`` and configuration accept.
+
+Each name maps to a factory taking a seed (an int, a ``Generator`` or ``None``), because a
+simulation gives every scheduler its own seeded instance; deterministic policies ignore it.
+The order of :data:`POLICIES` is the order ``berth sim`` reports them in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from berth.errors import Invalid
+from berth.scheduler.policy.base import Policy, SeedLike
+from berth.scheduler.policy.baselines import BinpackPolicy, RandomPolicy, SpreadPolicy
+from berth.scheduler.policy.berth import BerthPolicy
+from berth.scheduler.policy.kube import KubePolicy
+from berth.scheduler.policy.seed import SEED
+
+__all__ = ["POLICIES", "PolicyFactory", "policy"]
+
+PolicyFactory = Callable[[SeedLike], Policy]
+
+
+def _seed(_: SeedLike = None) -> Policy:
+    return SEED
+
+
+POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
+    {
+        "seed": _seed,
+        "random": RandomPolicy,
+        "binpack": lambda _: BinpackPolicy(),
+        "spread": lambda _: SpreadPolicy(),
+        "kube": KubePolicy,
+        "berth": BerthPolicy,
+    }
+)
+"""Policy name → factory taking a seed (an int, a ``Generator`` or ``None``)."""
+
+
+def policy(name: str, seed: SeedLike = 0) -> Policy:
+    """A fresh policy called ``name``; ``Invalid`` (field ``policy``) lists the valid names."""
+    try:
+        factory = POLICIES[name]
+    except (KeyError, TypeError):
+        raise Invalid(
+            f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", field="policy"
+        ) from None
+    return factory(seed)

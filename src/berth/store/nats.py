@@ -145,8 +145,10 @@ class NatsStore:
 
     ``ttl_s`` is the bucket's ``max_age`` (``None``: snapshots never expire); it applies
     when this store creates the bucket — a bucket that already exists keeps its own settings
-    (a different ``max_age`` is logged).  Use ``async with NatsStore(client, ...)`` or
-    ``start()``/``close()``; the connection stays the caller's.
+    (a different ``max_age`` is logged).  ``watch=False`` makes a publish-only store (a node
+    agent's: no replica, ``states()`` is empty, subscribers hear nothing).  Use
+    ``async with NatsStore(client, ...)`` or ``start()``/``close()``; the connection stays the
+    caller's.
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class NatsStore:
         marker_ttl_s: float = 1.0,
         idle_heartbeat_s: float = 1.0,
         sync_timeout_s: float = 10.0,
+        watch: bool = True,
     ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise Invalid(f"must be positive, got {ttl_s!r}", field="ttl_s")
@@ -169,6 +172,7 @@ class NatsStore:
         self.marker_ttl_s = marker_ttl_s
         self.idle_heartbeat_s = idle_heartbeat_s
         self.sync_timeout_s = sync_timeout_s
+        self.watch = watch
         self.rejected = 0
         """Messages the watch refused as malformed (each one logged)."""
         self._js: JetStreamContext = client.jetstream()
@@ -187,6 +191,8 @@ class NatsStore:
     async def start(self) -> NatsStore:
         """Create (or bind) the bucket and fill the replica from a watch of it."""
         self._kv = await self._ensure_bucket()
+        if not self.watch:
+            return self
         self._subscription = await self._js.subscribe(
             f"{self._prefix}>",
             stream=self._stream,

@@ -1,0 +1,148 @@
+"""Node agents on NATS: each agent's state in the nodes bucket, its subjects answered.
+
+A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the cluster:
+
+* its state store is a publish-only :class:`~berth.store.nats.NatsStore` (an agent never
+  reads other nodes, so it keeps no replica) on a bucket whose snapshot time-to-live is three
+  of the agent's heartbeats (:func:`~berth.store.nats.bucket_ttl_s`);
+* a :class:`~berth.nodeclient.nats_server.NodeServer` answers the node's subjects — started
+  *before* the agent first advertises, so a scheduler that sees the node can reach it;
+* with a routing registry, the node removes the routes of reservations it no longer holds
+  on every heartbeat (a lease that expired, a workload that ended), and all of its routes
+  when it starts (a fresh agent holds nothing).
+
+Stopping is the clean shutdown: stop answering, stop the agent (its workloads stop and its
+key is deleted at once, so it leaves every replica without waiting for expiry).
+
+:func:`serve_nodes` runs several agents in one process over one connection (``berth up``
+puts several agents in a process above a threshold) until a stop event is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from nats.aio.client import Client
+
+from berth.node.agent import Agent
+from berth.node.budget import IDLE, LoadReadings
+from berth.node.config import AgentConfig
+from berth.nodeclient.nats_server import NodeServer
+from berth.nodeclient.nats_wire import PREFIX
+from berth.service.routes import RouteRegistry
+from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
+
+__all__ = ["NodeService", "serve_nodes"]
+
+log = logging.getLogger("berth.service.agent")
+
+
+class NodeService:
+    """One agent on NATS (see the module docstring).  ``async with NodeService(...)``."""
+
+    def __init__(
+        self,
+        client: Client,
+        config: AgentConfig,
+        *,
+        bucket: str = DEFAULT_BUCKET,
+        prefix: str = PREFIX,
+        routes: RouteRegistry | None = None,
+        readings: LoadReadings | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.routes = routes
+        self.store = NatsStore(
+            client, bucket=bucket, ttl_s=bucket_ttl_s(config.agent.heartbeat_s), watch=False
+        )
+        self.agent = Agent.from_config(config, self.store, readings=readings)
+        self.server = NodeServer(client, self.agent, prefix=prefix)
+        self._reconciler: asyncio.Task[None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.agent.name
+
+    async def start(self) -> NodeService:
+        await self.store.start()
+        if self.routes is not None:
+            with contextlib.suppress(Exception):
+                await self.routes.purge_node(self.name)
+        await self.server.start()
+        await self.agent.start()
+        if self.routes is not None:
+            self._reconciler = asyncio.create_task(self._reconcile_routes())
+        return self
+
+    async def stop(self) -> None:
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reconciler
+            self._reconciler = None
+        await self.server.stop()
+        try:
+            await self.agent.stop()
+        finally:
+            await self.store.close()
+        if self.routes is not None:
+            with contextlib.suppress(Exception):
+                await self.routes.purge_node(self.name)
+
+    async def __aenter__(self) -> NodeService:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _reconcile_routes(self) -> None:
+        assert self.routes is not None
+        while True:
+            await asyncio.sleep(self.agent.heartbeat_s)
+            try:
+                for route in await self.routes.list(self.name):
+                    held = route.reservation_id is not None and (
+                        self.agent.budget.get(route.reservation_id) is not None
+                    )
+                    if not held:
+                        await self.routes.remove(route.workload, self.name)
+            except Exception as error:  # the server may be briefly away; next beat retries
+                log.info("node %s could not reconcile its routes: %s", self.name, error)
+
+
+async def serve_nodes(
+    client: Client,
+    configs: Sequence[AgentConfig],
+    stop: asyncio.Event,
+    *,
+    bucket: str = DEFAULT_BUCKET,
+    prefix: str = PREFIX,
+    routes: RouteRegistry | None = None,
+    live_monitors: bool = False,
+) -> None:
+    """Run one :class:`NodeService` per config until ``stop`` is set, then stop them all.
+
+    Agents sharing a process share a machine, so unless ``live_monitors`` they read idle
+    load (as the embedded cluster does): their hard budgets are still enforced for real.
+    """
+    readings = None if live_monitors else IDLE
+    services = [
+        NodeService(client, config, bucket=bucket, prefix=prefix, routes=routes, readings=readings)
+        for config in configs
+    ]
+    started: list[NodeService] = []
+    try:
+        for service in services:
+            started.append(await service.start())
+        log.info("serving %d node(s): %s", len(started), ", ".join(s.name for s in started))
+        await stop.wait()
+    finally:
+        for service in reversed(started):
+            try:
+                await service.stop()
+            except Exception as error:
+                log.warning("node %s did not stop cleanly: %s", service.name, error)

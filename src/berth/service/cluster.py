@@ -1,0 +1,136 @@
+"""A NATS-backed cluster in one process: agents and schedulers talking only through NATS.
+
+:func:`nats_cluster` starts, on a running ``nats-server``, N node services (each an agent
+answering its own subjects and publishing to the nodes bucket) and K scheduler services
+(each with its own replica, node client and assume cache, in one queue group), each on its
+own connection, and yields a :class:`NatsCluster` whose ``scheduler`` is the caller's
+placement port (:class:`~berth.service.scheduler.NatsScheduler`).  Nothing passes between
+them but NATS messages, exactly as between machines; only the process is shared.
+
+Bucket names and subject prefixes can be made unique (``namespace``) so that several
+clusters share one server — the tests and the benchmark do.  ``berth up`` runs the same
+services in separate processes instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+
+from berth.node.config import AgentConfig
+from berth.nodeclient.nats import NatsNodes
+from berth.nodeclient.nats_wire import PREFIX
+from berth.service.agent import NodeService
+from berth.service.connection import Credentials, connect
+from berth.service.routes import ROUTES_BUCKET, RouteRegistry
+from berth.service.scheduler import SCHEDULER_PREFIX, NatsScheduler, SchedulerService
+from berth.service.scheduler import scheduler_service as open_scheduler_service
+from berth.store.nats import DEFAULT_BUCKET
+
+__all__ = ["Names", "NatsCluster", "nats_cluster"]
+
+
+@dataclass(frozen=True)
+class Names:
+    """Where a cluster lives on the server: its buckets and subject prefixes."""
+
+    nodes_bucket: str = DEFAULT_BUCKET
+    routes_bucket: str = ROUTES_BUCKET
+    node_prefix: str = PREFIX
+    scheduler_prefix: str = SCHEDULER_PREFIX
+
+    @classmethod
+    def namespaced(cls, namespace: str) -> Names:
+        """Names private to ``namespace`` (a valid bucket name and subject token)."""
+        return cls(
+            nodes_bucket=f"{namespace}_nodes",
+            routes_bucket=f"{namespace}_routes",
+            node_prefix=f"{namespace}.node",
+            scheduler_prefix=f"{namespace}.scheduler",
+        )
+
+
+@dataclass
+class NatsCluster:
+    """What :func:`nats_cluster` started; ``scheduler`` is the placement port over NATS."""
+
+    url: str
+    names: Names
+    client: Client
+    scheduler: NatsScheduler
+    nodes: NatsNodes
+    routes: RouteRegistry
+    node_services: dict[str, NodeService] = field(default_factory=dict)
+    scheduler_services: list[SchedulerService] = field(default_factory=list)
+
+
+@contextlib.asynccontextmanager
+async def nats_cluster(
+    url: str,
+    configs: Sequence[AgentConfig],
+    *,
+    schedulers: int = 1,
+    names: Names | None = None,
+    lease_ttl_s: float = 30.0,
+    credentials: Credentials | None = None,
+) -> AsyncIterator[NatsCluster]:
+    """Agents for ``configs`` and ``schedulers`` schedulers on the server at ``url``."""
+    names = names or Names()
+    heartbeat_s = max((config.agent.heartbeat_s for config in configs), default=5.0)
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def connection(name: str) -> Client:
+            client = await connect(url, name=name, credentials=credentials)
+            stack.push_async_callback(client.close)
+            return client
+
+        caller = await connection("berth-caller")
+        routes = await RouteRegistry(caller, bucket=names.routes_bucket).start()
+        cluster = NatsCluster(
+            url=url,
+            names=names,
+            client=caller,
+            scheduler=NatsScheduler(caller, prefix=names.scheduler_prefix),
+            nodes=NatsNodes(caller, prefix=names.node_prefix),
+            routes=routes,
+        )
+        node_side = await connection("berth-nodes")
+        node_routes = await RouteRegistry(node_side, bucket=names.routes_bucket).start()
+        for config in configs:
+            node = NodeService(
+                node_side,
+                config,
+                bucket=names.nodes_bucket,
+                prefix=names.node_prefix,
+                routes=node_routes,
+            )
+            await stack.enter_async_context(node)
+            cluster.node_services[node.name] = node
+        for index in range(schedulers):
+            client = await connection(f"berth-scheduler-{index}")
+            scheduler_routes = await RouteRegistry(client, bucket=names.routes_bucket).start()
+            service = await stack.enter_async_context(
+                open_scheduler_service(
+                    client,
+                    bucket=names.nodes_bucket,
+                    node_prefix=names.node_prefix,
+                    prefix=names.scheduler_prefix,
+                    heartbeat_s=heartbeat_s,
+                    lease_ttl_s=lease_ttl_s,
+                    routes=scheduler_routes,
+                )
+            )
+            cluster.scheduler_services.append(service)
+        await _until_every_scheduler_sees(cluster, set(cluster.node_services))
+        yield cluster
+
+
+async def _until_every_scheduler_sees(cluster: NatsCluster, nodes: set[str]) -> None:
+    for _ in range(500):
+        if all(set(s.scheduler.states()) >= nodes for s in cluster.scheduler_services):
+            return
+        await asyncio.sleep(0.01)

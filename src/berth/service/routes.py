@@ -1,0 +1,180 @@
+"""The routing registry: which node holds each workload, in a second JetStream KV bucket.
+
+Hyper's cluster-wide routing registry (DESIGN.md §1.4) on NATS: one key per placed workload
+in bucket ``berth_routes``, valued with the node, the reservation and the spec
+(:class:`Route`).  Its life follows the reservation it indexes:
+
+* **written** by the scheduler that confirmed the placement
+  (:class:`~berth.service.scheduler.SchedulerService`);
+* **removed** when the workload ends — released through a scheduler, or noticed by the node
+  that held it (:class:`~berth.service.agent.NodeService` drops the routes of reservations
+  its budget no longer holds, on every heartbeat, and all of its own routes when it starts:
+  a fresh agent holds nothing);
+* **purged** for a node that leaves the cluster (expired or shut down): every scheduler
+  purges the node's routes when the node leaves its replica.
+
+Keys are ``<node>.<workload>`` (both escaped as subject tokens,
+:func:`~berth.store.nats.node_token`), so one node's routes are one subject filter — a single
+purge, and a NATS permission can confine an agent to its own.  :meth:`RouteRegistry.whereis`
+finds a workload by the filter ``*.<workload>``; :meth:`RouteRegistry.list` reads them all
+(or one node's).  Both read the server, not a replica: they are operator queries, not the
+placement hot path.  A value that is not a berth route is logged and skipped
+(:class:`~berth.store.nats.MalformedMessage`), never returned.
+
+The registry is an index, not the truth: the node's reservation is.  A route can outlive
+its workload by up to a heartbeat (until the node notices), or be missing if the scheduler
+died between confirming and recording.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
+
+from berth.errors import Invalid, Unavailable
+from berth.model import Placement, Spec
+from berth.store.nats import MalformedMessage, node_token
+
+__all__ = ["ROUTES_BUCKET", "Route", "RouteRegistry", "decode_route", "encode_route"]
+
+log = logging.getLogger("berth.service.routes")
+
+ROUTES_BUCKET = "berth_routes"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a workload runs: the node, the reservation it holds there, its spec."""
+
+    workload: str
+    node: str
+    reservation_id: str | None = None
+    spec: Spec | None = None
+    placed_at: float = 0.0
+
+
+def encode_route(route: Route) -> bytes:
+    document = {
+        "v": SCHEMA_VERSION,
+        "workload": route.workload,
+        "node": route.node,
+        "reservation_id": route.reservation_id,
+        "spec": None if route.spec is None else route.spec.model_dump(mode="json"),
+        "placed_at": route.placed_at,
+    }
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_route(data: bytes, *, source: str) -> Route:
+    """A stored route; :class:`MalformedMessage` when it is not one."""
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MalformedMessage(f"not JSON ({error})", source=source) from None
+    if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
+        raise MalformedMessage("not a berth route (version 1)", source=source, field="v")
+    workload, node = document.get("workload"), document.get("node")
+    reservation_id, placed_at = document.get("reservation_id"), document.get("placed_at", 0.0)
+    if not isinstance(workload, str) or not workload:
+        raise MalformedMessage(f"bad workload {workload!r}", source=source, field="workload")
+    if not isinstance(node, str) or not node:
+        raise MalformedMessage(f"bad node {node!r}", source=source, field="node")
+    if reservation_id is not None and not isinstance(reservation_id, str):
+        raise MalformedMessage("bad reservation_id", source=source, field="reservation_id")
+    if isinstance(placed_at, bool) or not isinstance(placed_at, int | float):
+        raise MalformedMessage("bad placed_at", source=source, field="placed_at")
+    spec = None
+    if document.get("spec") is not None:
+        try:
+            spec = Spec.from_dict(document["spec"])
+        except Invalid as error:
+            raise MalformedMessage(error.message, source=source, field="spec") from None
+    return Route(workload, node, reservation_id, spec, float(placed_at))
+
+
+class RouteRegistry:
+    """The routing registry on a JetStream KV bucket (see the module docstring)."""
+
+    def __init__(self, client: Client, *, bucket: str = ROUTES_BUCKET) -> None:
+        self.client = client
+        self.bucket = bucket
+        self._js: JetStreamContext = client.jetstream()
+        self._kv: KeyValue | None = None
+        self._prefix = f"$KV.{bucket}."
+
+    async def start(self) -> RouteRegistry:
+        try:
+            self._kv = await self._js.create_key_value(KeyValueConfig(bucket=self.bucket))
+        except BadRequestError:  # it exists with other settings: use it as it is
+            self._kv = await self._js.key_value(self.bucket)
+        return self
+
+    def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            raise Unavailable("the routing registry is not started")
+        return self._kv
+
+    @staticmethod
+    def key(workload: str, node: str) -> str:
+        return f"{node_token(node)}.{node_token(workload)}"
+
+    async def record(self, workload: str, placement: Placement, spec: Spec | None = None) -> None:
+        """``workload`` now runs on ``placement.worker_node`` under its reservation."""
+        route = Route(workload, placement.worker_node, placement.reservation_id, spec, time.time())
+        await self._bucket().put(self.key(workload, route.node), encode_route(route))
+
+    async def remove(self, workload: str, node: str) -> None:
+        """The workload ended (idempotent)."""
+        await self._bucket().delete(self.key(workload, node))
+
+    async def whereis(self, workload: str) -> Route | None:
+        """The route of ``workload``, or ``None`` if it is not placed."""
+        routes = await self._read(f"*.{node_token(workload)}")
+        routes = [route for route in routes if route.workload == workload]
+        return max(routes, key=lambda route: route.placed_at) if routes else None
+
+    async def list(self, node: str | None = None) -> builtins.list[Route]:
+        """Every route (of ``node`` when given), by workload."""
+        pattern = ">" if node is None else f"{node_token(node)}.>"
+        return sorted(await self._read(pattern), key=lambda route: (route.workload, route.node))
+
+    async def purge_node(self, node: str) -> int:
+        """Remove every route of ``node`` (it left the cluster); how many there were."""
+        routes = await self.list(node)
+        if routes:
+            await self._js.purge_stream(
+                f"KV_{self.bucket}", subject=f"{self._prefix}{node_token(node)}.>"
+            )
+        return len(routes)
+
+    async def _read(self, pattern: str) -> builtins.list[Route]:
+        watcher = await self._bucket().watch(pattern)
+        routes: builtins.list[Route] = []
+        try:
+            while True:
+                entry: Any = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                if entry is None:
+                    break
+                if entry.operation is None and entry.value:
+                    try:
+                        routes.append(
+                            decode_route(entry.value, source=f"{self._prefix}{entry.key}")
+                        )
+                    except MalformedMessage as error:
+                        log.warning("ignored: %s", error)
+                if not entry.delta:
+                    break
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return routes

@@ -1,0 +1,350 @@
+"""The scheduler service: the placement port served over NATS, by any number of schedulers.
+
+A :class:`SchedulerService` answers ``berth.scheduler.schedule`` (and ``.release``) in the
+queue group ``berth-schedulers``: NATS hands each request to one member, so schedulers share
+the load and any one of them can die — its in-flight requests time out at the caller, the
+others go on.  Each service wraps its own :class:`~berth.scheduler.multinode.ClusterScheduler`
+with its own replica (a :class:`~berth.store.nats.NatsStore` watch) and its own assume cache,
+and confirms on nodes through :class:`~berth.nodeclient.nats.NatsNodes`; nothing is shared
+between schedulers but the nodes' authority.
+
+:class:`NatsScheduler` is the caller's side: a driver of the placement port
+(``schedule(request) -> Placement``) that sends the request to whichever scheduler the queue
+group picks, and raises what that scheduler raised — ``NoCapacity`` with every node's
+reason, ``NoMatchingPlatform``, ``Invalid`` — or ``Unavailable`` (no scheduler, or no answer
+in time: the outcome is then unknown, and a reservation taken anyway is a lease that expires).
+
+**Shutdown is graceful** (:meth:`SchedulerService.stop`): the service leaves the queue group
+first, so new requests go to the other members; requests in flight get ``grace_s`` to finish
+and any still running after that are answered ``unavailable`` ("shutting down") rather than
+left to time out.
+
+On a confirmed placement the service records a route (:mod:`berth.service.routes`) when it
+has a registry, and on ``release`` removes it; when a node leaves its replica (expired or
+shut down) it purges that node's routes.  Registry failures are logged, never a failed
+placement: the node's reservation is the truth, the route an index of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
+from berth.model import Placement, Request
+from berth.nodeclient.nats import NatsNodes
+from berth.nodeclient.nats_wire import (
+    PREFIX,
+    BadReply,
+    decode_request,
+    encode,
+    error_reply,
+    field_of,
+    ok_reply,
+    raise_error,
+)
+from berth.ownership import Refused
+from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.policy import Policy
+from berth.service.connection import settle
+from berth.service.routes import RouteRegistry
+from berth.store.nats import (
+    DEFAULT_BUCKET,
+    SCHEMA_VERSION,
+    MalformedMessage,
+    NatsStore,
+    bucket_ttl_s,
+)
+from berth.store.port import StateEvent, StateStore
+
+__all__ = [
+    "QUEUE",
+    "SCHEDULER_PREFIX",
+    "NatsScheduler",
+    "SchedulerService",
+    "scheduler_service",
+]
+
+log = logging.getLogger("berth.service.scheduler")
+
+SCHEDULER_PREFIX = "berth.scheduler"
+QUEUE = "berth-schedulers"
+
+
+def _placement_error(error: BaseException) -> bytes:
+    body: dict[str, Any]
+    if isinstance(error, NoMatchingPlatform):
+        body = {"kind": "no_matching_platform", "requested": list(error.requested)}
+        body["offered"] = error.offered
+        return encode({"v": SCHEMA_VERSION, "error": body})
+    if isinstance(error, NoCapacity):
+        body = {"kind": "no_capacity", "message": str(error), "reasons": error.reasons}
+        return encode({"v": SCHEMA_VERSION, "error": body})
+    if isinstance(error, Unavailable):
+        body = {"kind": "unavailable", "message": str(error)}
+        return encode({"v": SCHEMA_VERSION, "error": body})
+    return error_reply(error)
+
+
+class SchedulerService:
+    """Serves one ``ClusterScheduler`` on NATS in the schedulers' queue group."""
+
+    def __init__(
+        self,
+        client: Client,
+        scheduler: ClusterScheduler,
+        *,
+        store: StateStore | None = None,
+        routes: RouteRegistry | None = None,
+        prefix: str = SCHEDULER_PREFIX,
+        queue: str = QUEUE,
+        max_in_flight: int = 512,
+    ) -> None:
+        self.client = client
+        self.scheduler = scheduler
+        self.store = store
+        self.routes = routes
+        self.prefix = prefix
+        self.queue = queue
+        self.rejected = 0
+        self.placed = 0
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._subscription: Any = None
+        self._in_flight: dict[asyncio.Task[None], Msg] = {}
+        self._unwatch: Any = None
+        self._purges: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> SchedulerService:
+        self._subscription = await self.client.subscribe(
+            f"{self.prefix}.*", queue=self.queue, cb=self._on_request
+        )
+        await settle(self.client)
+        if self.routes is not None and self.store is not None:
+            # purge the routes of every node that leaves this scheduler's replica
+            self._unwatch = self.store.subscribe(self._on_state_event)
+        return self
+
+    def _on_state_event(self, event: StateEvent) -> None:
+        if event.kind != "delete" or self.routes is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._purge(event.node))
+        self._purges.add(task)
+        task.add_done_callback(self._purges.discard)
+
+    async def _purge(self, node: str) -> None:
+        assert self.routes is not None
+        try:
+            removed = await self.routes.purge_node(node)
+        except Exception as error:
+            log.warning("could not purge the routes of %s: %s", node, error)
+            return
+        if removed:
+            log.info("node %s left: purged its routes", node)
+
+    async def stop(self, *, grace_s: float = 5.0) -> None:
+        """Leave the queue group, let requests in flight finish (``grace_s``), fail the rest."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        if self._in_flight:
+            _, late = await asyncio.wait(list(self._in_flight), timeout=grace_s)
+            for task in late:
+                msg = self._in_flight.get(task)
+                task.cancel()
+                if msg is not None and msg.reply:
+                    shutting = Unavailable("the scheduler is shutting down; retry")
+                    with contextlib.suppress(Exception):
+                        await msg.respond(_placement_error(shutting))
+            if late:
+                await asyncio.wait(late, timeout=1.0)
+        if self._purges:
+            await asyncio.wait(list(self._purges), timeout=grace_s)
+        with contextlib.suppress(Exception):
+            await self.client.flush()
+
+    async def __aenter__(self) -> SchedulerService:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- requests ----------------------------------------------------------------------------
+    async def _on_request(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._answer(msg))
+        self._in_flight[task] = msg
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(task, None)
+        self._slots.release()
+
+    async def _answer(self, msg: Msg) -> None:
+        if not msg.reply:
+            self.rejected += 1
+            log.warning("ignored a message without a reply subject on %s", msg.subject)
+            return
+        operation = msg.subject.rsplit(".", 1)[-1]
+        try:
+            document = decode_request(msg.data, source=msg.subject)
+            if operation == "schedule":
+                reply = ok_reply(await self._schedule(document, msg.subject))
+            elif operation == "release":
+                reply = ok_reply(await self._release(document, msg.subject))
+            else:
+                raise MalformedMessage(f"unknown operation {operation!r}", source=msg.subject)
+        except MalformedMessage as error:
+            self.rejected += 1
+            log.warning("rejected: %s", error)
+            reply = error_reply(error)
+        except (Invalid, NoCapacity, Unavailable, Refused) as error:
+            reply = _placement_error(error)
+        except Exception as error:
+            log.exception("the scheduler failed on %s", msg.subject)
+            reply = error_reply(error)
+        with contextlib.suppress(Exception):
+            await msg.respond(reply)
+
+    async def _schedule(self, document: dict[str, Any], source: str) -> Any:
+        request = _model(Request, document, "request", source)
+        placement = await self.scheduler.schedule(request)
+        self.placed += 1
+        if self.routes is not None and placement.reservation_id is not None:
+            try:
+                await self.routes.record(request.key, placement, request.spec)
+            except Exception as error:
+                log.warning("could not record the route of %s: %s", request.key, error)
+        return placement.model_dump(mode="json")
+
+    async def _release(self, document: dict[str, Any], source: str) -> bool:
+        placement = _model(Placement, document, "placement", source)
+        released = await self.scheduler.release(placement)
+        workload = document.get("workload")
+        if self.routes is not None and isinstance(workload, str):
+            try:
+                await self.routes.remove(workload, placement.worker_node)
+            except Exception as error:
+                log.warning("could not remove the route of %s: %s", workload, error)
+        return released
+
+
+def _model(kind: Any, document: dict[str, Any], name: str, source: str) -> Any:
+    value = field_of(document, name, dict, source=source)
+    try:
+        return kind.from_dict(value)
+    except Invalid as error:
+        if isinstance(error, NoMatchingPlatform):
+            raise
+        field = f"{name}.{error.field}" if error.field else name
+        raise MalformedMessage(error.message, source=source, field=field) from None
+
+
+class NatsScheduler:
+    """The placement port over NATS: ``schedule`` on whichever scheduler the queue group picks."""
+
+    def __init__(
+        self, client: Client, *, prefix: str = SCHEDULER_PREFIX, timeout_s: float = 10.0
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+
+    async def schedule(self, request: Request) -> Placement:
+        value = await self._call("schedule", {"request": request.model_dump(mode="json")})
+        try:
+            return Placement.from_dict(value)
+        except Invalid as error:
+            raise BadReply(f"a scheduler answered with a malformed placement: {error}") from None
+
+    async def release(self, placement: Placement, *, workload: str | None = None) -> bool:
+        """Release ``placement``'s reservation (and its route, when ``workload`` names it)."""
+        document: dict[str, Any] = {"placement": placement.model_dump(mode="json")}
+        if workload is not None:
+            document["workload"] = workload
+        return bool(await self._call("release", document))
+
+    async def _call(self, operation: str, document: dict[str, Any]) -> Any:
+        where = f"{self.prefix}.{operation}"
+        try:
+            reply = await self.client.request(
+                where, encode({"v": SCHEMA_VERSION, **document}), self.timeout_s
+            )
+        except nats.errors.NoRespondersError:
+            raise Unavailable(f"no scheduler answers {where}") from None
+        except nats.errors.TimeoutError:
+            raise Unavailable(
+                f"no scheduler answered {operation} within {self.timeout_s:g}s (outcome unknown)"
+            ) from None
+        except nats.errors.Error as error:
+            raise Unavailable(f"cannot reach the schedulers: {error}") from None
+        return _decode(reply.data, where)
+
+
+def _decode(data: bytes, source: str) -> Any:
+    try:
+        document = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise BadReply(f"unreadable reply on {source}: {data[:80]!r}") from None
+    if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
+        raise BadReply(f"not a berth reply on {source}: {data[:80]!r}")
+    error = document.get("error")
+    if error is None:
+        if "ok" not in document:
+            raise BadReply(f"a reply with neither ok nor error on {source}")
+        return document["ok"]
+    kind = error.get("kind") if isinstance(error, dict) else None
+    if kind == "no_matching_platform":
+        requested = error.get("requested")
+        if not isinstance(requested, list):
+            raise BadReply(f"a malformed error reply on {source}")
+        raise NoMatchingPlatform(tuple(map(str, requested)), str(error.get("offered") or ""))
+    if kind == "no_capacity":
+        reasons = error.get("reasons")
+        raise NoCapacity(
+            str(error.get("message") or "no capacity"),
+            {str(k): str(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {},
+        )
+    if kind == "unavailable":
+        raise Unavailable(str(error.get("message") or "unavailable"))
+    raise_error(error, source=source)
+    raise BadReply(f"a malformed error reply on {source}")  # pragma: no cover - raise_error raised
+
+
+@contextlib.asynccontextmanager
+async def scheduler_service(
+    client: Client,
+    *,
+    bucket: str = DEFAULT_BUCKET,
+    node_prefix: str = PREFIX,
+    prefix: str = SCHEDULER_PREFIX,
+    heartbeat_s: float = 5.0,
+    lease_ttl_s: float = 30.0,
+    routes: RouteRegistry | None = None,
+    policy: Policy | None = None,
+    node_timeout_s: float = 2.0,
+    grace_s: float = 5.0,
+) -> AsyncIterator[SchedulerService]:
+    """A whole scheduler on ``client``: its replica, its node client, its service; stopped
+    gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them)."""
+    async with NatsStore(client, bucket=bucket, ttl_s=bucket_ttl_s(heartbeat_s)) as store:
+        nodes = NatsNodes(client, prefix=node_prefix, timeout_s=node_timeout_s)
+        scheduler = ClusterScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
+        service = SchedulerService(client, scheduler, store=store, routes=routes, prefix=prefix)
+        await service.start()
+        try:
+            yield service
+        finally:
+            await service.stop(grace_s=grace_s)
+            scheduler.close()

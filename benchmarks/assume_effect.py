@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from berth.scheduler.policies import POLICIES
+from berth.scheduler.policy import POLICIES
 from berth.sim.simulator import SimConfig, Simulation
 from berth.sim.workload import WorkloadConfig, generate_workload
 

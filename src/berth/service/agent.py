@@ -71,7 +71,7 @@ class NodeService:
         await self.store.start()
         if self.routes is not None:
             with contextlib.suppress(Exception):
-                await self.routes.purge_node(self.name)
+                await self.routes.clear_node(self.name)
         await self.server.start()
         await self.agent.start()
         if self.routes is not None:
@@ -91,7 +91,7 @@ class NodeService:
             await self.store.close()
         if self.routes is not None:
             with contextlib.suppress(Exception):
-                await self.routes.purge_node(self.name)
+                await self.routes.clear_node(self.name)
 
     async def __aenter__(self) -> NodeService:
         return await self.start()

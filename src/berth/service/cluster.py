@@ -21,37 +21,18 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 
+from berth.node.budget import IDLE
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
-from berth.nodeclient.nats_wire import PREFIX
 from berth.service.agent import NodeService
+from berth.service.auth import ClusterAuth
 from berth.service.connection import Credentials, connect
-from berth.service.routes import ROUTES_BUCKET, RouteRegistry
-from berth.service.scheduler import SCHEDULER_PREFIX, NatsScheduler, SchedulerService
+from berth.service.names import Names
+from berth.service.routes import RouteRegistry
+from berth.service.scheduler import NatsScheduler, SchedulerService
 from berth.service.scheduler import scheduler_service as open_scheduler_service
-from berth.store.nats import DEFAULT_BUCKET
 
 __all__ = ["Names", "NatsCluster", "nats_cluster"]
-
-
-@dataclass(frozen=True)
-class Names:
-    """Where a cluster lives on the server: its buckets and subject prefixes."""
-
-    nodes_bucket: str = DEFAULT_BUCKET
-    routes_bucket: str = ROUTES_BUCKET
-    node_prefix: str = PREFIX
-    scheduler_prefix: str = SCHEDULER_PREFIX
-
-    @classmethod
-    def namespaced(cls, namespace: str) -> Names:
-        """Names private to ``namespace`` (a valid bucket name and subject token)."""
-        return cls(
-            nodes_bucket=f"{namespace}_nodes",
-            routes_bucket=f"{namespace}_routes",
-            node_prefix=f"{namespace}.node",
-            scheduler_prefix=f"{namespace}.scheduler",
-        )
 
 
 @dataclass
@@ -76,19 +57,26 @@ async def nats_cluster(
     schedulers: int = 1,
     names: Names | None = None,
     lease_ttl_s: float = 30.0,
-    credentials: Credentials | None = None,
+    auth: ClusterAuth | None = None,
+    live_monitors: bool = False,
 ) -> AsyncIterator[NatsCluster]:
-    """Agents for ``configs`` and ``schedulers`` schedulers on the server at ``url``."""
+    """Agents for ``configs`` and ``schedulers`` schedulers on the server at ``url``.
+
+    Agents in one process share one machine: unless ``live_monitors``, they read idle load
+    (as the embedded cluster's do), so soft checks pass and hard budgets decide.  With
+    ``auth`` (a server configured by :meth:`ClusterAuth.server_config`) every party connects
+    as its own user — then each node has its own connection, as it would on its own machine.
+    """
     names = names or Names()
     heartbeat_s = max((config.agent.heartbeat_s for config in configs), default=5.0)
     async with contextlib.AsyncExitStack() as stack:
 
-        async def connection(name: str) -> Client:
+        async def connection(name: str, credentials: Credentials | None = None) -> Client:
             client = await connect(url, name=name, credentials=credentials)
             stack.push_async_callback(client.close)
             return client
 
-        caller = await connection("berth-caller")
+        caller = await connection("berth-caller", None if auth is None else auth.client)
         routes = await RouteRegistry(caller, bucket=names.routes_bucket).start()
         cluster = NatsCluster(
             url=url,
@@ -98,20 +86,33 @@ async def nats_cluster(
             nodes=NatsNodes(caller, prefix=names.node_prefix),
             routes=routes,
         )
-        node_side = await connection("berth-nodes")
-        node_routes = await RouteRegistry(node_side, bucket=names.routes_bucket).start()
+        shared: tuple[Client, RouteRegistry] | None = None
         for config in configs:
+            if auth is not None:
+                node_side = await connection(config.node.name, auth.nodes[config.node.name])
+                node_routes = await RouteRegistry(node_side, bucket=names.routes_bucket).start()
+            else:
+                if shared is None:
+                    client = await connection("berth-nodes")
+                    shared = (
+                        client,
+                        await RouteRegistry(client, bucket=names.routes_bucket).start(),
+                    )
+                node_side, node_routes = shared
             node = NodeService(
                 node_side,
                 config,
                 bucket=names.nodes_bucket,
                 prefix=names.node_prefix,
                 routes=node_routes,
+                readings=None if live_monitors else IDLE,
             )
             await stack.enter_async_context(node)
             cluster.node_services[node.name] = node
         for index in range(schedulers):
-            client = await connection(f"berth-scheduler-{index}")
+            client = await connection(
+                f"berth-scheduler-{index}", None if auth is None else auth.scheduler
+            )
             scheduler_routes = await RouteRegistry(client, bucket=names.routes_bucket).start()
             service = await stack.enter_async_context(
                 open_scheduler_service(

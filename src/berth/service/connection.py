@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from nats.aio.client import Client
 
-from berth.errors import Unavailable
+from berth.errors import Invalid, Unavailable
 
 __all__ = ["Credentials", "connect", "settle"]
 
@@ -30,6 +33,25 @@ class Credentials:
 
     user: str
     password: str
+
+    @property
+    def inbox_prefix(self) -> str:
+        """This user's own inbox prefix: ``berth up``'s permissions let only it read there."""
+        safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in self.user)
+        return f"_INBOX_{safe}"
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Credentials:
+        """Read a credentials file (JSON: ``{"user": …, "password": …}``)."""
+        try:
+            document = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise Invalid(f"cannot read credentials from {os.fspath(path)}: {error}",
+                          field="--creds") from None  # fmt: skip
+        user, password = document.get("user"), document.get("password")
+        if not isinstance(user, str) or not user or not isinstance(password, str):
+            raise Invalid(f"{os.fspath(path)} needs a user and a password", field="--creds")
+        return cls(user, password)
 
 
 async def connect(
@@ -56,6 +78,7 @@ async def connect(
     if credentials is not None:
         options["user"] = credentials.user
         options["password"] = credentials.password
+        options["inbox_prefix"] = credentials.inbox_prefix
     client = Client()
     try:
         # Reconnecting for ever also retries the *first* connection for ever: bound that one.

@@ -149,8 +149,16 @@ class RouteRegistry:
         pattern = ">" if node is None else f"{node_token(node)}.>"
         return sorted(await self._read(pattern), key=lambda route: (route.workload, route.node))
 
+    async def clear_node(self, node: str) -> int:
+        """Remove every route of ``node`` key by key (what a node's own user may do)."""
+        routes = await self.list(node)
+        for route in routes:
+            await self.remove(route.workload, node)
+        return len(routes)
+
     async def purge_node(self, node: str) -> int:
-        """Remove every route of ``node`` (it left the cluster); how many there were."""
+        """Remove every route of ``node`` (it left the cluster) in one stream purge; how many
+        there were.  Schedulers do this; a node's own user clears its routes key by key."""
         routes = await self.list(node)
         if routes:
             await self._js.purge_stream(

@@ -1,0 +1,97 @@
+"""Authentication as ``berth up`` sets it up, on a real nats-server: every party is its own
+user; a node cannot overwrite another node's state, delete it, or answer for it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats.errors
+import pytest
+from nats.aio.msg import Msg
+
+from berth.embedded import embedded_configs
+from berth.errors import Unavailable
+from berth.model import Request, Spec
+from berth.nodeclient.nats import NatsNodes
+from berth.ownership import Refused
+from berth.service.auth import ClusterAuth, generate
+from berth.service.cluster import nats_cluster
+from berth.service.connection import Credentials, connect
+from berth.store.nats import encode_state
+from berth.testing.nats import NatsServer, client
+from berth.testing.store_contract import sample_state
+
+MiB = 2**20
+SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServer, ClusterAuth]]:
+    directory: Path = tmp_path_factory.mktemp("auth")
+    auth = generate(["node-00", "node-01"])
+    paths = auth.write(directory)
+    with NatsServer(config_file=paths["server"]) as server:
+        yield server, auth
+
+
+def test_without_credentials_nothing_connects(secured: tuple[NatsServer, ClusterAuth]) -> None:
+    server, auth = secured
+
+    async def scenario() -> None:
+        with pytest.raises(Unavailable, match="cannot connect"):
+            await connect(server.url, first_connect_timeout_s=1.0)
+        wrong = Credentials(auth.client.user, "not-the-password")
+        with pytest.raises(Unavailable, match="cannot connect"):
+            await connect(server.url, credentials=wrong, first_connect_timeout_s=1.0)
+
+    asyncio.run(scenario())
+
+
+def test_a_node_cannot_speak_for_another(secured: tuple[NatsServer, ClusterAuth]) -> None:
+    server, auth = secured
+    configs = embedded_configs(2, runtime="fake", heartbeat_s=1.0)
+
+    async def scenario() -> None:
+        async with nats_cluster(server.url, configs, auth=auth) as running:
+            placement = await running.scheduler.schedule(
+                Request(namespace="t", name="fn", spec=SMALL)
+            )
+            route = await running.routes.whereis("t/fn/0")
+            assert route is not None and route.node == placement.worker_node
+            victim_state = running.scheduler_services[0].scheduler.states()["node-00"]
+            async with client(server.url, credentials=auth.nodes["node-01"]) as intruder:
+                js = intruder.jetstream()
+                forged = sample_state("node-00", victim_state.generation + 100, mem_free=1)
+                for attempt in (
+                    js.publish("$KV.berth_nodes.node-00", encode_state(forged), timeout=0.5),
+                    js.publish("$KV.berth_nodes.node-00", headers={"KV-Operation": "DEL"},
+                               timeout=0.5),
+                ):  # fmt: skip
+                    with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                        await attempt
+                heard: list[Msg] = []
+
+                async def answer(msg: Msg) -> None:
+                    heard.append(msg)
+                    await msg.respond(b'{"v":1,"ok":{"reservation_id":"fake","seq":1}}')
+
+                await intruder.subscribe("berth.node.node-00.*", cb=answer)
+                await intruder.flush()
+                huge = Spec(vcpus=0.01, mem=64 * 2**30, disk=1)
+                as_scheduler = running.scheduler_services[0].scheduler.nodes
+                with pytest.raises(Refused) as caught:  # the real node-00 answers
+                    await as_scheduler.admit("node-00", huge, lease_ttl_s=5)
+                assert caught.value.node == "node-00"
+                await asyncio.sleep(0.3)
+                assert heard == []
+                as_client = NatsNodes(running.client, timeout_s=0.3, admit_attempts=1)
+                with pytest.raises(Unavailable):  # and a client may not admit at all
+                    await as_client.admit("node-00", SMALL, lease_ttl_s=5)
+            await asyncio.sleep(1.2)  # a heartbeat later: node-00 is itself, unforged
+            for service in running.scheduler_services:
+                state = service.scheduler.states()["node-00"]
+                assert state.mem_free > 1 and state.generation < forged.generation
+
+    asyncio.run(scenario())

@@ -22,6 +22,7 @@ from berth.errors import BerthError, Invalid
 from berth.model import Layer, Request
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
+from berth.service.commands import register as register_service
 from berth.sim.commands import register as register_sim
 from berth.units import format_bandwidth, format_information
 
@@ -219,6 +220,7 @@ def _human(key: str, value: object) -> str:
 
 
 register_sim(app)
+register_service(app)
 
 
 def main() -> None:

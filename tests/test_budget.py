@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import math
 import random
 import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -14,7 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from berth import Invalid, Platform, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
-from berth.ownership import Lease, Refused
+from berth.ownership import Admission, Lease, Refused
+from berth.state import Overcommit
 
 GiB = 2**30
 
@@ -86,21 +90,26 @@ def test_exact_fill_is_admitted_one_more_byte_is_not() -> None:
 
 
 @pytest.mark.parametrize(
-    ("load", "asked", "reason"),
+    ("readings", "asked", "reason"),
     [
-        (StaticLoad(cpu_load=0.6), spec(vcpus=1), "cpu_saturated"),  # 0.6 + 1/4 > 0.8
-        (StaticLoad(disk_bw_load=450), spec(disk_bw=51), "disk_bw_saturated"),
-        (StaticLoad(net_bw_load=500), spec(net_bw=1), "net_bw_saturated"),
+        ({"cpu_load": 0.6}, {"vcpus": 1}, "cpu_saturated"),  # 0.6 + 1/4 > 0.8
+        ({"disk_bw_load": 450}, {"disk_bw": 51}, "disk_bw_saturated"),
+        ({"net_bw_load": 500}, {"net_bw": 1}, "net_bw_saturated"),
     ],
 )
-def test_soft_checks_read_live_load(load: StaticLoad, asked: Spec, reason: str) -> None:
+def test_soft_checks_read_live_load(
+    readings: dict[str, float], asked: dict[str, float], reason: str
+) -> None:
+    # The load is built here, not in the parameters: the test lowers it, and parameters are
+    # shared by every run of the test in one process (the suite used to fail when run twice).
+    load = StaticLoad(**readings)
     budget = NodeBudget(limits(), load)
     with pytest.raises(Refused) as caught:
-        budget.admit(asked, Owned())
+        budget.admit(spec(**asked), Owned())  # type: ignore[arg-type]
     assert caught.value.reason == reason
     assert budget.reservations() == []  # nothing reserved by a refused admission
     load.cpu_load = load.disk_bw_load = load.net_bw_load = 0.0
-    budget.admit(asked, Owned())  # the same request fits once the load drops
+    budget.admit(spec(**asked), Owned())  # type: ignore[arg-type]  # fits once the load drops
 
 
 def test_checks_run_in_table_order_hard_before_soft() -> None:
@@ -232,6 +241,329 @@ def test_lease_renewal_and_explicit_end() -> None:
     assert budget.headroom().mem_free == 4 * GiB
     with pytest.raises(Invalid):
         budget.lease(0)
+
+
+class PausingClock:
+    """A fake clock whose next read, once armed, stops until the test lets it go on.
+
+    ``pause_next_read()`` arms it; the next read (by whichever thread) sets ``paused`` and
+    waits for ``resume`` before returning ``now`` *as it is then*.  So a test can put a whole
+    operation of another thread between the moment a reader starts reading the time and the
+    moment it acts on it — the interleaving the reaper once lost — with events, not sleeps.
+    """
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self._armed = False
+        self._lock = threading.Lock()
+
+    def pause_next_read(self) -> None:
+        self.paused.clear()
+        self.resume.clear()
+        with self._lock:
+            self._armed = True
+
+    def __call__(self) -> float:
+        with self._lock:
+            pause, self._armed = self._armed, False
+        if pause:
+            self.paused.set()
+            assert self.resume.wait(10), "the test never resumed the clock"
+        return self.now
+
+
+@contextlib.contextmanager
+def reaper_paused_at_its_clock_read(budget: NodeBudget, clock: PausingClock) -> Iterator[list[int]]:
+    """Run ``budget.reap()`` in a thread, stopped while it reads the time; the ``with`` body
+    runs in that gap, and on leaving it the clock goes on (reading ``clock.now`` as the body
+    left it) and the reaper finishes.  The list receives how many leases the reap ended."""
+    ended: list[int] = []
+    clock.pause_next_read()
+    reaper = threading.Thread(target=lambda: ended.append(budget.reap()), name="reaper")
+    reaper.start()
+    try:
+        assert clock.paused.wait(10), "the reaper never read the clock"
+        yield ended
+    finally:
+        clock.resume.set()
+        reaper.join(10)
+    assert not reaper.is_alive()
+
+
+def test_a_bind_during_the_reapers_clock_read_keeps_its_reservation() -> None:
+    """The race of issue 15, forced: the reaper starts reading the time, a bind lands, time
+    passes the deadline, the reaper acts.  The bind succeeded, so the lease must not expire
+    (it used to: the reaper had read the deadline before the bind cleared it)."""
+    clock = PausingClock()
+    budget = NodeBudget(limits(), clock=clock)
+    leased = budget.admit_leased(spec(), 5.0)  # deadline 1005
+    owner = Owned()
+    clock.now = 1004.0
+    with reaper_paused_at_its_clock_read(budget, clock) as ended:
+        budget.bind(leased.id, owner)  # before the deadline: bound
+        clock.now = 1010.0  # the reaper reads a time past the old deadline
+    assert ended == [0]
+    assert budget.get(leased.id) is not None  # the workload's memory is still reserved
+    assert budget.headroom().mem_free == 3 * GiB
+    owner.end()  # and it lives exactly as long as its owner
+    assert budget.headroom().mem_free == 4 * GiB
+    assert budget.release(leased.id) is False
+
+
+def test_a_renew_during_the_reapers_clock_read_pushes_the_deadline() -> None:
+    clock = PausingClock()
+    budget = NodeBudget(limits(), clock=clock)
+    lease = budget.lease(5.0)  # deadline 1005
+    reservation = budget.admit(spec(), lease)
+    clock.now = 1004.0
+    with reaper_paused_at_its_clock_read(budget, clock) as ended:
+        renewed = lease.renew(5.0)  # new deadline 1009
+        clock.now = 1006.0  # past the old deadline, before the new one
+    assert ended == [0]
+    assert renewed is True
+    assert not lease.done()
+    assert budget.get(reservation.id) is not None
+    clock.now = 1009.0  # the renewed deadline, exactly
+    assert budget.reap() == 1
+    assert lease.done() and budget.get(reservation.id) is None
+
+
+def test_a_reaper_that_read_a_due_time_wins_over_a_later_bind() -> None:
+    """The other order: the reaper's reading is past the deadline and the bind comes after
+    it — the bind is refused and the reservation released exactly once."""
+    clock = PausingClock()
+    changes: list[int] = []
+    budget = NodeBudget(limits(), clock=clock, on_change=lambda: changes.append(1))
+    leased = budget.admit_leased(spec(), 5.0)
+    clock.now = 1005.0  # due
+    with reaper_paused_at_its_clock_read(budget, clock) as ended:
+        pass
+    assert ended == [1]
+    with pytest.raises(Refused, match="lease_expired"):
+        budget.bind(leased.id, Owned())
+    assert budget.headroom().mem_free == 4 * GiB
+    assert len(changes) == 2  # one admission, one release
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, math.nan, math.inf, -math.inf, True, "5"])
+def test_a_lease_ttl_must_be_a_positive_finite_number(ttl: object) -> None:
+    budget = NodeBudget(limits(), clock=FakeClock())
+    for make in (budget.lease, lambda ttl: budget.admit_leased(spec(), ttl)):
+        with pytest.raises(Invalid) as caught:
+            make(ttl)  # type: ignore[operator]
+        assert caught.value.field == "lease_ttl_s"
+        assert "positive, finite number of seconds" in caught.value.message
+    assert budget.reservations() == []  # nothing reserved by a malformed admission
+    lease = budget.lease(1.0)
+    with pytest.raises(Invalid) as caught:
+        lease.renew(ttl)  # type: ignore[arg-type]
+    assert caught.value.field == "lease_ttl_s"
+    assert lease.deadline == 1001.0  # a malformed renewal changes nothing
+
+
+def test_a_lease_is_over_exactly_at_its_deadline() -> None:
+    clock = FakeClock()
+    budget = NodeBudget(limits(), clock=clock)
+    first, second = budget.admit_leased(spec(), 2.0), budget.admit_leased(spec(), 2.0)
+    budget.admit_leased(spec(), 3.0)
+    clock.now = 1001.75
+    assert budget.reap() == 0
+    clock.now = 1002.0  # the deadline of two of them
+    assert budget.reap() == 2  # reap says how many it ended
+    assert budget.get(first.id) is None and budget.get(second.id) is None
+    assert budget.headroom().mem_free == 3 * GiB
+    assert budget.reap() == 0
+
+
+def test_a_due_lease_cannot_be_bound_even_before_any_reap() -> None:
+    clock = FakeClock()
+    changes: list[int] = []
+    budget = NodeBudget(limits(), clock=clock, on_change=lambda: changes.append(1))
+    leased = budget.admit_leased(spec(), 5.0)
+    lease = budget.get(leased.id).owner  # type: ignore[union-attr]
+    assert isinstance(lease, Lease)
+    clock.now = 1005.0  # due, and nothing has reaped
+    owner = Owned()
+    with pytest.raises(Refused) as caught:
+        budget.bind(leased.id, owner)
+    assert caught.value.reason == "lease_expired"
+    assert caught.value.detail == "the lease's deadline passed before it was bound"
+    assert lease.done() and lease.bound_to is None
+    assert budget.get(leased.id) is None  # the bind that found it due ended it
+    assert len(changes) == 2
+    with pytest.raises(Refused) as caught:
+        lease.bind(owner)  # and now it is simply over
+    assert caught.value.detail == "the reservation ended before it was bound"
+    with pytest.raises(Refused) as caught:
+        budget.bind(leased.id, owner)
+    assert caught.value.detail == f"reservation {leased.id} is gone"
+    owner.end()
+    assert budget.headroom().mem_free == 4 * GiB
+
+
+def test_renew_reports_whether_the_lease_lives_on() -> None:
+    clock = FakeClock()
+    budget = NodeBudget(limits(), clock=clock)
+    lease = budget.lease(2.0)
+    reservation = budget.admit(spec(), lease)
+    clock.now = 1001.5
+    assert lease.renew(0.5) is True
+    assert lease.deadline == 1002.0  # ttl from now, even if sooner than before
+    clock.now = 1002.0
+    assert lease.renew(5.0) is False  # due: over, as a reap would have found it
+    assert lease.done() and budget.get(reservation.id) is None
+    assert budget.reap() == 0
+    assert lease.renew(5.0) is False  # and it stays over
+
+
+def test_a_bound_lease_is_not_re_armed_by_renew() -> None:
+    clock = FakeClock()
+    budget = NodeBudget(limits(), clock=clock)
+    lease = budget.lease(2.0)
+    reservation = budget.admit(spec(), lease)
+    owner = Owned()
+    lease.bind(owner)
+    assert lease.renew(1.0) is True  # alive, and it keeps no deadline
+    assert lease.deadline is None and lease.bound_to is owner
+    clock.now += 1000
+    assert budget.reap() == 0 and not lease.done()
+    assert budget.get(reservation.id) is not None
+    owner.end()
+    assert lease.done() and budget.get(reservation.id) is None
+
+
+def test_releasing_a_leased_reservation_ends_its_lease() -> None:
+    clock = FakeClock()
+    budget = NodeBudget(limits(mem_max=GiB), clock=clock)
+    leased = budget.admit_leased(spec(), 5.0)
+    lease = budget.get(leased.id).owner  # type: ignore[union-attr]
+    assert isinstance(lease, Lease)
+    assert budget.release(leased.id) is True
+    assert lease.done()
+    with pytest.raises(Refused, match="lease_expired"):
+        lease.bind(Owned())  # a bind may not succeed on memory that is free again
+    budget.admit(spec(), Owned())  # the memory is free: the node is full again
+    assert budget.headroom().mem_free == 0
+    assert lease.renew(5.0) is False
+
+
+def test_an_owner_that_already_ended_is_refused_with_a_reason() -> None:
+    finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+    finished.set_result(None)
+    with pytest.raises(Refused) as caught:
+        NodeBudget(limits()).admit(spec(), finished)
+    assert caught.value.detail == "the workload ended before admission"
+
+
+def test_the_node_platform_is_validated_naming_the_field() -> None:
+    with pytest.raises(Invalid) as caught:
+        NodeBudget(limits(), platform="linux/amd46")
+    assert caught.value.field == "platform"
+    assert str(NodeBudget(limits(), platform="linux/x86_64").platform) == "linux/amd64"
+    assert NodeBudget(limits()).platform is None
+
+
+def test_reservations_are_numbered_from_one_and_can_be_looked_up() -> None:
+    budget = NodeBudget(limits())
+    assert budget.admitted == 0 and budget.get("r1") is None
+    owner = Owned()
+    first = budget.admit(spec(), owner)
+    second = budget.reserve(spec(mem=2, disk=3, vcpus=0.5), Owned())
+    assert (first.id, first.seq, second.id, second.seq) == ("r1", 1, "r2", 2)
+    assert first.admission == Admission("r1", 1)
+    assert budget.admitted == 2
+    assert budget.get("r1") is first and first.owner is owner
+    assert budget.reservations() == [first, second]
+    owner.end()
+    assert budget.get("r1") is None and budget.admitted == 2
+
+
+def test_every_change_listener_hears_every_change() -> None:
+    heard: list[str] = []
+    budget = NodeBudget(limits())
+    budget.add_change_listener(lambda: heard.append("a"))
+    budget.add_change_listener(lambda: heard.append("b"))
+    reservation = budget.admit(spec(), Owned())
+    budget.release(reservation.id)
+    budget.release(reservation.id)  # nothing changed: nobody is told
+    assert heard == ["a", "b", "a", "b"]
+    with pytest.raises(Refused):
+        budget.admit(spec(mem=5 * GiB), Owned())
+    assert len(heard) == 4
+
+
+def test_the_vcpu_sum_is_exact_after_partial_releases_and_zero_when_empty() -> None:
+    budget = NodeBudget(limits(cpu_overcommit=1.0, cpu_max_load=1.0))  # ceiling 4 vcpus
+    owners = [Owned() for _ in range(3)]
+    for owner, vcpus in zip(owners, (0.1, 0.2, 1.5), strict=True):
+        budget.admit(spec(mem=1, disk=1, vcpus=vcpus), owner)
+    owners[2].end()  # a partial release leaves the others counted
+    over = budget.overcommit()
+    assert over is not None and over.vcpus_reserved == pytest.approx(0.3)
+    owners[0].end()
+    owners[1].end()
+    over = budget.overcommit()
+    assert over is not None and over.vcpus_reserved == 0.0  # exactly: no drift, no phantom
+    budget.admit(spec(mem=1, disk=1, vcpus=4), Owned())  # the whole ceiling fits again
+
+
+@pytest.mark.parametrize(
+    ("changes", "resource", "code", "ceiling"),
+    [
+        ({"disk_bw_overcommit": 1.0}, "disk_bw", "disk_bw_overcommitted", 2000),
+        ({"net_bw_overcommit": 0.25}, "net_bw", "net_bw_overcommitted", 500),
+    ],
+)
+def test_bandwidth_overcommit_ceilings_fill_exactly_and_free_on_release(
+    changes: dict[str, float], resource: str, code: str, ceiling: int
+) -> None:
+    budget = NodeBudget(  # live load: up to 2000 B/s either way
+        limits(
+            disk_bw_cap=2000, disk_bw_max_load=1.0, net_bw_cap=2000, net_bw_max_load=1.0, **changes
+        )
+    )
+    over = budget.overcommit()
+    assert over is not None and getattr(over, f"{resource}_ceiling") == ceiling
+    assert over.vcpus_ceiling is None  # factors not set stay unbounded
+    quarter = Owned()
+    budget.admit(spec(mem=1, disk=1, **{resource: ceiling // 4}), quarter)
+    rest = budget.admit(spec(mem=1, disk=1, **{resource: ceiling - ceiling // 4}), Owned())
+    over = budget.overcommit()
+    assert over is not None and getattr(over, f"{resource}_reserved") == ceiling  # exact fill
+    with pytest.raises(Refused) as caught:
+        budget.admit(spec(mem=1, disk=1, **{resource: 1}), Owned())
+    assert caught.value.reason == code
+    assert caught.value.detail == f"{ceiling} + 1 B/s reserved > ceiling {ceiling}"
+    quarter.end()  # a release frees its bandwidth
+    over = budget.overcommit()
+    assert over is not None and getattr(over, f"{resource}_reserved") == ceiling - ceiling // 4
+    budget.admit(spec(mem=1, disk=1, **{resource: ceiling // 4}), Owned())
+    budget.release(rest.id)
+    over = budget.overcommit()
+    assert over is not None and getattr(over, f"{resource}_reserved") == ceiling // 4
+
+
+def test_overcommit_reports_every_sum_and_ceiling() -> None:
+    budget = NodeBudget(limits(cpu_overcommit=2.0, disk_bw_overcommit=1.5, net_bw_overcommit=0.25))
+    budget.admit(spec(mem=1, disk=1, vcpus=0.5, disk_bw=100, net_bw=200), Owned())
+    assert budget.overcommit() == Overcommit(
+        vcpus_reserved=0.5,
+        vcpus_ceiling=8.0,
+        disk_bw_reserved=100,
+        disk_bw_ceiling=1500.0,
+        net_bw_reserved=200,
+        net_bw_ceiling=250.0,
+    )
+
+
+def test_the_idle_readings_cannot_be_changed_by_one_budget_for_all() -> None:
+    budget = NodeBudget(limits())
+    assert (budget.readings.cpu_load, budget.readings.disk_bw_load) == (0.0, 0.0)
+    with pytest.raises(AttributeError):
+        budget.readings.cpu_load = 1.0  # type: ignore[misc]
+    assert NodeBudget(limits()).readings.cpu_load == 0.0
 
 
 def test_refused_message_names_reason() -> None:

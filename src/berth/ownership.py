@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import math
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -115,18 +116,30 @@ class Lease:
     """An explicit owner that ends when released, when it expires, or when its bound owner ends.
 
     A scheduler confirming over the network cannot hand the node a live owner, so the node
-    reserves under a lease with a deadline (``ttl`` seconds).  The caller later ``bind``s it to
-    the workload (the lease then lives exactly as long as that owner) or ``end``s it.  An
-    unbound lease that passes its deadline ends at the next :meth:`NodeBudget.reap` — and with
-    it the reservation.  Expiry is judged on the budget's clock, so tests use a fake one.
+    reserves under a lease with a deadline (``ttl`` seconds, positive and finite).  The caller
+    later ``bind``s it to the workload (the lease then lives exactly as long as that owner) or
+    ``end``s it.  Expiry is judged on the budget's clock, so tests use a fake one.
+
+    A lease is *due* once ``clock() >= deadline`` (exactly at its deadline it is over).  A due
+    lease is ended by whoever looks first: :meth:`NodeBudget.reap` (through
+    :meth:`expire_if_due`), or a :meth:`bind` (refused with ``lease_expired``) or
+    :meth:`renew` (reports ``False``) that comes before the reaper.
+
+    Every decision — expire, bind, renew — compares the deadline with the time and changes
+    the lease under the lease's one lock, so they are totally ordered: a ``bind`` or ``renew``
+    that reported success is never followed by an end by expiry.  (The expirer used to read
+    the deadline outside the lock, then the clock, then end the lease; a bind landing in
+    between succeeded and the lease was ended anyway, releasing the reservation of a running
+    workload.)  The clock is read just *before* taking the lock — a time read a little early
+    only makes a decision more conservative on a monotonic clock, and no caller's code runs
+    under the lock — and callbacks run after it is released, so a callback may take the
+    budget's lock without ordering the two locks.
     """
 
     def __init__(self, ttl_s: float, clock: Clock) -> None:
-        if ttl_s <= 0:
-            raise Invalid(f"must be positive, got {ttl_s}", field="lease_ttl")
         self._clock = clock
         self._lock = threading.Lock()
-        self.deadline: float | None = clock() + ttl_s
+        self.deadline: float | None = clock() + _checked_ttl(ttl_s)
         self._callbacks: list[Callable[[Any], object]] = []
         self._done = False
         self.bound_to: object | None = None
@@ -141,19 +154,47 @@ class Lease:
                 return
         fn(self)
 
-    def renew(self, ttl_s: float) -> None:
-        """Push the deadline to ``ttl_s`` from now (only while unbound and not ended)."""
+    def renew(self, ttl_s: float) -> bool:
+        """Push an unbound lease's deadline to ``ttl_s`` from now; whether the lease lives on.
+
+        ``True`` for a live lease (a bound one has no deadline and keeps none); ``False`` once
+        it has ended, or when its deadline has already come — it is then ended now, as a reap
+        would have.
+        """
+        ttl_s = _checked_ttl(ttl_s)
+        now = self._clock()
         with self._lock:
-            if not self._done and self.bound_to is None:
-                self.deadline = self._clock() + ttl_s
+            if self._done:
+                return False
+            if self.bound_to is not None:
+                return True
+            if self._due_at(now):
+                callbacks = self._end_locked()
+            else:
+                self.deadline = now + ttl_s
+                return True
+        self._run(callbacks)
+        return False
 
     def bind(self, owner: Owner) -> None:
-        """Tie the lease to ``owner``: no more expiry; it ends when ``owner`` ends."""
+        """Tie the lease to ``owner``: no more expiry; it ends when ``owner`` ends.
+
+        Refused with ``lease_expired`` when the lease has ended or its deadline has come
+        (even if no reap has run yet: the lease is then ended now).
+        """
+        now = self._clock()
         with self._lock:
             if self._done:
                 raise Refused("lease_expired", "the reservation ended before it was bound")
-            self.bound_to = owner
-            self.deadline = None
+            if self._due_at(now):
+                callbacks = self._end_locked()
+            else:
+                self.bound_to = owner
+                self.deadline = None
+                callbacks = None
+        if callbacks is not None:
+            self._run(callbacks)
+            raise Refused("lease_expired", "the lease's deadline passed before it was bound")
         owner.add_done_callback(lambda _: self.end())
 
     def end(self) -> None:
@@ -161,18 +202,45 @@ class Lease:
         with self._lock:
             if self._done:
                 return
-            self._done = True
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks = self._end_locked()
+        self._run(callbacks)
+
+    def expire_if_due(self) -> bool:
+        """End the lease if its deadline has come; True if it ended now.
+
+        Decided and done under the lease's lock: a concurrent ``bind`` or ``renew`` either
+        completes first (and this sees no deadline, or the new one) or finds the lease ended.
+        """
+        now = self._clock()
+        with self._lock:
+            if self._done or not self._due_at(now):
+                return False
+            callbacks = self._end_locked()
+        self._run(callbacks)
+        return True
+
+    def _due_at(self, now: float) -> bool:
+        """Whether an unbound lease is past its deadline at ``now`` (call under the lock)."""
+        return self.deadline is not None and now >= self.deadline
+
+    def _end_locked(self) -> list[Callable[[Any], object]]:
+        """Mark the lease ended and hand back the callbacks to run (call under the lock)."""
+        self._done = True
+        callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+    def _run(self, callbacks: list[Callable[[Any], object]]) -> None:
         for callback in callbacks:
             callback(self)
 
-    def expire_if_due(self) -> bool:
-        """End the lease if its deadline has passed; True if it ended now."""
-        deadline = self.deadline
-        if deadline is None or self._done or self._clock() < deadline:
-            return False
-        self.end()
-        return True
+
+def _checked_ttl(ttl_s: float) -> float:
+    """A lease's time to live in seconds: a positive, finite number (NaN and inf are not)."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < math.inf:
+        raise Invalid(
+            f"must be a positive, finite number of seconds, got {ttl_s!r}", field="lease_ttl_s"
+        )
+    return float(ttl_s)
 
 
 def has_ended(owner: object) -> bool:

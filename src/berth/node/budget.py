@@ -84,7 +84,16 @@ class StaticLoad:
     net_bw_load: float = 0.0
 
 
-IDLE = StaticLoad()
+@dataclass(frozen=True)
+class _Idle:
+    cpu_load: float = 0.0
+    disk_bw_load: float = 0.0
+    net_bw_load: float = 0.0
+
+
+IDLE: LoadReadings = _Idle()
+"""Zero load, shared by every budget built without readings — so it cannot be changed (a
+mutable default here let one budget's readings leak into every other)."""
 
 
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
@@ -237,7 +246,8 @@ class NodeBudget:
         self, spec: Spec, ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Reservation:
         """``admit`` under a new lease: the confirmation a scheduler makes before the workload
-        exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``."""
+        exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``
+        (positive and finite, else ``Invalid`` naming ``lease_ttl_s``)."""
         lease = self.lease(ttl_s)
         try:
             return self.admit(spec, lease, platforms)
@@ -246,7 +256,11 @@ class NodeBudget:
             raise
 
     def bind(self, reservation_id: str, owner: Owner) -> None:
-        """Tie a leased reservation to ``owner``: it is released when ``owner`` ends."""
+        """Tie a leased reservation to ``owner``: it is released when ``owner`` ends.
+
+        Refused with ``lease_expired`` when the reservation is gone or its lease's deadline
+        has come (then it is released now, whether or not a reap has run).
+        """
         with self._lock:
             lease = self._leases.get(reservation_id)
         if lease is None:
@@ -274,7 +288,9 @@ class NodeBudget:
         return True
 
     def reap(self) -> int:
-        """End every lease past its deadline (releasing its reservation); how many ended."""
+        """End every unbound lease whose deadline has come (``now >= deadline``), releasing
+        its reservation; how many ended.  Each lease decides under its own lock, so a lease
+        bound or renewed meanwhile is left alone (see :class:`~berth.ownership.Lease`)."""
         with self._lock:
             leases = list(self._leases.values())
         return sum(lease.expire_if_due() for lease in leases)

@@ -611,9 +611,7 @@ class Engine:
                 by_name = None if self._in_name_order else self.name_order()
                 slots = fast_order(fit, match, by_name, self.positions)
             else:
-                request = PlacementRequest(
-                    spec, tuple(layers), tuple(platforms), fit, match.colocated
-                )
+                request = PlacementRequest(spec, layers, platforms, fit, lambda: match.colocated)
                 slots = policy.order(self.view(), request)
             return EngineRanking(self._names, slots, match)
 

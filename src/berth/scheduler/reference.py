@@ -82,7 +82,7 @@ def _ranked_by(
     fit_names = {state.node for state in fitting}
     fit = np.array([state.node in fit_names for state in in_name_order], dtype=bool)
     colocated = np.array([colocation_score(state, layers) for state in in_name_order], np.int64)
-    request = PlacementRequest(spec, tuple(layers), tuple(platforms), fit, colocated)
+    request = PlacementRequest(spec, layers, platforms, fit, colocated)
     slots = policy.order(_view(in_name_order), request)
     return Ranking(
         [in_name_order[slot].node for slot in slots], [int(colocated[slot]) for slot in slots]

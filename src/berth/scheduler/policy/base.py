@@ -40,7 +40,7 @@ import the policy package without a cycle.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -129,10 +129,8 @@ class ClusterView:
     """Slot → node name (``None`` for a free slot); see :meth:`name`."""
 
     def __post_init__(self) -> None:
-        for each in fields(self):
-            value = getattr(self, each.name)
-            if isinstance(value, np.ndarray):
-                object.__setattr__(self, each.name, _read_only(value))
+        for name in _VIEW_ARRAYS:
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
 
     def name(self, slot: int) -> str:
         """The node at ``slot`` (``ValueError`` for a free slot)."""
@@ -163,6 +161,13 @@ class ClusterView:
         return int(self.holding(layer_id).size)
 
 
+_VIEW_ARRAYS = tuple(
+    each.name
+    for each in fields(ClusterView)
+    if each.name not in ("size", "count", "mounted", "cached", "names")
+)
+
+
 def _held_bytes(index: LayerHolders, layers: Sequence[Layer], size: int) -> npt.NDArray[np.int64]:
     held = np.zeros(size, dtype=np.int64)
     for layer in layers:
@@ -172,27 +177,55 @@ def _held_bytes(index: LayerHolders, layers: Sequence[Layer], size: int) -> npt.
     return held
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class PlacementRequest:
     """One request as a policy sees it: what was asked, and what the filter found.
 
     ``fit`` and ``colocated`` have one entry per slot of the :class:`ClusterView` they come
-    with; both are read-only.
+    with; both are read-only.  ``colocated`` may be handed in as a function and is then
+    computed on first use — a full-width pass a policy that ignores layers never pays for.
     """
 
-    spec: Spec | None
-    """The resources asked for; ``None`` when the workload declared none."""
-    layers: tuple[Layer, ...]
-    platforms: tuple[Platform, ...]
-    """Platforms the artifact runs on; empty means any."""
-    fit: npt.NDArray[np.bool_]
-    """Per slot, whether the node passed the filter: exactly the slots a policy orders."""
-    colocated: npt.NDArray[np.int64]
-    """Per slot, the bytes of ``layers`` mounted on the node."""
+    __slots__ = ("_colocated", "_fit", "_layers", "_platforms", "_spec")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "fit", _read_only(self.fit))
-        object.__setattr__(self, "colocated", _read_only(self.colocated))
+    def __init__(
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        platforms: Sequence[Platform],
+        fit: npt.NDArray[np.bool_],
+        colocated: npt.NDArray[np.int64] | Callable[[], npt.NDArray[np.int64]],
+    ) -> None:
+        self._spec = spec
+        self._layers = tuple(layers)
+        self._platforms = tuple(platforms)
+        self._fit = _read_only(fit)
+        self._colocated = colocated if callable(colocated) else _read_only(colocated)
+
+    @property
+    def spec(self) -> Spec | None:
+        """The resources asked for; ``None`` when the workload declared none."""
+        return self._spec
+
+    @property
+    def layers(self) -> tuple[Layer, ...]:
+        return self._layers
+
+    @property
+    def platforms(self) -> tuple[Platform, ...]:
+        """Platforms the artifact runs on; empty means any."""
+        return self._platforms
+
+    @property
+    def fit(self) -> npt.NDArray[np.bool_]:
+        """Per slot, whether the node passed the filter: exactly the slots a policy orders."""
+        return self._fit
+
+    @property
+    def colocated(self) -> npt.NDArray[np.int64]:
+        """Per slot, the bytes of ``layers`` mounted on the node."""
+        if callable(self._colocated):
+            self._colocated = _read_only(self._colocated())
+        return self._colocated
 
 
 class Policy(Protocol):

@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import nats.errors
@@ -42,7 +42,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
-from berth.model import Placement, Request
+from berth.model import Layer, Placement, Request, Spec
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_wire import (
     PREFIX,
@@ -54,7 +54,7 @@ from berth.nodeclient.nats_wire import (
     ok_reply,
     raise_error,
 )
-from berth.ownership import Refused
+from berth.ownership import Admission, Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.service.connection import settle
@@ -72,6 +72,7 @@ __all__ = [
     "QUEUE",
     "SCHEDULER_PREFIX",
     "NatsScheduler",
+    "ReplicaScheduler",
     "SchedulerService",
     "scheduler_service",
 ]
@@ -81,6 +82,25 @@ log = logging.getLogger("berth.service.scheduler")
 SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
 OPERATIONS = ("schedule", "release", "ping")
+
+
+class ReplicaScheduler(ClusterScheduler):
+    """A ``ClusterScheduler`` whose replica is fed over the network.
+
+    Over NATS the node's next snapshot can reach the replica *before* the reply to the
+    admission that caused it (both are messages; the watch's callback may run first).  The
+    base ``assume`` would then record an assumption the replica's snapshot already accounts
+    for, and the reservation would count twice until a later snapshot arrives — a scheduler
+    would skip a node with room.  An admission whose ``seq`` the node's latest snapshot already
+    covers (``admitted >= seq``) is therefore not assumed.  (This belongs in the assume step
+    itself; it lives here until that changes.)
+    """
+
+    def assume(self, node: str, admission: Admission, spec: Spec, layers: Sequence[Layer]) -> None:
+        state = self.states().get(node)
+        if state is not None and state.admitted >= admission.seq:
+            return
+        super().assume(node, admission, spec, layers)
 
 
 def _placement_error(error: BaseException) -> bytes:
@@ -200,7 +220,8 @@ class SchedulerService:
     async def _on_census(self, msg: Msg) -> None:
         if msg.reply:
             with contextlib.suppress(Exception):
-                await msg.respond(ok_reply({"id": self.id, "nodes": len(self.scheduler.states())}))
+                nodes = sorted(self.scheduler.states())
+                await msg.respond(ok_reply({"id": self.id, "nodes": nodes}))
 
     async def _on_request(self, msg: Msg) -> None:
         await self._slots.acquire()
@@ -306,11 +327,11 @@ class NatsScheduler:
             raise BadReply(f"a scheduler answered ping with {value!r}")
         return nodes
 
-    async def census(self, wait_s: float = 0.3) -> dict[str, int]:
-        """Every scheduler that answers within ``wait_s``: its id → the nodes it sees."""
+    async def census(self, wait_s: float = 0.3) -> dict[str, tuple[str, ...]]:
+        """Every scheduler that answers within ``wait_s``: its id → the nodes in its replica."""
         inbox = self.client.new_inbox()
         subscription = await self.client.subscribe(inbox)
-        members: dict[str, int] = {}
+        members: dict[str, tuple[str, ...]] = {}
         try:
             await self.client.publish(
                 f"{self.prefix}.census", encode({"v": SCHEMA_VERSION}), reply=inbox
@@ -323,8 +344,9 @@ class NatsScheduler:
                     break
                 with contextlib.suppress(BerthError):
                     value = _decode(msg.data, inbox)
-                    if isinstance(value, dict) and isinstance(value.get("nodes"), int):
-                        members[str(value.get("id"))] = value["nodes"]
+                    nodes = value.get("nodes") if isinstance(value, dict) else None
+                    if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes):
+                        members[str(value.get("id"))] = tuple(nodes)
         finally:
             with contextlib.suppress(Exception):
                 await subscription.unsubscribe()
@@ -393,9 +415,13 @@ async def scheduler_service(
 ) -> AsyncIterator[SchedulerService]:
     """A whole scheduler on ``client``: its replica, its node client, its service; stopped
     gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them)."""
-    async with NatsStore(client, bucket=bucket, ttl_s=bucket_ttl_s(heartbeat_s)) as store:
+    # the watch's idle heartbeat: half a node heartbeat (at most 1 s), so after a server
+    # restart the replica resumes within about one node heartbeat (two missed idle beats)
+    idle_s = min(1.0, heartbeat_s / 2)
+    ttl_s = bucket_ttl_s(heartbeat_s)
+    async with NatsStore(client, bucket=bucket, ttl_s=ttl_s, idle_heartbeat_s=idle_s) as store:
         nodes = NatsNodes(client, prefix=node_prefix, timeout_s=node_timeout_s)
-        scheduler = ClusterScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
+        scheduler = ReplicaScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
         service = SchedulerService(client, scheduler, store=store, routes=routes, prefix=prefix)
         await service.start()
         try:

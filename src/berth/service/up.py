@@ -84,6 +84,7 @@ class LocalCluster:
         directory: Path | None = None,
         names: Names | None = None,
         ready_timeout_s: float = 60.0,
+        lease_ttl_s: float = 30.0,
     ) -> None:
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
@@ -99,6 +100,7 @@ class LocalCluster:
             per_process = 1 if nodes <= PER_PROCESS_FROM else math.ceil(nodes / PER_PROCESS_FROM)
         self.per_process = per_process
         self.ready_timeout_s = ready_timeout_s
+        self.lease_ttl_s = lease_ttl_s
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
         self.auth: ClusterAuth | None = None
@@ -152,6 +154,7 @@ class LocalCluster:
             self.agent_processes.append(self._spawn(args, logs / f"agents-{index:03d}.log"))
         for index in range(self.schedulers):
             args = ["scheduler", "--nats", url, "--heartbeat", f"{self.heartbeat_s:g}"]
+            args += ["--lease-ttl", f"{self.lease_ttl_s:g}"]
             if self.auth is not None:
                 args += ["--creds", str(self.paths["scheduler"])]
             self.scheduler_processes.append(self._spawn(args, logs / f"scheduler-{index}.log"))
@@ -183,11 +186,11 @@ class LocalCluster:
                         missing = sorted(expected - set(await store.states()))
                         raise Unavailable(f"nodes did not come up in time: {', '.join(missing)}")
                     await asyncio.sleep(0.05)
-            await self._await_schedulers(deadline, len(expected))
+            await self._await_schedulers(deadline, expected)
         finally:
             await client.close()
 
-    async def _await_schedulers(self, deadline: float, nodes: int) -> None:
+    async def _await_schedulers(self, deadline: float, nodes: set[str]) -> None:
         assert self.server is not None
         creds = None if self.auth is None else self.auth.client
         client = await connect(self.server.url, name="berth-up-probe", credentials=creds)
@@ -196,7 +199,9 @@ class LocalCluster:
             while True:
                 self._check_children()
                 members = await probe.census(0.2)
-                if len(members) >= self.schedulers and all(n == nodes for n in members.values()):
+                if len(members) >= self.schedulers and all(
+                    set(seen) == nodes for seen in members.values()
+                ):
                     return
                 if time.monotonic() > deadline:
                     raise Unavailable("the schedulers did not come up in time")

@@ -23,6 +23,10 @@ dataset (:func:`berth.dataset.load_dockerhub`):
   between rounds (untimed) so the cluster does not fill up; the median round rate is reported.
   Snapshots are not re-published after admissions (no advertiser in the loop): the budgets are
   the authority, and a node that filled up refuses, so the walk goes on as in production.
+  The scheduler's assume step (on by default) applies each confirmed reservation to its own
+  view — one ``NodeState`` copy and one engine update per placement — and the release through
+  ``ClusterScheduler.release`` undoes it; ``placements_per_s_no_assume`` is the same run with
+  the step off, for the cost of it.
 
 The cluster: each node mounts ``--layers-per-node`` layers taken from Linux images drawn by
 Docker Hub pull count (whole layer chains, base first, so layers co-occur as they do on real
@@ -62,7 +66,7 @@ import numpy as np
 
 from berth.dataset import Dataset, load_dockerhub
 from berth.errors import NoCapacity
-from berth.model import INSTANCE_TYPES, Layer, Request
+from berth.model import INSTANCE_TYPES, Layer, Placement, Request
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform
@@ -424,6 +428,8 @@ def measure_schedule(
     request_layers: int,
     placements: int,
     round_size: int,
+    *,
+    assume: bool = True,
 ) -> ScheduleResult:
     """``ClusterScheduler.schedule`` rate on an in-process cluster (see the module docstring)."""
     states = generator.nodes(nodes, layers_per_node)
@@ -441,19 +447,19 @@ def measure_schedule(
         load = StaticLoad(state.cpu_load, state.disk_bw_load, state.net_bw_load)
         clients.add(state.node, NodeBudget(limits, load))
         store.publish_now(state)
-    scheduler = ClusterScheduler(store, clients)
+    scheduler = ClusterScheduler(store, clients, assume=assume)
     requests = [probe.request for probe in generator.probes(max(placements, 64), request_layers)]
     round_size = max(min(round_size, placements), 1)
 
     async def run() -> ScheduleResult:
         for request in requests[:32]:  # warm-up (caches, code paths), then release
             placement = await scheduler.schedule(request)
-            await clients.release(placement.worker_node, placement.reservation_id or "")
+            await scheduler.release(placement)
         rates: list[float] = []
         failures, ranks, done = 0, 0, 0
         while done < placements:
             batch = requests[done : done + min(round_size, placements - done)]
-            held: list[tuple[str, str]] = []
+            held: list[Placement] = []
             gc.collect()
             gc.disable()
             try:
@@ -464,14 +470,14 @@ def measure_schedule(
                     except NoCapacity:
                         failures += 1
                         continue
-                    held.append((placement.worker_node, placement.reservation_id or ""))
+                    held.append(placement)
                     ranks += placement.rank
                 elapsed = time.perf_counter_ns() - start
             finally:
                 gc.enable()
             rates.append(len(batch) / (elapsed / 1e9))
-            for node, reservation_id in held:  # untimed: keep the cluster from filling up
-                clients.budget(node).release(reservation_id)
+            for placement in held:  # untimed: keep the cluster from filling up
+                await scheduler.release(placement)
             done += len(batch)
         placed = max(done - failures, 1)
         return ScheduleResult(float(np.median(rates)), len(rates), failures, ranks / placed)
@@ -594,7 +600,19 @@ def run(config: Config) -> dict[str, Any]:
         config.samples,
         config.schedule_round,
     )
-    log(f"schedule: {schedule.placements_per_s:.0f} placements/s at {config.schedule_nodes} nodes")
+    blind = measure_schedule(
+        ClusterGenerator(dataset, config.seed + 1),
+        config.schedule_nodes,
+        config.layers_per_node,
+        config.request_layers,
+        config.samples,
+        config.schedule_round,
+        assume=False,
+    )
+    log(
+        f"schedule: {schedule.placements_per_s:.0f} placements/s at {config.schedule_nodes} "
+        f"nodes ({blind.placements_per_s:.0f}/s without the assume step)"
+    )
 
     result: dict[str, Any] = {
         "nodes": config.nodes,
@@ -610,6 +628,7 @@ def run(config: Config) -> dict[str, Any]:
         "bytes_per_node": round(traced_bytes / config.nodes, 1),
         "bytes_per_node_estimate": round(estimate / config.nodes, 1),
         "placements_per_s": round(schedule.placements_per_s, 1),
+        "placements_per_s_no_assume": round(blind.placements_per_s, 1),
         "schedule_nodes": config.schedule_nodes,
         "samples": config.samples,
         "reference_samples": len(rank.reference_ns),

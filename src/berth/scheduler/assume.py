@@ -144,9 +144,11 @@ class AssumeCache:
 
     def expire(self) -> set[str]:
         """Drop assumptions past their deadline; the nodes whose view changed."""
+        deadlines = self._deadlines
+        if not deadlines:
+            return set()
         now = self._clock()
         changed: set[str] = set()
-        deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             _, node, rid = deadlines.popleft()
             # The entry may be stale: its assumption covered or forgotten, and the id assumed

@@ -154,7 +154,7 @@ class ClusterScheduler:
         self.ranker.upsert(view)
 
     def _expire_assumptions(self) -> None:
-        if self.assumed is not None and len(self.assumed):
+        if self.assumed is not None:  # O(1) unless something is due
             for node in self.assumed.expire():
                 self._refresh(node)
 

@@ -22,6 +22,7 @@ from berth.ownership import Admission, Lease, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler import Scheduler, SingleNode
 from berth.scheduler.multinode import ClusterScheduler, Confirmed
+from berth.scheduler.policy import ClusterView, PlacementRequest, Policy, Scorer, Weighted
 from berth.state import NodeState, colocation_score, fits
 from berth.store.memory import MemoryStore
 from berth.store.port import StateStore
@@ -36,6 +37,7 @@ __all__ = [
     "BerthError",
     "BudgetLimits",
     "ClusterScheduler",
+    "ClusterView",
     "Confirmed",
     "EmbeddedCluster",
     "Invalid",
@@ -50,14 +52,18 @@ __all__ = [
     "NodeState",
     "Owner",
     "Placement",
+    "PlacementRequest",
     "Platform",
+    "Policy",
     "Refused",
     "Request",
     "Scheduler",
+    "Scorer",
     "SingleNode",
     "Spec",
     "StateStore",
     "Unavailable",
+    "Weighted",
     "colocation_score",
     "fits",
     "format_bandwidth",

@@ -566,6 +566,19 @@ def test_the_idle_readings_cannot_be_changed_by_one_budget_for_all() -> None:
     assert NodeBudget(limits()).readings.cpu_load == 0.0
 
 
+def test_a_lease_tells_its_callbacks_it_ended_before_or_after_they_came() -> None:
+    lease = Lease(1.0, FakeClock())
+    assert lease.done() is False
+    seen: list[object] = []
+    lease.add_done_callback(seen.append)
+    lease.end()
+    lease.add_done_callback(seen.append)  # after the end: called at once
+    assert seen == [lease, lease] and lease.done() is True
+    with pytest.raises(Refused) as caught:
+        lease.bind(Owned())
+    assert caught.value.reason == "lease_expired"
+
+
 def test_refused_message_names_reason() -> None:
     refused = Refused("mem_exhausted", "1 B asked, 0 B free", node="n3")
     assert (

@@ -23,6 +23,9 @@ from berth.checks import (
     NodeView,
     Scratch,
     Stage,
+    _bandwidth,
+    _hard,
+    _overcommit,
     describe_reason,
     first_failed,
     narrow,
@@ -322,3 +325,100 @@ def test_engine_and_reference_agree_with_an_added_check_on_random_clusters() -> 
         for platforms in ([], [AMD64], [RISCV]):
             expected = reference.rank(spec, LAYERS, platforms).pairs()
             assert engine.rank(spec, LAYERS, platforms).pairs() == expected
+
+
+# -- the factories, called at test time -------------------------------------------------------
+# The table is built once, when berth.checks is imported.  Mutation testing
+# (scripts/mutation.py) switches a mutant in when a function is *called*, so the factories'
+# code is only exercised by tests that call them; these build every sized check of the table
+# again and hold the result to the table's scalar tests and to literal details.
+TABLE = {check.code: check for check in CHECKS}
+
+
+def rebuilt_checks() -> list[Check]:
+    def test(code: str) -> Any:
+        return TABLE[code].test
+
+    return [
+        _hard("mem", "mem_exhausted", "insufficient memory", test("mem_exhausted")),
+        _hard("disk", "disk_exhausted", "insufficient disk", test("disk_exhausted")),
+        _overcommit("vcpus", "cpu_overcommitted", "cpu over-commit ceiling reached", "vcpus",
+                    test("cpu_overcommitted")),
+        _overcommit("disk_bw", "disk_bw_overcommitted",
+                    "disk bandwidth over-commit ceiling reached", "B/s",
+                    test("disk_bw_overcommitted")),
+        _overcommit("net_bw", "net_bw_overcommitted",
+                    "network bandwidth over-commit ceiling reached", "B/s",
+                    test("net_bw_overcommitted")),
+        _bandwidth("disk_bw", "disk_bw_saturated", "disk bandwidth saturated",
+                   test("disk_bw_saturated")),
+        _bandwidth("net_bw", "net_bw_saturated", "network bandwidth saturated",
+                   test("net_bw_saturated")),
+    ]  # fmt: skip
+
+
+def test_the_factories_build_the_tables_checks() -> None:
+    for check in rebuilt_checks():
+        original = TABLE[check.code]
+        assert (check.phrase, check.stage, check.sized, check.group) == (
+            original.phrase,
+            original.stage,
+            original.sized,
+            original.group,
+        )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(figures, min_size=1, max_size=12), demands)
+def test_factory_built_checks_agree_scalar_and_vectorised(
+    views: list[NodeFigures], demand: Demand
+) -> None:
+    columns, scratch = columns_of(views)
+    for check in rebuilt_checks():
+        fit = np.ones(len(views), dtype=bool)
+        check.narrow(columns, demand, fit, scratch)
+        assert fit.tolist() == [check.test(view, demand) for view in views], check.code
+        ruled_out = np.zeros(len(views), dtype=bool)  # narrowing never lets a slot back in
+        check.narrow(columns, demand, ruled_out, scratch)
+        assert not ruled_out.any(), check.code
+
+
+def test_factory_built_checks_detail_their_figures() -> None:
+    view = NodeFigures(
+        platform=AMD64, mem_free=512, disk_free=256, cpu_load=0.5, cpu_capacity=4.0,
+        cpu_max_load=0.75, disk_bw_load=256.0, disk_bw_ceiling=512.0, net_bw_load=100.0,
+        net_bw_ceiling=256.0, oc_vcpus_reserved=2.5, oc_vcpus_ceiling=3.0,
+        oc_disk_bw_reserved=512.0, oc_disk_bw_ceiling=768.0, oc_net_bw_reserved=64.0,
+        oc_net_bw_ceiling=128.0,
+    )  # fmt: skip
+    demand = Demand.of(Spec(vcpus=1, mem=1024, disk=300, disk_bw=300, net_bw=200))
+    details = {check.code: check.detail(view, demand) for check in rebuilt_checks()}
+    assert details == {
+        "mem_exhausted": "1024 B asked, 512 B free",
+        "disk_exhausted": "300 B asked, 256 B free",
+        "cpu_overcommitted": "2.5 + 1 vcpus reserved > ceiling 3",
+        "disk_bw_overcommitted": "512 + 300 B/s reserved > ceiling 768",
+        "net_bw_overcommitted": "64 + 200 B/s reserved > ceiling 128",
+        "disk_bw_saturated": "256 + 300 B/s > 512",
+        "net_bw_saturated": "100 + 200 B/s > 256",
+    }
+    assert details == {code: TABLE[code].detail(view, demand) for code in details}
+    assert all(not check.test(view, demand) for check in rebuilt_checks())
+
+
+def test_overcommit_checks_skip_their_pass_when_no_slot_runs_the_stage() -> None:
+    """With ``overcommitting`` off the β_max checks leave ``fit`` alone without reading the
+    columns (every ceiling is +inf then; finite ones here show that nothing was read)."""
+    full = NodeFigures(AMD64, 10, 10, 0.0, 1.0, 1.0, 0.0, 9.0, 0.0, 9.0, 5.0, 1.0, 5.0, 1.0,
+                       5.0, 1.0)  # fmt: skip
+    columns, scratch = columns_of([full, full])
+    demand = Demand.of(Spec(vcpus=1, mem=1, disk=1, disk_bw=1, net_bw=1))
+    for check in rebuilt_checks():
+        fit = np.ones(2, dtype=bool)
+        check.narrow(columns, demand, fit, scratch)
+        assert fit.tolist() == [check.stage is not Stage.OVERCOMMIT] * 2, check.code
+    columns.overcommitting = False
+    for check in rebuilt_checks():
+        fit = np.ones(2, dtype=bool)
+        check.narrow(columns, demand, fit, scratch)
+        assert fit.tolist() == [True, True], check.code

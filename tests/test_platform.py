@@ -91,3 +91,88 @@ def test_arbitrary_text_is_parsed_or_invalid(text: str) -> None:
     except Invalid:
         return
     assert parsed.os in KNOWN_OPERATING_SYSTEMS and parsed.arch in KNOWN_ARCHITECTURES
+
+
+# -- the edges mutation testing found unguarded ------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        ("linux", "platform", "'linux' is not a platform of the form <os>/<arch>[/<variant>]"),
+        ("lin ux/amd64", "os", "platform os 'lin ux' is empty or has invalid characters"),
+        ("linux/am*64", "arch", "platform arch 'am*64' is empty or has invalid characters"),
+        ("linux/arm64/v 8", "variant", "platform variant 'v 8' has invalid characters"),
+        (
+            "lunix/amd64",
+            "os",
+            "unknown operating system 'lunix'; known: aix, android, darwin, dragonfly, freebsd, "
+            "illumos, ios, js, linux, netbsd, openbsd, plan9, solaris, wasip1, windows",
+        ),
+        (
+            "linux/amd46",
+            "arch",
+            "unknown architecture 'amd46'; known: 386, amd64, arm, arm64, loong64, mips, mips64, "
+            "mips64le, mipsle, ppc64, ppc64le, riscv64, s390x, wasm",
+        ),
+    ],
+)
+def test_errors_name_the_part_and_say_what_is_wrong(text: str, field: str, message: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        Platform.from_json(f'"{text}"')  # the model's own validation names the part
+    assert caught.value.field == field
+    assert message in str(caught.value)
+    with pytest.raises(Invalid) as caught:
+        Platform.parse(text)  # parse names its field and keeps the message
+    assert (caught.value.field, caught.value.message) == ("platform", message)
+    with pytest.raises(Invalid) as caught:
+        Platform.parse(text, field="node.platform")
+    assert (caught.value.field, caught.value.message) == ("node.platform", message)
+
+
+def test_parse_refuses_what_is_not_a_string() -> None:
+    with pytest.raises(Invalid) as caught:
+        Platform.parse(64)  # type: ignore[arg-type]
+    assert caught.value.field == "platform"
+    assert caught.value.message == "expected a platform string such as 'linux/amd64', got 64"
+    with pytest.raises(Invalid) as caught:
+        Platform.parse(None, field="node.platform")  # type: ignore[arg-type]
+    assert caught.value.field == "node.platform"
+    amd64 = Platform.parse("linux/amd64")
+    assert Platform.parse(amd64) is amd64
+
+
+def test_only_amd64_drops_a_v1_variant() -> None:
+    assert str(Platform.parse("linux/amd64/v1")) == "linux/amd64"
+    assert str(Platform.parse("linux/amd64/v3")) == "linux/amd64/v3"
+    assert str(Platform.parse("linux/386/v1")) == "linux/386/v1"
+    assert str(Platform.parse("linux/arm/v1")) == "linux/arm/v1"
+    assert str(Platform(os=" Linux ", arch="X86_64")) == "linux/amd64"
+
+
+@pytest.mark.parametrize(
+    ("system", "machine", "expected"),
+    [
+        ("Linux", "x86_64", "linux/amd64"),
+        ("Darwin", "arm64", "darwin/arm64/v8"),
+        ("", "", "linux/amd64"),  # Python could not tell: assume the common case
+        ("Linux", "", "linux/amd64"),
+        ("", "aarch64", "linux/arm64/v8"),
+    ],
+)
+def test_host_platform_from_what_python_reports(
+    monkeypatch: pytest.MonkeyPatch, system: str, machine: str, expected: str
+) -> None:
+    import berth.platform
+
+    monkeypatch.setattr(berth.platform.host_platform, "system", lambda: system)
+    monkeypatch.setattr(berth.platform.host_platform, "machine", lambda: machine)
+    assert str(host()) == expected
+
+
+def test_an_unknown_host_is_invalid_naming_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import berth.platform
+
+    monkeypatch.setattr(berth.platform.host_platform, "system", lambda: "Linux")
+    monkeypatch.setattr(berth.platform.host_platform, "machine", lambda: "sparc64")
+    with pytest.raises(Invalid) as caught:
+        host()
+    assert caught.value.field == "host"

@@ -115,3 +115,104 @@ def test_integer_quantities_multiply_exactly(number: int, suffix: str) -> None:
 def test_arbitrary_text_never_crashes(text: str) -> None:
     with contextlib.suppress(Invalid):
         assert parse_information(text) >= 0
+
+
+# -- the edges mutation testing found unguarded ------------------------------------------------
+@pytest.mark.parametrize("parse", [parse_information, parse_bandwidth])
+def test_integer_zero_and_one_are_quantities(parse: object) -> None:
+    assert parse(0) == 0  # type: ignore[operator]
+    assert parse(1) == 1  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("-0", 0), ("-0.0GiB", 0), ("+1", 1), ("+2KiB", 2048), ("1.", 1), (".5KiB", 512)],
+)
+def test_signs_and_bare_decimal_points(text: str, expected: int) -> None:
+    assert parse_information(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "-1B", "-0.5", "- 1KiB", "-0.001B"])
+def test_a_negative_string_is_invalid_never_its_absolute_value(text: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_information(text, field="disk_max")
+    assert caught.value.field == "disk_max"
+    assert caught.value.message == f"size must not be negative, got {text!r}"
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "message"),
+    [
+        (-1, "size", "size must not be negative, got -1"),
+        (True, "size", "expected a size such as '512MiB', got a boolean"),
+        (1.5, "size", "expected a size string such as '512MiB', got 1.5"),
+        ("abc", "size", "not a size: 'abc' (expected e.g. '512MiB')"),
+    ],
+)
+def test_information_errors_say_what_and_where(value: object, field: str, message: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_information(value)  # type: ignore[arg-type]
+    assert (caught.value.field, caught.value.message) == (field, message)
+    with pytest.raises(Invalid) as caught:
+        parse_information(value, field="mem_max")  # type: ignore[arg-type]
+    assert caught.value.field == "mem_max"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (-3, "bandwidth must not be negative, got -3"),
+        (False, "expected a bandwidth such as '512MiB', got a boolean"),
+        (None, "expected a bandwidth string such as '512MiB', got None"),
+        ("-8Mbps", "bandwidth must not be negative, got '-8Mbps'"),
+    ],
+)
+def test_bandwidth_errors_say_what_and_where(value: object, message: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_bandwidth(value)  # type: ignore[arg-type]
+    assert (caught.value.field, caught.value.message) == ("bandwidth", message)
+    with pytest.raises(Invalid) as caught:
+        parse_bandwidth(value, field="net_bw_cap")  # type: ignore[arg-type]
+    assert caught.value.field == "net_bw_cap"
+
+
+def test_an_unknown_unit_lists_the_known_ones() -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_information("3 GiBs", field="mem_max")
+    assert caught.value.message == (
+        "unknown size unit 'GiBs' in '3 GiBs'; known units: B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
+    )
+    with pytest.raises(Invalid) as caught:
+        parse_bandwidth("1 GiB")
+    assert caught.value.message.startswith(
+        "unknown bandwidth unit 'GiB' in '1 GiB'; known units: Bps, KiBps, MiBps"
+    )
+
+
+def test_formatting_at_unit_boundaries() -> None:
+    assert format_information(1023) == "1023B"
+    assert format_information(1024) == "1KiB"  # exactly one unit uses the unit
+    assert format_information(2**20) == "1MiB"
+    assert format_information(2**20 - 1) == "1024KiB"  # 1023.999 KiB rounds to two places
+    assert format_information(1536, exact=True) == "1.5KiB"
+    # exact: a unit is skipped when it needs more than three decimals, for the next smaller one
+    assert format_information(2**20 + 1, exact=True) == "1048577B"
+    assert format_information(2**30 + 2**27, exact=True) == "1.125GiB"
+    assert format_information(2**30 + 2**20, exact=True) == "1025MiB"
+    assert format_information(2**30 + 2**10, exact=True) == "1048577KiB"
+    assert format_information(10 * 2**40) == "10TiB"
+    assert format_information(1000) == "1000B"
+    assert format_information(1100) == "1.07KiB"
+    assert format_information(1126) == "1.1KiB"  # 1.0996… → 1.10 → trailing zero trimmed
+    assert format_information(1025) == "1KiB"  # 1.0009… → 1.00 → "1"
+    assert format_information(10240) == "10KiB"  # an integer keeps its zeros
+
+
+def test_bandwidth_formatting_is_for_humans_unless_asked_to_be_exact() -> None:
+    assert format_bandwidth(123_456_789) == "117.74MiBps"
+    assert format_bandwidth(123_456_789, exact=True) == "123456789Bps"
+    assert format_bandwidth(0) == "0Bps"
+    with pytest.raises(Invalid) as caught:
+        format_bandwidth(-1)
+    assert caught.value.field == "value"
+    assert caught.value.message == "cannot format a negative quantity -1"

@@ -327,3 +327,14 @@ def test_requests_without_resources_assume_nothing() -> None:
     placement = asyncio.run(cluster.scheduler.schedule(bare))
     assert (placement.worker_node, placement.reservation_id) == ("a", None)
     assert len(cluster.scheduler.assumed or ()) == 0
+
+
+def test_a_snapshot_that_beats_the_admission_reply_is_not_assumed_again() -> None:
+    # Over a network the node's snapshot (admitted >= seq) can reach the replica before the
+    # reply to the admission it reflects; assuming it then would count it twice.
+    cluster = StaleCluster()
+    admission = cluster.local.admit_now("a", REQUEST.spec, lease_ttl_s=30)  # type: ignore[arg-type]
+    cluster.publish("a", {"l"})  # the node's snapshot, already counting the reservation
+    cluster.scheduler.assume("a", admission, REQUEST.spec, REQUEST.layers)  # type: ignore[arg-type]
+    assert len(cluster.scheduler.assumed or ()) == 0
+    assert cluster.viewed_mem_free("a") == 200 * MiB - MICRO  # counted once

@@ -162,7 +162,13 @@ class ClusterScheduler:
     def assume(self, node: str, admission: Admission, spec: Spec, layers: Sequence[Layer]) -> None:
         """Count a reservation ``node`` confirmed in this scheduler's view until the node's
         own snapshot does (see :mod:`berth.scheduler.assume`); a no-op with ``assume=False``."""
-        if self.assumed is None or node not in self._base:
+        base = self._base.get(node)
+        if self.assumed is None or base is None:
+            return
+        if base.admitted >= admission.seq:
+            # The node's snapshot already counts it: over a network the snapshot can arrive
+            # before the reply to the admission it reflects.  Assuming it again would count
+            # the reservation twice until the next snapshot.
             return
         self.assumed.assume(node, admission, spec, _checked_layers(layers))
         self._refresh(node)

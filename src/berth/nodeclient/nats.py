@@ -53,6 +53,7 @@ from berth.nodeclient.nats_wire import (
 )
 from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
+from berth.service.connection import request
 
 __all__ = ["NatsNodes"]
 
@@ -177,7 +178,7 @@ class NatsNodes:
         where = subject(node, operation, self.prefix)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         try:
-            reply = await self.client.request(where, encode(document), timeout, headers=headers)
+            reply = await request(self.client, where, encode(document), timeout, headers=headers)
         except nats.errors.NoRespondersError:
             raise Unavailable(f"node {node!r} is not reachable: no agent answers {where}") from None
         except nats.errors.TimeoutError:

@@ -62,6 +62,7 @@ class NodeService:
         self.agent = Agent.from_config(config, self.store, readings=readings)
         self.server = NodeServer(client, self.agent, prefix=prefix)
         self._reconciler: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     @property
     def name(self) -> str:
@@ -80,9 +81,12 @@ class NodeService:
 
     async def stop(self) -> None:
         if self._reconciler is not None:
-            self._reconciler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reconciler
+            # A flag and a wake-up, not cancel(): on Python 3.11 a cancellation landing in one
+            # of nats-py's wait_for calls can be swallowed, and the loop would go on for ever.
+            self._stopping.set()
+            _, late = await asyncio.wait({self._reconciler}, timeout=10.0)
+            for task in late:
+                task.cancel()
             self._reconciler = None
         await self.server.stop()
         try:
@@ -101,8 +105,12 @@ class NodeService:
 
     async def _reconcile_routes(self) -> None:
         assert self.routes is not None
-        while True:
-            await asyncio.sleep(self.agent.heartbeat_s)
+        self._stopping.clear()
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.agent.heartbeat_s)
+            if self._stopping.is_set():
+                return
             try:
                 for route in await self.routes.list(self.name):
                     held = route.reservation_id is not None and (

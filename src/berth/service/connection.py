@@ -15,16 +15,21 @@ import contextlib
 import json
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
 
-__all__ = ["Credentials", "connect", "settle"]
+__all__ = ["ConnectionLost", "Credentials", "connect", "request", "settle"]
 
 log = logging.getLogger("berth.nats")
+
+# Per connection made by connect(): an event set at its next disconnection (then replaced).
+_disconnections: weakref.WeakKeyDictionary[Client, asyncio.Event] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,10 @@ async def connect(
 
     async def on_disconnected() -> None:
         log.info("%s: disconnected from nats", name)
+        lost = _disconnections.get(client)
+        _disconnections[client] = asyncio.Event()  # for requests sent from now on
+        if lost is not None:
+            lost.set()
 
     async def on_reconnected() -> None:
         log.info("%s: reconnected to nats", name)
@@ -80,6 +89,7 @@ async def connect(
         options["password"] = credentials.password
         options["inbox_prefix"] = credentials.inbox_prefix
     client = Client()
+    _disconnections[client] = asyncio.Event()
     try:
         # Reconnecting for ever also retries the *first* connection for ever: bound that one.
         await asyncio.wait_for(
@@ -116,3 +126,37 @@ async def settle(client: Client) -> None:
     """
     await client.flush()
     await client.flush()
+
+
+class ConnectionLost(Unavailable):
+    """The connection dropped while a request was out: its outcome is unknown."""
+
+
+async def request(
+    client: Client,
+    subject: str,
+    payload: bytes,
+    timeout_s: float,
+    *,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """``client.request`` that fails at once with :class:`ConnectionLost` if the connection
+    drops while waiting.
+
+    nats-py keeps waiting for the reply to a request sent before a disconnection, though a
+    restarted server will never deliver it; a caller would sit out the whole timeout.  Short
+    requests (``timeout_s`` up to 1 s) skip the race: it costs a task per call.
+    """
+    lost = _disconnections.get(client)
+    if timeout_s <= 1.0 or lost is None:
+        return await client.request(subject, payload, timeout_s, headers=headers)
+    asked = asyncio.ensure_future(client.request(subject, payload, timeout_s, headers=headers))
+    dropped = asyncio.ensure_future(lost.wait())
+    try:
+        done, _ = await asyncio.wait({asked, dropped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        dropped.cancel()
+    if asked in done:
+        return asked.result()
+    asked.cancel()
+    raise ConnectionLost(f"the connection to nats dropped while {subject} was out")

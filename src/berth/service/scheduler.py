@@ -57,7 +57,7 @@ from berth.nodeclient.nats_wire import (
 from berth.ownership import Admission, Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
-from berth.service.connection import settle
+from berth.service.connection import request, settle
 from berth.service.routes import RouteRegistry
 from berth.store.nats import (
     DEFAULT_BUCKET,
@@ -355,8 +355,8 @@ class NatsScheduler:
     async def _call(self, operation: str, document: dict[str, Any]) -> Any:
         where = f"{self.prefix}.{operation}"
         try:
-            reply = await self.client.request(
-                where, encode({"v": SCHEMA_VERSION, **document}), self.timeout_s
+            reply = await request(
+                self.client, where, encode({"v": SCHEMA_VERSION, **document}), self.timeout_s
             )
         except nats.errors.NoRespondersError:
             raise Unavailable(f"no scheduler answers {where}") from None

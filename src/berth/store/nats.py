@@ -161,6 +161,7 @@ class NatsStore:
         idle_heartbeat_s: float = 1.0,
         sync_timeout_s: float = 10.0,
         watch: bool = True,
+        publish_timeout_s: float | None = None,
     ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise Invalid(f"must be positive, got {ttl_s!r}", field="ttl_s")
@@ -173,6 +174,11 @@ class NatsStore:
         self.idle_heartbeat_s = idle_heartbeat_s
         self.sync_timeout_s = sync_timeout_s
         self.watch = watch
+        # An unacknowledged put may still be applied (DESIGN.md §5); waiting longer than a
+        # heartbeat for the ack only delays the next attempt, so wait about one heartbeat.
+        self.publish_timeout_s = publish_timeout_s or (
+            2.0 if ttl_s is None else min(2.0, max(0.25, ttl_s / 3))
+        )
         self.rejected = 0
         """Messages the watch refused as malformed (each one logged)."""
         self._js: JetStreamContext = client.jetstream()
@@ -263,7 +269,11 @@ class NatsStore:
             return
         self._last_published[node] = state.generation
         try:
-            await self._js.publish(self._prefix + node_token(node), encode_state(state))
+            await self._js.publish(
+                self._prefix + node_token(node),
+                encode_state(state),
+                timeout=self.publish_timeout_s,
+            )
         except Exception as error:
             raise Unavailable(f"cannot publish the state of {node}: {error}") from error
 

@@ -31,10 +31,10 @@ def test_schedule_prints_the_placement() -> None:
     ("args", "expected"),
     [
         (["schedule", "--instance", "huge"], "unknown instance type 'huge'"),
-        (["schedule", "--platform", "linux/amd46"], "platforms.0"),
+        (["schedule", "--platform", "linux/amd46"], "--platform: unknown architecture"),
         (["schedule", "--layer", "nosize"], "--layer"),
         (["schedule", "--layer", "x:-5MiB"], "negative"),
-        (["schedule", "--node", ""], "local"),
+        (["schedule", "--node", ""], "--node: must not be empty"),
         (
             ["schedule", "--node-platform", "linux/amd64", "--platform", "linux/arm64"],
             "[linux/arm64/v8]",

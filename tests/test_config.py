@@ -69,12 +69,12 @@ def test_defaults_platform_to_host_and_capacity_to_cores(tmp_path: Path) -> None
         ('mem_max = "64GiB"', 'mem_max = "-1GiB"', "budget.mem_max", "-1GiB"),
         ("cpu_max_load = 0.9", "cpu_max_load = 1.5", "budget.cpu_max_load", "1.5"),
         ('net_bw_cap = "10Gbps"', 'net_bw_cap = "10GiB"', "budget.net_bw_cap", "10GiB"),
-        ('net_bw_cap = "10Gbps"\n', "", "budget.net_bw_cap", "Field required"),
+        ('net_bw_cap = "10Gbps"\n', "", "budget.net_bw_cap", "required, but missing"),
         ('name = "worker-1"', 'name = ""', "node.name", "empty"),
         ('platform = "linux/aarch64"', 'platform = "linux/amd46"', "node.platform", "amd46"),
         ("heartbeat_s = 2.5", "heartbeat_s = 0", "agent.heartbeat_s", "0"),
         ('runtime = "fake"', 'runtime = "docker"', "agent.runtime", "docker"),
-        ("cpu_overcommit = 4.0", "cpu_overcomit = 4.0", "budget.cpu_overcomit", "Extra inputs"),
+        ("cpu_overcommit = 4.0", "cpu_overcomit = 4.0", "budget.cpu_overcomit", "unknown key"),
     ],
 )
 def test_bad_keys_are_named_with_their_value(

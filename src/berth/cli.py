@@ -3,6 +3,14 @@
 Thin by design: each command parses flags into berth's validated types, calls the library and
 renders the result with rich.  Every ``BerthError`` (bad input, no capacity) is printed as one
 clear line on stderr with exit status 2 — never a traceback.
+
+That rule is enforced once, by the app's command group (:class:`OneLineErrors`), so it holds
+for every command registered on the app and under typer's ``CliRunner`` as well as from a
+shell: usage errors (an unknown option, ``--nodes abc``, a missing ``--config``) are one line
+too, naming the flag, instead of click's usage block.  Each command names the flags the user
+typed in its errors (``--layer``, ``--node``), not the model fields they set
+(:func:`~berth.validation.fields_as`), and counts have ceilings (:data:`MAX_CLUSTER_NODES`,
+:data:`MAX_WORKLOADS`).
 """
 
 from __future__ import annotations
@@ -10,23 +18,92 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from berth.errors import BerthError, Invalid
-from berth.model import Layer, Request
+from berth.model import Interval, Layer, Name, Request
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
 from berth.service.commands import register as register_service
 from berth.sim.commands import register as register_sim
 from berth.units import format_bandwidth, format_information
+from berth.validation import Rule, fields_as, one_line, shown
 
-__all__ = ["app", "main"]
+__all__ = ["MAX_CLUSTER_NODES", "MAX_WORKLOADS", "OneLineErrors", "app", "main"]
+
+MAX_CLUSTER_NODES = 256
+"""The most agents ``berth cluster`` starts (they share this process)."""
+MAX_WORKLOADS = 10_000
+"""The most workloads ``berth cluster`` boots."""
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    """Print ``message`` as berth's one error line on stderr."""
+    errors.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False,
+                 soft_wrap=True)  # fmt: skip
+
+
+class OneLineErrors(TyperGroup):
+    """berth's command group: every error a command or its flags raise is one line.
+
+    ``BerthError`` → ``error: <field>: <message>``, exit status 2; a usage error (unknown
+    option, a value typer cannot convert, a missing option) → ``error: <what click says>``
+    with its exit status (2); an ``OSError`` (a disk that filled up) → one line, status 1.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            result = super().main(
+                args, prog_name, complete_var, False, windows_expand_args, **extra
+            )
+        except typer.TyperException as error:
+            if not standalone_mode:
+                raise
+            if type(error).__name__ == "NoArgsIsHelpError":  # ``berth`` alone: the help
+                error.show()  # type: ignore[attr-defined]
+            else:  # typer words a conversion error as pydantic does; say it plainly
+                message = error.format_message().replace("Value error, ", "")
+                fail(message.replace("Input should be", "must be"))
+            sys.exit(error.exit_code)
+        except BerthError as error:
+            if not standalone_mode:
+                raise
+            fail(str(error))
+            sys.exit(2)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            fail("aborted")
+            sys.exit(1)
+        except OSError as error:
+            if not standalone_mode:
+                raise
+            where = f"{shown(error.filename)}: " if error.filename else ""
+            fail(f"{where}{error.strerror or error}")
+            sys.exit(1)
+        if not standalone_mode:
+            return result
+        sys.exit(result if isinstance(result, int) and not isinstance(result, bool) else 0)
+
 
 app = typer.Typer(
     name="berth",
@@ -34,9 +111,24 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=OneLineErrors,
 )
-console = Console()
-errors = Console(stderr=True)
+
+_NAME: Rule[str] = Rule(Name)
+_INTERVAL: Rule[float] = Rule(Interval)
+# Model fields → the flags that set them, so an error names what the user typed.
+_SCHEDULE_FLAGS = {
+    "namespace": "--namespace",
+    "name": "--name",
+    "replica": "--replica",
+    "platforms": "--platform",
+    "spec": "--instance",
+    "instance_type": "--instance",
+    "layers": "--layer",
+    "local": "--node",
+    "platform": "--node-platform",
+    "host": "--node-platform",
+}
 
 
 @app.callback()
@@ -48,8 +140,9 @@ def parse_layer_flag(text: str) -> Layer:
     """``ID:SIZE`` (``sha256:abc…:12MiB`` — the size is after the last colon)."""
     layer_id, sep, size = text.rpartition(":")
     if not sep:
-        raise Invalid(f"expected ID:SIZE, got {text!r}", field="--layer")
-    return Layer(id=layer_id, size=size)
+        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
+    with fields_as({"id": "--layer", "size": "--layer"}):
+        return Layer(id=layer_id, size=size)
 
 
 @app.command()
@@ -70,15 +163,16 @@ def schedule(
     ] = None,
 ) -> None:
     """Schedule one request on the single-node driver and print the placement."""
-    request = Request(
-        namespace=namespace,
-        name=name,
-        replica=replica,
-        platforms=tuple(platform or ()),
-        spec=instance,
-        layers=tuple(parse_layer_flag(text) for text in layer or ()),
-    )
-    driver = SingleNode(node, node_platform or host())
+    with fields_as(_SCHEDULE_FLAGS):
+        request = Request(
+            namespace=namespace,
+            name=name,
+            replica=replica,
+            platforms=tuple(platform or ()),
+            spec=instance,
+            layers=tuple(parse_layer_flag(text) for text in layer or ()),
+        )
+        driver = SingleNode(_NAME(node, "local"), node_platform or host())
     placement = asyncio.run(driver.schedule(request))
     table = Table(title=f"placement of {request.key}", show_header=False)
     table.add_row("worker node", placement.worker_node)
@@ -107,7 +201,10 @@ def agent(
     from berth.node.config import load_config
     from berth.store.memory import MemoryStore
 
-    loaded = load_config(config)
+    if duration is not None:
+        duration = _INTERVAL(duration, "--duration")
+    with fields_as({"config": "--config"}):
+        loaded = load_config(config)
     if check:
         limits = loaded.budget.limits()
         table = Table(title=f"effective configuration of {config}", show_header=False)
@@ -123,8 +220,6 @@ def agent(
         console.print(table)
         console.print("[green]configuration is valid[/]")
         return
-    if duration is not None and duration <= 0:
-        raise Invalid(f"must be positive, got {duration}", field="--duration")
 
     async def serve() -> None:
         store = MemoryStore()
@@ -172,14 +267,25 @@ def cluster(
     from berth.node.runtime import BootSpec
 
     if runtime not in ("process", "fake"):
-        raise Invalid(f"must be 'process' or 'fake', got {runtime!r}", field="--runtime")
-    if workloads < 0:
-        raise Invalid(f"must not be negative, got {workloads}", field="--workloads")
-    argv = tuple(shlex.split(command))
+        raise Invalid(f"must be 'process' or 'fake', got {shown(runtime)}", field="--runtime")
+    if not 1 <= nodes <= MAX_CLUSTER_NODES:
+        raise Invalid(f"must be from 1 to {MAX_CLUSTER_NODES}, got {shown(nodes)}",
+                      field="--nodes")  # fmt: skip
+    if not 0 <= workloads <= MAX_WORKLOADS:
+        raise Invalid(f"must be from 0 to {MAX_WORKLOADS}, got {shown(workloads)}",
+                      field="--workloads")  # fmt: skip
+    try:
+        argv = tuple(shlex.split(command))
+    except ValueError as error:  # an unbalanced quote
+        raise Invalid(f"cannot split {shown(command)} into words: {error}",
+                      field="--command") from None  # fmt: skip
     if not argv:
         raise Invalid("must not be empty", field="--command")
+    with fields_as({"command": "--command"}):
+        BootSpec(name="job-0", command=argv)  # the command's own rules, before anything starts
     configs = embedded_configs(nodes, runtime=runtime)  # type: ignore[arg-type]
     types = ("micro", "milli", "centi", "deci")
+    refusals: list[str] = []
 
     async def go() -> None:
         async with EmbeddedCluster(configs, live_monitors=live_monitors) as embedded:
@@ -193,6 +299,7 @@ def cluster(
                 try:
                     started = await embedded.run(request, boot)
                 except NoCapacity as error:
+                    refusals.append(str(error))
                     table.add_row(str(index), kind, "-", "-", str(error))
                     continue
                 refused = ", ".join(f"{n}: {r}" for n, r in started.refusals)
@@ -208,6 +315,12 @@ def cluster(
                 )
 
     asyncio.run(go())
+    if workloads and len(refusals) == workloads:  # nothing ran: say so, and do not exit 0
+        boot_failures = [text for text in refusals if "boot_failed" in text]
+        raise Invalid(
+            f"none of the {workloads} workloads ran: {(boot_failures or refusals)[0]}",
+            field="--command" if boot_failures else "--nodes",
+        )
 
 
 def _human(key: str, value: object) -> str:

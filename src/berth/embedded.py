@@ -12,6 +12,11 @@ core's one lifecycle, :mod:`berth.node.core`).  Node sizes are
 Agents here read load through fixed idle readings unless ``live_monitors=True``: N agents in
 one process share one machine, so live monitors would all measure the same host.  The hard
 budget — the part that must never be exceeded — is enforced for real either way.
+
+A cluster has at most :data:`MAX_EMBEDDED_NODES` agents (they share one process), and its
+constructor and ``run`` validate their arguments before starting anything.  When boots fail,
+``run``'s ``NoCapacity`` says why per node — ``boot_failed: command not found: 'nope'`` —
+not only the reason code.
 """
 
 from __future__ import annotations
@@ -20,19 +25,24 @@ import itertools
 from collections.abc import Sequence
 from typing import Literal
 
-from berth.errors import Invalid
-from berth.model import Request
+from berth.errors import Invalid, NoCapacity
+from berth.model import Request, checked_platforms
 from berth.node.agent import Agent
 from berth.node.budget import IDLE
 from berth.node.classes import NodeClass
 from berth.node.config import AgentConfig, AgentSection, NodeSection
 from berth.node.runtime import BootSpec, Workload
 from berth.nodeclient.agents import AgentNodes
+from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler, Confirmed
 from berth.scheduler.policy import Policy
 from berth.store.memory import MemoryStore
+from berth.validation import shown
 
-__all__ = ["NODE_CLASSES", "EmbeddedCluster", "embedded_configs"]
+__all__ = ["MAX_EMBEDDED_NODES", "NODE_CLASSES", "EmbeddedCluster", "embedded_configs"]
+
+MAX_EMBEDDED_NODES = 1000
+"""The most agents one embedded cluster runs (all in this process)."""
 
 NODE_CLASSES: tuple[NodeClass, ...] = (
     NodeClass(name="small", mem="2GiB", disk="32GiB", cpus=2, disk_bw="2GiBps",
@@ -55,10 +65,17 @@ def embedded_configs(
     heartbeat_s: float = 5.0,
 ) -> list[AgentConfig]:
     """Configurations for ``nodes`` agents, cycling through sizes and ``platforms``."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise Invalid(f"must be a whole number >= 1, got {nodes!r}", field="nodes")
-    if not platforms:
+    if (
+        isinstance(nodes, bool)
+        or not isinstance(nodes, int)
+        or not 1 <= nodes <= MAX_EMBEDDED_NODES
+    ):
+        raise Invalid(f"must be a whole number from 1 to {MAX_EMBEDDED_NODES}, got {shown(nodes)}",
+                      field="nodes")  # fmt: skip
+    if not checked_platforms(platforms):
         raise Invalid("must list at least one platform", field="platforms")
+    if runtime not in ("process", "fake"):
+        raise Invalid(f"must be 'process' or 'fake', got {shown(runtime)}", field="runtime")
     configs = []
     sizes = itertools.cycle(NODE_CLASSES)
     kinds = itertools.cycle(platforms)
@@ -72,10 +89,17 @@ def embedded_configs(
                     labels={"class": size.name},
                 ),
                 budget=size.budget_section(),
-                agent=AgentSection(runtime=runtime, heartbeat_s=heartbeat_s, stop_grace_s=1.0),
+                agent=_agent_section(runtime, heartbeat_s),
             )
         )
     return configs
+
+
+def _agent_section(runtime: Literal["process", "fake"], heartbeat_s: float) -> AgentSection:
+    try:
+        return AgentSection(runtime=runtime, heartbeat_s=heartbeat_s, stop_grace_s=1.0)
+    except Invalid as error:  # name the argument, not the config key it sets
+        raise Invalid(error.message, field=error.field) from None
 
 
 class EmbeddedCluster:
@@ -88,6 +112,20 @@ class EmbeddedCluster:
         live_monitors: bool = False,
         policy: Policy | None = None,
     ) -> None:
+        if isinstance(configs, str | bytes) or not isinstance(configs, Sequence):
+            raise Invalid(f"expected a list of AgentConfig, got {shown(configs)}", field="configs")
+        if len(configs) > MAX_EMBEDDED_NODES:
+            raise Invalid(f"at most {MAX_EMBEDDED_NODES} agents, got {len(configs)}",
+                          field="configs")  # fmt: skip
+        for index, config in enumerate(configs):
+            if not isinstance(config, AgentConfig):
+                raise Invalid(f"expected an AgentConfig, got {shown(config)}",
+                              field=f"configs.{index}")  # fmt: skip
+        if not isinstance(live_monitors, bool):
+            raise Invalid(f"expected true or false, got {shown(live_monitors)}",
+                          field="live_monitors")  # fmt: skip
+        if policy is not None and not callable(getattr(policy, "order", None)):
+            raise Invalid(f"{shown(policy)} is not a placement policy", field="policy")
         names = [config.node.name for config in configs]
         if len(set(names)) != len(names):
             raise Invalid(f"node names must be unique, got {names}", field="nodes")
@@ -103,8 +141,12 @@ class EmbeddedCluster:
     @classmethod
     def of_size(cls, nodes: int, **options: object) -> EmbeddedCluster:
         """``nodes`` heterogeneous agents (see :func:`embedded_configs`)."""
-        live = bool(options.pop("live_monitors", False))
-        return cls(embedded_configs(nodes, **options), live_monitors=live)  # type: ignore[arg-type]
+        live = options.pop("live_monitors", False)
+        unknown = set(options) - {"platforms", "runtime", "heartbeat_s"}
+        if unknown:
+            raise Invalid(f"unknown option(s) {', '.join(sorted(unknown))}", field="options")
+        configs = embedded_configs(nodes, **options)  # type: ignore[arg-type]
+        return cls(configs, live_monitors=live)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         for agent in self.agents.values():
@@ -130,14 +172,35 @@ class EmbeddedCluster:
         """Place ``request`` and boot ``boot`` on the first candidate that admits it.
 
         The result is the booted workload; ``node``, ``rank``, ``colocated_bytes`` and the
-        ``refusals`` met on the way say how it was placed."""
+        ``refusals`` met on the way say how it was placed.  When every node refuses,
+        ``NoCapacity`` gives each node's reason with its detail (``boot_failed: command not
+        found: 'nope'``)."""
+        if not isinstance(request, Request):
+            raise Invalid(f"expected a Request, got {shown(request)}", field="request")
+        if not isinstance(boot, BootSpec):
+            raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
         spec = request.spec
         if spec is None:
             raise Invalid("running a workload needs its resources (an instance type)", field="spec")
+        details: dict[str, str] = {}
 
         async def try_run(node: str) -> Workload:
-            return await self.agents[node].try_run(spec, request.layers, boot, request.platforms)
+            try:
+                return await self.agents[node].try_run(
+                    spec, request.layers, boot, request.platforms
+                )
+            except Refused as refused:
+                if refused.detail:
+                    details[node] = f"{refused.reason}: {refused.detail}"
+                raise
 
-        return await self.scheduler.place(
-            spec, request.layers, try_run, request.platforms, request.preferred_node
-        )
+        try:
+            return await self.scheduler.place(
+                spec, request.layers, try_run, request.platforms, request.preferred_node
+            )
+        except NoCapacity as error:
+            if not details:
+                raise
+            reasons = {node: details.get(node, reason) for node, reason in error.reasons.items()}
+            causes = "; ".join(sorted(set(details.values())))
+            raise NoCapacity(f"{error}: {causes}", reasons) from None

@@ -11,34 +11,99 @@ are accepted at construction and converted once.  Every value is frozen, validat
 (``Invalid`` names the field) and JSON round-trippable, because requests and placements travel
 between schedulers and nodes.
 
+**Types that carry their bounds.**  Every boundary in berth validates with the types below,
+so a bound is written once and the next field added is protected too:
+
+* ``Bytes`` / ``BytesPerSecond`` — whole bytes (bytes/s), unit strings accepted, at most
+  :data:`MAX_BYTES` = 2^63 − 1 (the engine's int64 columns); ``ByteCount`` is the same without
+  unit strings (snapshots), ``ByteRate`` a finite float rate within the same bound (loads);
+* ``Name`` — every name (workloads, namespaces, nodes, layers, reservations): a string of
+  1 to 253 printable characters without whitespace; ``Labels`` map names to short, printable
+  values;
+* ``Cores`` (``0 < x <= MAX_CORES``), ``Fraction`` (0..1), ``Seconds`` (a delay, 0 to one
+  year), ``Interval`` (a period or time to live, 1 ms to one year) — finite floats that refuse
+  booleans and strings;
+* a request lists at most :data:`MAX_LAYERS` layers whose sizes sum to at most ``MAX_BYTES``,
+  so no colocation sum can overflow.
+
 ``INSTANCE_TYPES`` is Hyper's instance-type table (DESIGN.md §1.4), verbatim.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field, StrictInt, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    Strict,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from berth.errors import Invalid
 from berth.platform import Platform
-from berth.units import format_bandwidth, format_information, parse_bandwidth, parse_information
-from berth.validation import BerthModel
+from berth.units import (
+    MAX_BYTES,
+    format_bandwidth,
+    format_information,
+    parse_bandwidth,
+    parse_information,
+)
+from berth.validation import BerthModel, Rule, shown
 
 __all__ = [
     "INSTANCE_TYPES",
+    "MAX_BYTES",
+    "MAX_CORES",
+    "MAX_DURATION_S",
+    "MAX_LABELS",
+    "MAX_LAYERS",
+    "MAX_NAME",
+    "MAX_PLATFORMS",
+    "MAX_REPLICA",
+    "MIN_INTERVAL_S",
+    "ByteCount",
+    "ByteRate",
     "Bytes",
     "BytesPerSecond",
+    "Cores",
+    "Fraction",
+    "Interval",
+    "Labels",
     "Layer",
     "Name",
     "Placement",
     "Request",
+    "Seconds",
     "Spec",
+    "checked_layers",
+    "checked_platforms",
+    "checked_spec",
     "instance_type",
     "unique_layers",
 ]
+
+MAX_NAME = 253
+"""The longest name, in characters (a DNS name's limit)."""
+MAX_LAYERS = 1024
+"""The most layers one request lists (real images have well under 128)."""
+MAX_PLATFORMS = 64
+"""The most platforms one request lists."""
+MAX_LABELS = 64
+"""The most labels one node advertises."""
+MAX_REPLICA = 2**31 - 1
+"""The largest replica index."""
+MAX_CORES = 2.0**20
+"""The most cores a spec asks for or a node offers."""
+MIN_INTERVAL_S = 0.001
+"""The shortest period or time to live, in seconds: anything shorter is a busy loop."""
+MAX_DURATION_S = 365 * 24 * 3600.0
+"""The longest duration berth accepts, in seconds (one year)."""
 
 
 def _information(value: Any) -> Any:
@@ -52,16 +117,35 @@ def _bandwidth(value: Any) -> Any:
 def _name(value: str) -> str:
     if not value:
         raise Invalid("must not be empty")
-    if len(value) > 253:
-        raise Invalid(f"must be at most 253 characters, got {len(value)}")
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
-        raise Invalid(f"must not contain whitespace or control characters, got {value!r}")
+    if len(value) > MAX_NAME:
+        raise Invalid(f"must be at most {MAX_NAME} characters, got {len(value)}")
+    if not value.isprintable() or any(ch.isspace() for ch in value):
+        raise Invalid(f"must not contain whitespace or control characters, got {shown(value)}")
     return value
 
 
-Bytes = Annotated[StrictInt, BeforeValidator(_information), Field(ge=0)]
-BytesPerSecond = Annotated[StrictInt, BeforeValidator(_bandwidth), Field(ge=0)]
-Name = Annotated[str, AfterValidator(_name)]
+def _label_value(value: str) -> str:
+    if len(value) > MAX_NAME:
+        raise Invalid(f"must be at most {MAX_NAME} characters, got {len(value)}")
+    if not value.isprintable():
+        raise Invalid(f"must not contain control characters, got {shown(value)}")
+    return value
+
+
+ByteCount = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]
+Bytes = Annotated[StrictInt, BeforeValidator(_information), Field(ge=0, le=MAX_BYTES)]
+BytesPerSecond = Annotated[StrictInt, BeforeValidator(_bandwidth), Field(ge=0, le=MAX_BYTES)]
+ByteRate = Annotated[float, Strict(), Field(ge=0, le=MAX_BYTES, allow_inf_nan=False)]
+Name = Annotated[StrictStr, AfterValidator(_name)]
+Labels = Annotated[
+    dict[Name, Annotated[StrictStr, AfterValidator(_label_value)]], Field(max_length=MAX_LABELS)
+]
+Cores = Annotated[float, Strict(), Field(gt=0, le=MAX_CORES, allow_inf_nan=False)]
+Fraction = Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_DURATION_S, allow_inf_nan=False)]
+Interval = Annotated[
+    float, Strict(), Field(ge=MIN_INTERVAL_S, le=MAX_DURATION_S, allow_inf_nan=False)
+]
 
 
 class Spec(BerthModel):
@@ -72,7 +156,7 @@ class Spec(BerthModel):
     ``net_bw`` in bytes/s.
     """
 
-    vcpus: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    vcpus: Cores
     mem: Bytes
     disk: Bytes
     disk_bw: BytesPerSecond = 0
@@ -118,7 +202,7 @@ def instance_type(name: str) -> Spec:
         return INSTANCE_TYPES[name]
     except (KeyError, TypeError):
         raise Invalid(
-            f"unknown instance type {name!r}; valid types: {', '.join(INSTANCE_TYPES)}",
+            f"unknown instance type {shown(name)}; valid types: {', '.join(INSTANCE_TYPES)}",
             field="instance_type",
         ) from None
 
@@ -136,7 +220,7 @@ class Layer(BerthModel):
             return value
         if isinstance(value, tuple | list):
             if len(value) != 2:
-                raise Invalid(f"a layer is an (id, size) pair, got {value!r}", field="layer")
+                raise Invalid(f"a layer is an (id, size) pair, got {shown(value)}", field="layer")
             return cls(id=value[0], size=value[1])
         return cls.from_dict(value)
 
@@ -148,17 +232,75 @@ def _layer_input(value: Any) -> Any:
 
 
 def unique_layers(cls: type, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
-    """Validator: layer ids of one image are unique (a repeat would count its bytes twice)."""
+    """Validator: layer ids of one image are unique (a repeat would count its bytes twice)
+    and their sizes sum to at most ``MAX_BYTES`` (so no colocation sum can overflow)."""
     seen: set[str] = set()
+    total = 0
     for layer in layers:
         if layer.id in seen:
-            raise Invalid(f"layer {layer.id!r} is listed more than once")
+            raise Invalid(f"layer {shown(layer.id)} is listed more than once")
         seen.add(layer.id)
+        total += layer.size
+    if total > MAX_BYTES:
+        raise Invalid(f"the layers' sizes sum to {total} B, more than 2^63 - 1 = {MAX_BYTES} B")
     return layers
+
+
+def checked_layers(layers: object, *, field: str = "layers") -> tuple[Layer, ...]:
+    """``layers`` as ``Layer`` values — for functions taking a request's layers directly.
+
+    Accepts ``Layer``, ``(id, size)`` pairs or ``{"id", "size"}`` tables in any sequence (not a
+    string: ``"sha256:ab"`` is one id, not a list of them); at most :data:`MAX_LAYERS`,
+    ids unique, sizes summing to at most ``MAX_BYTES``.  ``Invalid`` names ``field``.
+    """
+    if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | set | frozenset):
+        raise Invalid(f"expected a list of layers, got {shown(layers)}", field=field)
+    if len(layers) > MAX_LAYERS:
+        raise Invalid(f"at most {MAX_LAYERS} layers, got {len(layers)}", field=field)
+    checked: list[Layer] = []
+    for index, layer in enumerate(layers):
+        try:
+            checked.append(Layer.of(layer))
+        except Invalid as error:
+            where = f"{field}.{index}" + (f".{error.field}" if error.field != "layer" else "")
+            raise Invalid(error.message, field=where.removesuffix(".None")) from None
+    try:
+        return unique_layers(Layer, tuple(checked))
+    except Invalid as error:
+        raise Invalid(error.message, field=field) from None
+
+
+def checked_platforms(platforms: object, *, field: str = "platforms") -> tuple[Platform, ...]:
+    """``platforms`` parsed — for functions taking a request's platforms directly.
+
+    Any sequence of ``Platform`` or strings (not one string: ``"linux/amd64"`` is one
+    platform, not a list of them), at most :data:`MAX_PLATFORMS`; ``Invalid`` names ``field``.
+    """
+    if (
+        isinstance(platforms, tuple)
+        and len(platforms) <= MAX_PLATFORMS
+        and all(type(p) is Platform for p in platforms)
+    ):
+        return platforms
+    if isinstance(platforms, str | bytes) or not isinstance(platforms, Sequence | set | frozenset):
+        raise Invalid(f"expected a list of platforms, got {shown(platforms)}", field=field)
+    if len(platforms) > MAX_PLATFORMS:
+        raise Invalid(f"at most {MAX_PLATFORMS} platforms, got {len(platforms)}", field=field)
+    return tuple(Platform.parse(platform, field=field) for platform in platforms)
 
 
 def _spec_input(value: Any) -> Any:
     return instance_type(value) if isinstance(value, str) else value
+
+
+_SPEC: Rule[Spec | None] = Rule(Annotated[Spec | None, BeforeValidator(_spec_input)])
+
+
+def checked_spec(spec: object, *, field: str = "spec") -> Spec | None:
+    """``spec`` as a ``Spec`` (an instance-type name is looked up), or ``None``."""
+    if isinstance(spec, Spec) or spec is None:
+        return spec
+    return _SPEC(spec, field)
 
 
 class Request(BerthModel):
@@ -172,10 +314,12 @@ class Request(BerthModel):
 
     namespace: Name
     name: Name
-    replica: Annotated[StrictInt, Field(ge=0)] = 0
-    platforms: tuple[Platform, ...] = ()
+    replica: Annotated[StrictInt, Field(ge=0, le=MAX_REPLICA)] = 0
+    platforms: Annotated[tuple[Platform, ...], Field(max_length=MAX_PLATFORMS)] = ()
     spec: Annotated[Spec | None, BeforeValidator(_spec_input)] = None
-    layers: tuple[Annotated[Layer, BeforeValidator(_layer_input)], ...] = ()
+    layers: Annotated[
+        tuple[Annotated[Layer, BeforeValidator(_layer_input)], ...], Field(max_length=MAX_LAYERS)
+    ] = ()
     preferred_node: Name | None = None
 
     _unique_layers = field_validator("layers")(unique_layers)
@@ -197,7 +341,7 @@ class Placement(BerthModel):
     """
 
     worker_node: Name
-    reservation_id: str | None = None
-    colocated_bytes: Annotated[StrictInt, Field(ge=0)] = 0
-    rank: Annotated[StrictInt, Field(ge=0)] = 0
-    refusals: tuple[tuple[str, str], ...] = ()
+    reservation_id: Name | None = None
+    colocated_bytes: ByteCount = 0
+    rank: Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)] = 0
+    refusals: tuple[tuple[Name, StrictStr], ...] = ()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import math
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -30,6 +29,8 @@ import psutil
 
 from berth.checks import describe_reason
 from berth.errors import BerthError, Invalid
+from berth.model import MAX_DURATION_S, MIN_INTERVAL_S
+from berth.validation import shown
 
 __all__ = [
     "Admission",
@@ -235,10 +236,17 @@ class Lease:
 
 
 def _checked_ttl(ttl_s: float) -> float:
-    """A lease's time to live in seconds: a positive, finite number (NaN and inf are not)."""
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s < math.inf:
+    """A lease's time to live in seconds: a positive, finite number (NaN and inf are not),
+    from ``MIN_INTERVAL_S`` (1 ms: shorter expires before any reply) to ``MAX_DURATION_S``."""
+    if (
+        isinstance(ttl_s, bool)
+        or not isinstance(ttl_s, int | float)
+        or not MIN_INTERVAL_S <= ttl_s <= MAX_DURATION_S
+    ):
         raise Invalid(
-            f"must be a positive, finite number of seconds, got {ttl_s!r}", field="lease_ttl_s"
+            f"must be a positive, finite number of seconds from {MIN_INTERVAL_S:g} to "
+            f"{MAX_DURATION_S:g}, got {shown(ttl_s)}",
+            field="lease_ttl_s",
         )
     return float(ttl_s)
 

@@ -14,7 +14,10 @@ Normalisation (after the conventions of containerd's ``platforms`` package):
 
 Two platforms match when their normal forms are equal.  Only known operating systems and
 architectures (Go's ``GOOS``/``GOARCH`` names, which OCI uses) are accepted, so a typo such as
-``linux/amd46`` is an ``Invalid`` error instead of a platform no node will ever offer.
+``linux/amd46`` is an ``Invalid`` error instead of a platform no node will ever offer.  The same
+holds for variants: only :data:`KNOWN_VARIANTS` — the levels Go's ``GOAMD64``, ``GOARM``,
+``GOARM64``, ``GO386``, ``GOMIPS``, ``GOPPC64`` and ``GORISCV64`` name — so ``linux/amd64/v99``
+is refused.  (A variant is not checked against its architecture: ``linux/s390x/v7`` parses.)
 """
 
 from __future__ import annotations
@@ -24,12 +27,19 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import model_serializer, model_validator
+from pydantic import StrictStr, model_serializer, model_validator
 
 from berth.errors import Invalid
-from berth.validation import BerthModel
+from berth.validation import BerthModel, shown
 
-__all__ = ["KNOWN_ARCHITECTURES", "KNOWN_OPERATING_SYSTEMS", "Platform", "host", "matches_any"]
+__all__ = [
+    "KNOWN_ARCHITECTURES",
+    "KNOWN_OPERATING_SYSTEMS",
+    "KNOWN_VARIANTS",
+    "Platform",
+    "host",
+    "matches_any",
+]
 
 KNOWN_OPERATING_SYSTEMS = frozenset(
     {
@@ -43,6 +53,13 @@ KNOWN_ARCHITECTURES = frozenset(
         "ppc64", "ppc64le", "riscv64", "s390x", "wasm",
     }
 )  # fmt: skip
+
+KNOWN_VARIANTS = frozenset(
+    {f"v{major}" for major in range(1, 10)}
+    | {f"v8.{minor}" for minor in range(10)}
+    | {f"v9.{minor}" for minor in range(6)}
+    | {"sse2", "softfloat", "hardfloat", "power8", "power9", "power10", "rva20u64", "rva22u64"}
+)
 
 _ARCH_ALIASES: dict[str, tuple[str, str]] = {
     "x86_64": ("amd64", ""),
@@ -64,9 +81,9 @@ class Platform(BerthModel):
     Serialises to (and validates from) its string form, ``"linux/arm64/v8"``.
     """
 
-    os: str
-    arch: str
-    variant: str = ""
+    os: StrictStr
+    arch: StrictStr
+    variant: StrictStr = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -93,7 +110,7 @@ class Platform(BerthModel):
         if isinstance(text, Platform):
             return text
         if not isinstance(text, str):
-            raise Invalid(f"expected a platform string such as 'linux/amd64', got {text!r}",
+            raise Invalid(f"expected a platform string such as 'linux/amd64', got {shown(text)}",
                           field=field)  # fmt: skip
         try:
             os_name, arch, variant = _normalise(**_split(text))
@@ -112,7 +129,7 @@ class Platform(BerthModel):
 def _split(text: str) -> dict[str, str]:
     parts = text.strip().split("/")
     if len(parts) not in (2, 3) or not all(parts):
-        raise Invalid(f"{text!r} is not a platform of the form <os>/<arch>[/<variant>]",
+        raise Invalid(f"{shown(text)} is not a platform of the form <os>/<arch>[/<variant>]",
                       field="platform")  # fmt: skip
     return {"os": parts[0], "arch": parts[1], "variant": parts[2] if len(parts) == 3 else ""}
 
@@ -121,22 +138,28 @@ def _normalise(os: str, arch: str, variant: str = "") -> tuple[str, str, str]:
     os_name, arch, variant = os.strip().lower(), arch.strip().lower(), variant.strip().lower()
     for name, value in (("os", os_name), ("arch", arch)):
         if not value or not _PART.match(value):
-            raise Invalid(f"platform {name} {value!r} is empty or has invalid characters",
+            raise Invalid(f"platform {name} {shown(value)} is empty or has invalid characters",
                           field=name)  # fmt: skip
     if variant and not _PART.match(variant):
-        raise Invalid(f"platform variant {variant!r} has invalid characters", field="variant")
+        raise Invalid(f"platform variant {shown(variant)} has invalid characters", field="variant")
+    if variant and variant not in KNOWN_VARIANTS:
+        raise Invalid(
+            f"unknown platform variant {shown(variant)}; known: v1-v9, v8.0-v8.9, v9.0-v9.5, "
+            + ", ".join(sorted(v for v in KNOWN_VARIANTS if not v.startswith("v"))),
+            field="variant",
+        )
     if arch in _ARCH_ALIASES:
         arch, alias_variant = _ARCH_ALIASES[arch]
         variant = variant or alias_variant
     if os_name not in KNOWN_OPERATING_SYSTEMS:
         raise Invalid(
-            f"unknown operating system {os_name!r}; "
+            f"unknown operating system {shown(os_name)}; "
             f"known: {', '.join(sorted(KNOWN_OPERATING_SYSTEMS))}",
             field="os",
         )
     if arch not in KNOWN_ARCHITECTURES:
         raise Invalid(
-            f"unknown architecture {arch!r}; known: {', '.join(sorted(KNOWN_ARCHITECTURES))}",
+            f"unknown architecture {shown(arch)}; known: {', '.join(sorted(KNOWN_ARCHITECTURES))}",
             field="arch",
         )
     if arch == "amd64" and variant == "v1":

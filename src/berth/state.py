@@ -18,6 +18,11 @@ optional β_max stage, DESIGN.md §1.3, an absent ceiling reading ``+inf``), and
 
 ``colocation_score(state, layers) = Σ size(L)`` over the request's layers ``L`` whose id the
 node advertises as mounted.
+
+A snapshot arrives from the network, so it is validated with the bounded types of
+:mod:`berth.model`: the node's and every layer's name is a ``Name`` (a NUL or a space in a
+node name would corrupt the engine's name order), byte amounts are ``ByteCount`` (int64, as
+the engine stores them), rates and loads finite ``ByteRate`` floats, cores ``Cores``.
 """
 
 from __future__ import annotations
@@ -26,10 +31,20 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Annotated
 
-from pydantic import Field, StrictInt
+from pydantic import Field, Strict, StrictInt
 
 from berth.checks import CHECKS, Check, Demand, first_failed
-from berth.model import Layer, Spec
+from berth.model import (
+    MAX_BYTES,
+    ByteCount,
+    ByteRate,
+    Cores,
+    Fraction,
+    Labels,
+    Layer,
+    Name,
+    Spec,
+)
 from berth.platform import Platform
 from berth.validation import BerthModel
 
@@ -41,9 +56,10 @@ __all__ = [
     "fits",
 ]
 
-NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Counter = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]  # int64, as the engine keeps it
+Timestamp = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+MAX_SNAPSHOT_LAYERS = 1_000_000  # a node cannot hold more layers than this; bounds a bad peer
+LayerIds = Annotated[frozenset[Name], Field(max_length=MAX_SNAPSHOT_LAYERS)]
 
 
 class Overcommit(BerthModel):
@@ -55,12 +71,12 @@ class Overcommit(BerthModel):
     ``None`` leaves that resource unbounded.
     """
 
-    vcpus_reserved: NonNegativeFloat = 0.0
-    vcpus_ceiling: NonNegativeFloat | None = None
-    disk_bw_reserved: NonNegativeFloat = 0.0
-    disk_bw_ceiling: NonNegativeFloat | None = None
-    net_bw_reserved: NonNegativeFloat = 0.0
-    net_bw_ceiling: NonNegativeFloat | None = None
+    vcpus_reserved: ByteRate = 0.0  # cores: a sum of specs' vcpus, bounded like a rate
+    vcpus_ceiling: ByteRate | None = None
+    disk_bw_reserved: ByteRate = 0.0
+    disk_bw_ceiling: ByteRate | None = None
+    net_bw_reserved: ByteRate = 0.0
+    net_bw_ceiling: ByteRate | None = None
 
 
 class NodeState(BerthModel):
@@ -75,25 +91,25 @@ class NodeState(BerthModel):
     ``mem_max``/``disk_max`` are the hard budget totals (for utilisation-aware policies).
     """
 
-    node: Annotated[str, Field(min_length=1)]
+    node: Name
     platform: Platform
-    generation: NonNegativeInt = 0
-    admitted: NonNegativeInt = 0
-    published_at: NonNegativeFloat = 0.0
-    labels: dict[str, str] = Field(default_factory=dict)
-    mem_free: NonNegativeInt
-    disk_free: NonNegativeInt
-    mem_max: NonNegativeInt | None = None
-    disk_max: NonNegativeInt | None = None
+    generation: Counter = 0
+    admitted: Counter = 0
+    published_at: Timestamp = 0.0
+    labels: Labels = Field(default_factory=dict)
+    mem_free: ByteCount
+    disk_free: ByteCount
+    mem_max: ByteCount | None = None
+    disk_max: ByteCount | None = None
     cpu_load: Fraction = 0.0
-    cpu_capacity: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    cpu_capacity: Cores
     cpu_max_load: Fraction = 1.0
-    disk_bw_load: NonNegativeFloat = 0.0
-    disk_bw_ceiling: NonNegativeFloat
-    net_bw_load: NonNegativeFloat = 0.0
-    net_bw_ceiling: NonNegativeFloat
-    layers: frozenset[str] = frozenset()
-    cached_layers: frozenset[str] = frozenset()
+    disk_bw_load: ByteRate = 0.0
+    disk_bw_ceiling: ByteRate
+    net_bw_load: ByteRate = 0.0
+    net_bw_ceiling: ByteRate
+    layers: LayerIds = frozenset()
+    cached_layers: LayerIds = frozenset()
     overcommit: Overcommit | None = None
 
     @property

@@ -14,19 +14,28 @@ Accepted suffixes (case-sensitive, because ``Mbps`` bits and ``MBps`` bytes diff
 A decimal value (``1.5GiB``) is allowed; a result with a fractional byte is rounded up, as
 Kubernetes does for quantities, so a request never asks for less than it wrote.  Negative
 values, unknown suffixes and garbage raise :class:`~berth.errors.Invalid` naming the input.
+
+Every quantity is at most :data:`MAX_BYTES` = 2^63 − 1 (8 EiB, or 8 EiB/s): the engine keeps
+sizes in int64 columns, and a value it cannot represent must be refused here, as ``Invalid``,
+rather than wrap around there.  Unit strings longer than :data:`MAX_TEXT` characters are
+refused too (no real quantity needs them).  Formatting is total: any non-negative integer
+formats, however large.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 
 from berth.errors import Invalid
+from berth.validation import shown
 
 __all__ = [
     "BANDWIDTH_UNITS",
     "INFORMATION_UNITS",
+    "MAX_BYTES",
+    "MAX_TEXT",
     "format_bandwidth",
     "format_information",
     "parse_bandwidth",
@@ -37,6 +46,11 @@ KiB = 1024
 MiB = KiB * 1024
 GiB = MiB * 1024
 TiB = GiB * 1024
+
+MAX_BYTES = 2**63 - 1
+"""The largest size (bytes) or rate (bytes/s) berth accepts: int64's maximum, 8 EiB."""
+MAX_TEXT = 64
+"""The longest unit string parsed, in characters."""
 
 INFORMATION_UNITS: dict[str, int] = {
     "B": 1,
@@ -75,13 +89,17 @@ def _parse(text: str | int, units: dict[str, Decimal], kind: str, default: str, 
         raise Invalid(f"expected a {kind} such as '512MiB', got a boolean", field=field)
     if isinstance(text, int):
         if text < 0:
-            raise Invalid(f"{kind} must not be negative, got {text}", field=field)
-        return text
+            raise Invalid(f"{kind} must not be negative, got {shown(text)}", field=field)
+        return _bounded(text, text, kind, field)
     if not isinstance(text, str):
-        raise Invalid(f"expected a {kind} string such as '512MiB', got {text!r}", field=field)
+        raise Invalid(f"expected a {kind} string such as '512MiB', got {shown(text)}",
+                      field=field)  # fmt: skip
+    if len(text) > MAX_TEXT:
+        raise Invalid(f"not a {kind}: {shown(text)} is longer than {MAX_TEXT} characters",
+                      field=field)  # fmt: skip
     match = _QUANTITY.match(text)
     if match is None:
-        raise Invalid(f"not a {kind}: {text!r} (expected e.g. '512MiB')", field=field)
+        raise Invalid(f"not a {kind}: {shown(text)} (expected e.g. '512MiB')", field=field)
     sign, number, suffix = match.groups()
     suffix = suffix or default
     if suffix not in units:
@@ -95,7 +113,17 @@ def _parse(text: str | int, units: dict[str, Decimal], kind: str, default: str, 
         raise Invalid(f"not a {kind}: {text!r}", field=field) from None
     if sign == "-" and value != 0:
         raise Invalid(f"{kind} must not be negative, got {text!r}", field=field)
-    return math.ceil(value)
+    return _bounded(math.ceil(value), text, kind, field)
+
+
+def _bounded(value: int, text: str | int, kind: str, field: str) -> int:
+    if value > MAX_BYTES:
+        raise Invalid(
+            f"{kind} must be at most 2^63 - 1 = {MAX_BYTES} {'B' if kind == 'size' else 'Bps'}"
+            f", got {shown(text)}",
+            field=field,
+        )
+    return value
 
 
 def parse_information(text: str | int, *, field: str = "size") -> int:
@@ -110,8 +138,16 @@ def parse_bandwidth(text: str | int, *, field: str = "bandwidth") -> int:
 
 
 def _format(value: int, suffix: str, exact: bool) -> str:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(f"cannot format {shown(value)}: not a whole number", field="value")
     if value < 0:
-        raise Invalid(f"cannot format a negative quantity {value}", field="value")
+        raise Invalid(f"cannot format a negative quantity {shown(value)}", field="value")
+    with localcontext() as context:  # enough digits for any value: quantize never overflows
+        context.prec = max(28, value.bit_length() // 3 + 8)
+        return _format_in_context(value, suffix, exact)
+
+
+def _format_in_context(value: int, suffix: str, exact: bool) -> str:
     for unit in _BINARY_STEPS:
         mult = INFORMATION_UNITS[unit]
         if value < mult:

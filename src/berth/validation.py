@@ -1,42 +1,162 @@
-"""The immutable, validated base every berth value type derives from.
+"""The immutable, validated base every berth value type derives from, and the one error path.
 
 berth's values (platforms, specs, requests, node snapshots) cross boundaries — CLI flags,
 config files, the network — so each is a frozen pydantic model: validated once at
 construction, JSON round-trippable, hashable.  This module owns one thing: turning pydantic's
 ``ValidationError`` into berth's :class:`~berth.errors.Invalid`, whose ``field`` names the
 offending field (``spec.mem``, ``layers.2.size``), so callers catch one error type whatever
-the entry point (constructor, :meth:`BerthModel.from_json`, :meth:`BerthModel.from_dict`).
+the entry point (constructor, :meth:`BerthModel.from_json`, :meth:`BerthModel.from_dict`, a
+plain function's argument checked with a :class:`Rule`).
+
+Messages are for people, so they never carry pydantic's internals ("Input should be a valid
+dictionary or instance of AgentSection" reads "expected a table of keys and values"), and
+the offending value is quoted through :func:`shown` — short, one line, and safe for any
+value (an integer with thousands of digits, a megabyte of text, a self-referencing list).
+:func:`fields_as` renames fields on the way out, so a command line names the flag the user
+typed (``--layer``) rather than the model's field (``layers.0.size``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Self
+import reprlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Generic, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from berth.errors import Invalid
 
-__all__ = ["BerthModel", "invalid_from"]
+__all__ = ["BerthModel", "Rule", "fields_as", "invalid_from", "one_line", "shown"]
+
+T = TypeVar("T")
 
 
-def invalid_from(error: ValidationError) -> Invalid:
-    """The ``Invalid`` that says what ``error`` says, field first."""
+class _ShortRepr(reprlib.Repr):
+    """``reprlib`` that never raises: huge integers are described, not printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = 60
+        self.maxother = 60
+        self.maxlong = 40
+        self.maxlevel = 3
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdict = 6
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 128:  # str() of a 4,300-digit int raises; nobody reads 40 digits
+            return f"<an integer of about {int(x.bit_length() * 0.30103) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+
+
+def shown(value: object) -> str:
+    """``value`` quoted for an error message: ``repr``, one line, at most ~60 characters."""
+    try:
+        text = _SHORT.repr(value)
+    except Exception:  # a broken __repr__ must not hide the error being reported
+        text = f"<a {type(value).__name__}>"
+    if len(text) > 100:
+        text = text[:99] + "…"
+    return one_line(text)
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters replaced by spaces."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+# pydantic's error types → what a person is told (pydantic's own text otherwise, reworded).
+_EXPECTED = {
+    "model_type": "expected a table of keys and values",
+    "model_attributes_type": "expected a table of keys and values",
+    "dict_type": "expected a table of keys and values",
+    "dataclass_type": "expected a table of keys and values",
+    "list_type": "expected a list",
+    "tuple_type": "expected a list",
+    "set_type": "expected a list",
+    "frozen_set_type": "expected a list",
+    "iterable_type": "expected a list",
+    "string_type": "expected a string",
+    "int_type": "expected a whole number",
+    "int_parsing": "expected a whole number",
+    "int_from_float": "expected a whole number",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "finite_number": "expected a finite number",
+    "missing": "required, but missing",
+    "extra_forbidden": "unknown key (not one this table takes)",
+    "json_invalid": "not valid JSON",
+    "json_type": "not a JSON document",
+}
+_KINDS = (
+    (bool, "a boolean"),
+    (str, "a string"),
+    (bytes, "bytes"),
+    (int, "a number"),
+    (float, "a number"),
+    (dict, "a table"),
+    (list, "a list"),
+    (tuple, "a list"),
+)
+
+
+def _kind(value: object) -> str:
+    for kind, name in _KINDS:
+        if isinstance(value, kind):
+            return name
+    return f"a {type(value).__name__}"
+
+
+def _message(item: Any) -> str:
+    kind = item["type"]
+    cause = item.get("ctx", {}).get("error")
+    if isinstance(cause, Invalid):
+        return cause.message
+    if kind in _EXPECTED:
+        message = _EXPECTED[kind]
+    else:
+        message = str(item["msg"])
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+        message = message.replace("Input should be", "must be").replace("Input", "value")
+    if kind in ("missing", "extra_forbidden") or "input" not in item:
+        return message
+    value = item["input"]
+    if kind.endswith("_type") or kind in ("finite_number", "int_from_float"):
+        return f"{message}, got {_kind(value)} {shown(value)}"
+    return f"{message} (got {shown(value)})"
+
+
+def _location(loc: tuple[int | str, ...], prefix: str | None) -> str:
+    # Drop pydantic's validator tags ("function-after[_name(), str]"): not a place in the input.
+    parts = [str(part) for part in loc if not (isinstance(part, str) and part.endswith("]"))]
+    if prefix:
+        parts.insert(0, prefix)
+    return ".".join(parts)
+
+
+def invalid_from(error: ValidationError, *, field: str | None = None) -> Invalid:
+    """The ``Invalid`` that says what ``error`` says, field first (under ``field``, if given)."""
     problems: list[tuple[str, str]] = []
     for item in error.errors():
-        loc = ".".join(str(part) for part in item["loc"])
+        loc = _location(item["loc"], field)
         cause = item.get("ctx", {}).get("error")
-        if isinstance(cause, Invalid):
-            message = cause.message
-            loc = loc or cause.field or ""
-        else:
-            message = item["msg"]
-            if item["type"] not in ("missing", "extra_forbidden") and "input" in item:
-                message = f"{message} (got {item['input']!r})"
-        problems.append((loc, message))
-    field, message = problems[0]
-    rest = "; ".join(f"{loc or 'value'}: {msg}" for loc, msg in problems[1:])
-    return Invalid(f"{message}; {rest}" if rest else message, field=field or None)
+        if isinstance(cause, Invalid) and cause.field and not item["loc"]:
+            loc = _location((cause.field,), field)
+        problems.append((loc, one_line(_message(item))))
+    where, message = problems[0]
+    rest = "; ".join(f"{loc or 'value'}: {msg}" for loc, msg in problems[1:4])
+    if len(problems) > 4:
+        rest += f"; and {len(problems) - 4} more"
+    return Invalid(f"{message}; {rest}" if rest else message, field=where or None)
 
 
 class _InvalidOnCall(ModelMetaclass):
@@ -48,6 +168,8 @@ class _InvalidOnCall(ModelMetaclass):
             return super().__call__(*args, **kwargs)
         except ValidationError as error:
             raise invalid_from(error) from None
+        except RecursionError:
+            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
 
 
 class BerthModel(BaseModel, metaclass=_InvalidOnCall):
@@ -62,6 +184,8 @@ class BerthModel(BaseModel, metaclass=_InvalidOnCall):
             return cls.model_validate(data)
         except ValidationError as error:
             raise invalid_from(error) from None
+        except RecursionError:
+            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Self:
@@ -70,7 +194,45 @@ class BerthModel(BaseModel, metaclass=_InvalidOnCall):
             return cls.model_validate_json(text)
         except ValidationError as error:
             raise invalid_from(error) from None
+        except RecursionError:
+            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
 
     def to_json(self) -> str:
         """The JSON document :meth:`from_json` reads back into an equal value."""
         return self.model_dump_json()
+
+
+class Rule(Generic[T]):
+    """A type with its bounds, to check one argument of a plain function at a boundary.
+
+    ``Rule(Annotated[float, Field(gt=0)])(value, "lease_ttl_s")`` returns the validated value
+    or raises ``Invalid`` whose field is the parameter's name — the same messages a model's
+    field gets, for functions that take scalars rather than models.
+    """
+
+    def __init__(self, annotation: Any) -> None:
+        self._adapter: TypeAdapter[T] = TypeAdapter(annotation)
+
+    def __call__(self, value: object, field: str) -> T:
+        try:
+            return self._adapter.validate_python(value)
+        except ValidationError as error:
+            raise invalid_from(error, field=field) from None
+        except RecursionError:
+            raise Invalid("nested too deeply", field=field) from None
+
+
+@contextmanager
+def fields_as(names: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise an ``Invalid`` whose field starts with a key of ``names`` under that name.
+
+    ``names`` maps a field's first part to what the user typed (``{"layers": "--layer"}``):
+    ``layers.2.size`` is reported as ``--layer``.  Other errors pass through unchanged.
+    """
+    try:
+        yield
+    except Invalid as error:
+        head = (error.field or "").split(".", 1)[0]
+        if head not in names:
+            raise
+        raise Invalid(error.message, field=names[head]) from None

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from berth.errors import Invalid
-from berth.model import Layer, Spec
+from berth.model import Interval, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
 from berth.node.core import NodeCore
@@ -38,10 +38,13 @@ from berth.ownership import Admission, Owner
 from berth.platform import Platform
 from berth.state import NodeState
 from berth.store.port import StateStore
+from berth.validation import Rule, shown
 
 __all__ = ["Agent"]
 
 log = logging.getLogger("berth.agent")
+
+_INTERVAL: Rule[float] = Rule(Interval)
 
 
 class Agent:
@@ -61,8 +64,12 @@ class Agent:
         heartbeat_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        if heartbeat_s <= 0:
-            raise Invalid(f"must be positive, got {heartbeat_s}", field="heartbeat_s")
+        heartbeat_s = _INTERVAL(heartbeat_s, "heartbeat_s")
+        if not callable(getattr(store, "publish", None)):
+            raise Invalid(f"{shown(store)} has no publish() method", field="store")
+        if not callable(wall_clock):
+            raise Invalid(f"expected a function returning seconds, got {shown(wall_clock)}",
+                          field="wall_clock")  # fmt: skip
         self.core = NodeCore(name, platform, budget, runtime, layers=layers, labels=labels)
         self.store = store
         self.monitor = monitor
@@ -110,6 +117,8 @@ class Agent:
         readings: LoadReadings | None = None,
     ) -> Agent:
         """Build an agent from a validated configuration (live monitors unless ``readings``)."""
+        if not isinstance(config, AgentConfig):
+            raise Invalid(f"expected an AgentConfig, got {shown(config)}", field="config")
         options = config.agent
         monitor = None
         if readings is None:

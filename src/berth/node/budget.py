@@ -30,6 +30,11 @@ that expires unless renewed or bound to another owner (how a scheduler confirms 
 network before the workload exists).  The budget is safe to use
 from threads and from asyncio tasks alike: all state changes happen under one lock, and the
 ``on_change`` hook (the advertiser) runs after the lock is released.
+
+Every entry point validates its arguments *before* it changes anything — a spec that is not
+a ``Spec``, an owner without ``add_done_callback``, a malformed platform or time to live, a
+reservation id that is not a string all raise ``Invalid`` and leave the budget exactly as it
+was; an owner that fails while being told about its reservation gets the reservation back.
 """
 
 from __future__ import annotations
@@ -41,14 +46,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Protocol, runtime_checkable
 
-from pydantic import Field, StrictInt
+from pydantic import Field, Strict
 
 from berth.checks import CHECKS, HELD_STAGES, Check, Demand, NodeFigures, first_failed
-from berth.model import Spec
+from berth.errors import Invalid
+from berth.model import ByteCount, Cores, Fraction, Spec, checked_platforms, checked_spec
 from berth.ownership import Admission, Clock, Lease, Owner, Refused, has_ended
 from berth.platform import Platform
 from berth.state import Overcommit
-from berth.validation import BerthModel
+from berth.validation import BerthModel, shown
 
 __all__ = [
     "IDLE",
@@ -96,9 +102,7 @@ IDLE: LoadReadings = _Idle()
 mutable default here let one budget's readings leak into every other)."""
 
 
-NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-Factor = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Factor = Annotated[float, Strict(), Field(gt=0, le=1e6, allow_inf_nan=False)]
 
 
 class BudgetLimits(BerthModel):
@@ -109,13 +113,13 @@ class BudgetLimits(BerthModel):
     and the stage is off entirely when all three are ``None``.
     """
 
-    mem_max: NonNegativeInt
-    disk_max: NonNegativeInt
-    cpu_capacity: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    mem_max: ByteCount
+    disk_max: ByteCount
+    cpu_capacity: Cores
     cpu_max_load: Fraction = 1.0
-    disk_bw_cap: NonNegativeInt
+    disk_bw_cap: ByteCount
     disk_bw_max_load: Fraction = 1.0
-    net_bw_cap: NonNegativeInt
+    net_bw_cap: ByteCount
     net_bw_max_load: Fraction = 1.0
     cpu_overcommit: Factor | None = None
     disk_bw_overcommit: Factor | None = None
@@ -200,13 +204,15 @@ class NodeBudget:
         ``platforms`` are those the workload's artifact was built for (empty: any); a node
         that runs none of them refuses with ``platform_mismatch``.
         """
-        return self._take(spec, owner, Demand.of(spec, platforms), self.checks)
+        spec, owner = _spec(spec), _owner(owner)
+        return self._take(spec, owner, Demand.of(spec, checked_platforms(platforms)), self.checks)
 
     def reserve(self, spec: Spec, owner: Owner) -> Reservation:
         """Only the checks on what reservations hold (hard and β_max), then the reservation.
 
         For a caller that has judged platform and load itself; :meth:`admit` is the rule.
         """
+        spec, owner = _spec(spec), _owner(owner)
         held = tuple(check for check in self.checks if check.stage in HELD_STAGES)
         return self._take(spec, owner, Demand.of(spec), held)
 
@@ -234,7 +240,11 @@ class NodeBudget:
             self._vcpus_reserved += spec.vcpus
             self._disk_bw_reserved += spec.disk_bw
             self._net_bw_reserved += spec.net_bw
-        owner.add_done_callback(lambda _: self.release(reservation.id))
+        try:
+            owner.add_done_callback(lambda _: self.release(reservation.id))
+        except BaseException:
+            self.release(reservation.id)  # an owner that cannot tell its end holds nothing
+            raise
         self._changed()
         return reservation
 
@@ -248,6 +258,7 @@ class NodeBudget:
         """``admit`` under a new lease: the confirmation a scheduler makes before the workload
         exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``
         (positive and finite, else ``Invalid`` naming ``lease_ttl_s``)."""
+        spec, platforms = _spec(spec), checked_platforms(platforms)
         lease = self.lease(ttl_s)
         try:
             return self.admit(spec, lease, platforms)
@@ -261,6 +272,7 @@ class NodeBudget:
         Refused with ``lease_expired`` when the reservation is gone or its lease's deadline
         has come (then it is released now, whether or not a reap has run).
         """
+        reservation_id, owner = _reservation_id(reservation_id), _owner(owner)
         with self._lock:
             lease = self._leases.get(reservation_id)
         if lease is None:
@@ -269,6 +281,7 @@ class NodeBudget:
 
     def release(self, reservation_id: str) -> bool:
         """Release a reservation; idempotent (False when it was not held)."""
+        reservation_id = _reservation_id(reservation_id)
         with self._lock:
             reservation = self._reservations.pop(reservation_id, None)
             if reservation is None:
@@ -313,6 +326,7 @@ class NodeBudget:
             return list(self._reservations.values())
 
     def get(self, reservation_id: str) -> Reservation | None:
+        reservation_id = _reservation_id(reservation_id)
         with self._lock:
             return self._reservations.get(reservation_id)
 
@@ -366,6 +380,31 @@ class NodeBudget:
     def _changed(self) -> None:
         for listener in list(self._listeners):
             listener()
+
+
+def _spec(spec: object) -> Spec:
+    """The spec to reserve (an instance-type name is looked up); ``Invalid`` before any change."""
+    checked = checked_spec(spec)
+    if checked is None:
+        raise Invalid("a reservation needs a spec, got None", field="spec")
+    return checked
+
+
+def _owner(owner: object) -> Owner:
+    """``owner`` if it can report its end (``add_done_callback``), else ``Invalid``."""
+    if not callable(getattr(owner, "add_done_callback", None)):
+        raise Invalid(
+            f"an owner reports its end through add_done_callback; {shown(owner)} does not",
+            field="owner",
+        )
+    return owner  # type: ignore[return-value]
+
+
+def _reservation_id(reservation_id: object) -> str:
+    if not isinstance(reservation_id, str):
+        raise Invalid(f"expected a reservation id string, got {shown(reservation_id)}",
+                      field="reservation_id")  # fmt: skip
+    return reservation_id
 
 
 def _ceiling(factor: float | None, total: float) -> float | None:

@@ -31,27 +31,47 @@ table::
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
 in berth reads configuration files or environment variables; it receives these models.
+
+The values take the bounded types of :mod:`berth.model` (sizes at most 2^63 − 1 bytes,
+fractions 0..1, durations from 1 ms to a year, no booleans where numbers belong).  Reading the
+file is as strict: :func:`load_config` refuses an empty path, a directory, anything larger
+than :data:`MAX_CONFIG_BYTES` (so ``/dev/zero`` is an error, not a hang), text that is not
+UTF-8 (a UTF-8 byte-order mark is skipped; UTF-16 is named as such), invalid TOML and TOML
+nested deeper than :data:`MAX_DEPTH` tables — each an ``Invalid`` with field ``config``.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
+import stat
 import tomllib
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, Strict
 
 from berth.errors import Invalid
-from berth.model import Bytes, BytesPerSecond, Name
+from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
 from berth.platform import Platform, host
-from berth.validation import BerthModel
+from berth.validation import BerthModel, shown
 
-__all__ = ["AgentConfig", "AgentSection", "BudgetSection", "NodeSection", "load_config"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "AgentConfig",
+    "AgentSection",
+    "BudgetSection",
+    "NodeSection",
+    "load_config",
+]
 
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+MAX_CONFIG_BYTES = 1 << 20
+"""The largest configuration file read (1 MiB; a real one is well under a kilobyte)."""
+MAX_DEPTH = 8
+"""The deepest nesting of tables and arrays a configuration file may use."""
+
+Factor = Annotated[float, Strict(), Field(gt=0, le=1e6, allow_inf_nan=False)]
 
 
 class NodeSection(BerthModel):
@@ -59,7 +79,7 @@ class NodeSection(BerthModel):
 
     name: Name
     platform: Platform = Field(default_factory=host)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
 
 
 class BudgetSection(BerthModel):
@@ -68,14 +88,14 @@ class BudgetSection(BerthModel):
     mem_max: Bytes
     disk_max: Bytes
     cpu_max_load: Fraction
-    cpu_max_cap: Positive | None = None
+    cpu_max_cap: Cores | None = None
     disk_bw_cap: BytesPerSecond
     disk_bw_max_load: Fraction
     net_bw_cap: BytesPerSecond
     net_bw_max_load: Fraction
-    cpu_overcommit: Positive | None = None
-    disk_bw_overcommit: Positive | None = None
-    net_bw_overcommit: Positive | None = None
+    cpu_overcommit: Factor | None = None
+    disk_bw_overcommit: Factor | None = None
+    net_bw_overcommit: Factor | None = None
 
     def limits(self) -> BudgetLimits:
         """The resolved ceilings (``cpu_max_cap`` defaults to this host's core count)."""
@@ -97,13 +117,13 @@ class BudgetSection(BerthModel):
 class AgentSection(BerthModel):
     """``[agent]``: how the agent runs (all optional)."""
 
-    heartbeat_s: Positive = 5.0
-    sample_period_s: Positive = 0.25
-    tau_s: Positive = 30.0
+    heartbeat_s: Interval = 5.0
+    sample_period_s: Interval = 0.25
+    tau_s: Interval = 30.0
     layer_cache: Bytes = 10 * 2**30
-    lease_ttl_s: Positive = 30.0
+    lease_ttl_s: Interval = 30.0
     runtime: Literal["process", "fake"] = "process"
-    stop_grace_s: Positive = 2.0
+    stop_grace_s: Interval = 2.0
 
 
 class AgentConfig(BerthModel):
@@ -115,15 +135,75 @@ class AgentConfig(BerthModel):
 
 
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:
-    """Read and validate a TOML configuration file."""
+    """Read and validate a TOML configuration file (see the module docstring for the rules)."""
+    return AgentConfig.from_dict(read_toml(path))
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML document at ``path`` as plain data; ``Invalid`` (field ``config``) otherwise."""
+    if isinstance(path, bytes) or not isinstance(path, str | os.PathLike):
+        raise Invalid(f"expected a file path, got {shown(path)}", field="config")
+    name = os.fspath(path)
+    if not isinstance(name, str) or not name.strip():
+        raise Invalid("the configuration file's path must not be empty", field="config")
+    if "\0" in name:
+        raise Invalid(f"not a file path: {shown(name)}", field="config")
+    data = _read_limited(name)
+    text = _decode(data, name)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise Invalid(
-            f"cannot read {os.fspath(path)!r}: {error.strerror}", field="config"
-        ) from None
-    try:
-        data = tomllib.loads(text)
+        document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise Invalid(f"{os.fspath(path)} is not valid TOML: {error}", field="config") from None
-    return AgentConfig.from_dict(data)
+        raise Invalid(f"{shown(name)} is not valid TOML: {error}", field="config") from None
+    except RecursionError:
+        raise Invalid(f"{shown(name)} is nested too deeply", field="config") from None
+    if _depth(document) > MAX_DEPTH:
+        raise Invalid(
+            f"{shown(name)} nests tables or arrays more than {MAX_DEPTH} deep", field="config"
+        )
+    return document
+
+
+def _read_limited(name: str) -> bytes:
+    """At most ``MAX_CONFIG_BYTES`` bytes of a regular file (or a stream such as a pipe)."""
+    try:
+        with open(name, "rb") as file:
+            mode = os.fstat(file.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise Invalid(f"{shown(name)} is a directory, not a file", field="config")
+            if stat.S_ISREG(mode) and os.fstat(file.fileno()).st_size > MAX_CONFIG_BYTES:
+                raise Invalid(_too_large(name), field="config")
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except IsADirectoryError:
+        raise Invalid(f"{shown(name)} is a directory, not a file", field="config") from None
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise Invalid(f"cannot read {shown(name)}: {reason}", field="config") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise Invalid(_too_large(name), field="config")
+    return data
+
+
+def _too_large(name: str) -> str:
+    return f"{shown(name)} is larger than {MAX_CONFIG_BYTES // 1024} KiB: not a configuration file"
+
+
+def _decode(data: bytes, name: str) -> str:
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise Invalid(f"{shown(name)} is UTF-16 text; save it as UTF-8", field="config")
+    try:
+        return data.decode("utf-8-sig")  # a UTF-8 byte-order mark is harmless: skip it
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise Invalid(
+            f"{shown(name)} is not UTF-8 text: byte {data[error.start]:#04x} at offset "
+            f"{error.start} (line {line})",
+            field="config",
+        ) from None
+
+
+def _depth(value: object, level: int = 0) -> int:
+    """How deeply ``value`` nests tables and arrays (stops counting past ``MAX_DEPTH``)."""
+    if level > MAX_DEPTH or not isinstance(value, dict | list):
+        return level
+    children = value.values() if isinstance(value, dict) else value
+    return max((_depth(child, level + 1) for child in children), default=level)

@@ -45,6 +45,11 @@ hold memory for nothing.
 
 It is deliberately not an advertiser, a clock, a monitor or a transport, and it never looks
 at another node.
+
+Its public methods validate their arguments before touching anything (the name is a
+``Name``, labels ``Labels``, a spec a ``Spec``, layers and platforms lists, a time to live
+from 1 ms to a year): a malformed call raises ``Invalid`` and mounts, starts or reserves
+nothing.
 """
 
 from __future__ import annotations
@@ -55,13 +60,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from berth.errors import BerthError, Invalid
-from berth.model import Layer, Spec
+from berth.model import (
+    Interval,
+    Labels,
+    Layer,
+    Name,
+    Spec,
+    checked_layers,
+    checked_platforms,
+    checked_spec,
+)
 from berth.node.budget import NodeBudget
 from berth.node.layers import LayerRegistry, MountResult
 from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
 from berth.state import NodeState
+from berth.validation import Rule, shown
 
 __all__ = ["Booted", "NodeCore"]
 
@@ -103,8 +118,15 @@ class NodeCore:
         layers: LayerRegistry | None = None,
         labels: dict[str, str] | None = None,
     ) -> None:
-        if not name:
-            raise Invalid("must not be empty", field="name")
+        name = _NAME(name, "name")
+        labels = _LABELS(labels or {}, "labels")
+        if not isinstance(budget, NodeBudget):
+            raise Invalid(f"expected a NodeBudget, got {shown(budget)}", field="budget")
+        if layers is not None and not isinstance(layers, LayerRegistry):
+            raise Invalid(f"expected a LayerRegistry, got {shown(layers)}", field="layers")
+        for method in ("start", "stop"):
+            if not callable(getattr(runtime, method, None)):
+                raise Invalid(f"{shown(runtime)} has no {method}() method", field="runtime")
         self.name = name
         self.platform = Platform.parse(platform)
         if budget.platform is None:
@@ -146,6 +168,14 @@ class NodeCore:
         ``boot_failed``, ``mem_exhausted`` …); nothing is left mounted, running or reserved
         by a refused boot.  ``boot.mem_limit`` defaults to ``spec.mem``.
         """
+        spec = _spec(spec)
+        layers = checked_layers(layers)
+        platforms = checked_platforms(platforms)
+        if not isinstance(boot, BootSpec):
+            raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
+        if reservation is not None and not isinstance(reservation, str):
+            raise Invalid(f"expected a reservation id, got {shown(reservation)}",
+                          field="reservation")  # fmt: skip
         with refused_by(self.name):
             self._check_platforms(platforms)
             if reservation is not None:
@@ -230,8 +260,8 @@ class NodeCore:
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
-        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
-            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
+        spec, platforms = _spec(spec), checked_platforms(platforms)
+        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")
         with refused_by(self.name):
             return self.budget.admit_leased(spec, lease_ttl_s, platforms).admission
 
@@ -241,6 +271,11 @@ class NodeCore:
         Leases past their deadline are ended first: the budget reaps lazily, and a late bind
         must not revive an expired reservation.
         """
+        if not isinstance(reservation_id, str):
+            raise Invalid(f"expected a reservation id, got {shown(reservation_id)}",
+                          field="reservation_id")  # fmt: skip
+        if not isinstance(owner, str) and not callable(getattr(owner, "add_done_callback", None)):
+            raise Invalid(f"expected a workload id or an owner, got {shown(owner)}", field="owner")
         self.budget.reap()
         with refused_by(self.name):
             if isinstance(owner, str):
@@ -349,3 +384,15 @@ class NodeCore:
 
     def __repr__(self) -> str:
         return f"NodeCore({self.name!r}, {self.platform}, {len(self._running)} workloads)"
+
+
+_NAME: Rule[str] = Rule(Name)
+_LABELS: Rule[dict[str, str]] = Rule(Labels)
+_INTERVAL: Rule[float] = Rule(Interval)
+
+
+def _spec(spec: object) -> Spec:
+    checked = checked_spec(spec)
+    if checked is None:
+        raise Invalid("a workload needs its resources, got None", field="spec")
+    return checked

@@ -30,6 +30,11 @@ a release or failed bind undoes it, or it expires.  A scheduler thus never colli
 own recent placements, however stale its snapshots (``assume=False`` turns this off, for
 comparison).
 
+**Arguments are validated at the door.**  The constructor and every public method check their
+arguments before doing anything — ``ranker`` is ``"engine"``, ``"reference"`` or a ranker,
+``spec`` a ``Spec``, an instance-type name or ``None``, ``layers`` and ``platforms`` lists
+(never a bare string), callbacks callable — and raise ``Invalid`` naming the parameter.
+
 Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
 A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first.
 ``NoMatchingPlatform`` when no live node runs any requested platform; ``NoCapacity`` (with
@@ -46,7 +51,19 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
-from berth.model import Layer, Placement, Request, Spec
+from berth.model import (
+    MAX_BYTES,
+    MAX_LAYERS,
+    Interval,
+    Layer,
+    Name,
+    Placement,
+    Request,
+    Spec,
+    checked_layers,
+    checked_platforms,
+    checked_spec,
+)
 from berth.node.runtime.port import BootFailed
 from berth.nodeclient.port import NodeClient
 from berth.ownership import Admission, Clock, Owner, Refused
@@ -59,6 +76,7 @@ from berth.scheduler.ranking import Ranker, Ranking
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState, colocation_score
 from berth.store.port import StateEvent, StateStore
+from berth.validation import Rule, shown
 
 __all__ = ["ClusterScheduler", "Confirmed"]
 
@@ -105,18 +123,32 @@ class ClusterScheduler:
         assume_ttl_s: float | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
-            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
+        _needs(store, "store", "subscribe")
+        _needs(nodes, "nodes", "admit", "bind", "release")
+        if policy is not None:
+            _needs(policy, "policy", "order")
+        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")
+        if assume_ttl_s is not None:
+            assume_ttl_s = _INTERVAL(assume_ttl_s, "assume_ttl_s")
+        if not isinstance(assume, bool):
+            raise Invalid(f"expected true or false, got {shown(assume)}", field="assume")
+        if not callable(clock):
+            raise Invalid(f"expected a function returning seconds, got {shown(clock)}",
+                          field="clock")  # fmt: skip
         self.nodes = nodes
         self.policy = policy
         self.lease_ttl_s = float(lease_ttl_s)
         self.ranker: Ranker
-        if ranker == "engine":
-            self.ranker = Engine()
-        elif ranker == "reference":
-            self.ranker = ReferenceRanker()
+        if isinstance(ranker, str):
+            if ranker == "engine":
+                self.ranker = Engine()
+            elif ranker == "reference":
+                self.ranker = ReferenceRanker()
+            else:
+                raise Invalid(f"must be 'engine', 'reference' or a Ranker, got {shown(ranker)}",
+                              field="ranker")  # fmt: skip
         else:
-            self.ranker = ranker
+            self.ranker = _needs(ranker, "ranker", "rank", "upsert", "remove", "platforms")
         self.assumed: AssumeCache | None = (
             AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
         )
@@ -185,6 +217,9 @@ class ClusterScheduler:
         (best effort — it would expire anyway) and the assumption undone, so node and view
         agree; then the error propagates.
         """
+        placement = _placement(placement)
+        if not isinstance(owner, str):
+            _needs(owner, "owner", "add_done_callback")
         if placement.reservation_id is None:
             return
         node, reservation_id = placement.worker_node, placement.reservation_id
@@ -198,6 +233,7 @@ class ClusterScheduler:
 
     async def release(self, placement: Placement) -> bool:
         """Release ``placement``'s reservation on its node and undo the assumption."""
+        placement = _placement(placement)
         if placement.reservation_id is None:
             return False
         self.forget(placement.worker_node, placement.reservation_id)
@@ -215,13 +251,15 @@ class ClusterScheduler:
         return colocation_score(state, layers)
 
     def candidates(
-        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
+        self, spec: Spec | str | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
     ) -> list[str]:
-        """Fitting nodes, most colocated bytes first (ties by node name)."""
+        """Fitting nodes, most colocated bytes first (ties by node name).
+
+        ``spec`` may be an instance-type name (``"micro"``), as in a ``Request``."""
         return list(self.rank(spec, layers, platforms))
 
     def rank(
-        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
+        self, spec: Spec | str | None, layers: Sequence[Layer], platforms: Sequence[Platform] = ()
     ) -> Ranking:
         """The candidate ranking with colocated bytes; ``NoMatchingPlatform`` first.
 
@@ -230,7 +268,7 @@ class ClusterScheduler:
         The ranking is an immutable value: node names and colocated bytes are those of the
         moment it was made, whatever joins, leaves or compacts afterwards.
         """
-        return self._rank(spec, *_checked(layers, platforms))
+        return self._rank(checked_spec(spec), *_checked(layers, platforms))
 
     def _rank(
         self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform]
@@ -241,7 +279,7 @@ class ClusterScheduler:
 
     async def place(
         self,
-        spec: Spec | None,
+        spec: Spec | str | None,
         layers: Sequence[Layer],
         attempt: Callable[[str], Awaitable[T]],
         platforms: Sequence[Platform] = (),
@@ -256,7 +294,11 @@ class ClusterScheduler:
         is ranked again; nodes that fit now and were not yet tried (they joined, or their
         snapshot changed, during the walk) get a further pass, up to ``MAX_PASSES`` in all.
         """
+        spec = checked_spec(spec)
         layers, platforms = _checked(layers, platforms)
+        _callable(attempt, "attempt")
+        if preferred_node is not None:
+            preferred_node = _NAME(preferred_node, "preferred_node")
         refusals: dict[str, str] = {}
         for _ in range(MAX_PASSES):
             ranking = self._rank(spec, layers, platforms)
@@ -281,7 +323,7 @@ class ClusterScheduler:
 
     async def run(
         self,
-        spec: Spec,
+        spec: Spec | str,
         layers: Sequence[Layer],
         start: Callable[[str], Awaitable[W]],
         stop: Callable[[W], Awaitable[object]],
@@ -292,7 +334,13 @@ class ClusterScheduler:
         A start that fails with ``BootFailed`` or an ``OSError`` is that node's refusal
         (``boot_failed``), so the walk moves on with the real reason logged.
         """
+        checked = checked_spec(spec)
+        if checked is None:
+            raise Invalid("running a workload needs its resources, got None", field="spec")
+        spec = checked
         layers, platforms = _checked(layers, platforms)
+        _callable(start, "start")
+        _callable(stop, "stop")
 
         async def try_run(node: str) -> W:
             try:
@@ -319,6 +367,7 @@ class ClusterScheduler:
         The caller binds the lease to its workload (:meth:`bind`) or releases it
         (:meth:`release`) within ``lease_ttl_s``; an unbound lease expires on the node.
         """
+        request = _request(request)
         spec = request.spec
         layers, platforms = request.layers, request.platforms
 
@@ -342,6 +391,7 @@ class ClusterScheduler:
 
     def explain(self, request: Request, refusals: dict[str, str] | None = None) -> Explanation:
         """Every node's verdict for ``request``: first failed check or fits, bytes, rank."""
+        request = _request(request)
         try:
             ranking = self.rank(request.spec, request.layers, request.platforms)
             ranks = {node: index for index, node in enumerate(ranking)}
@@ -397,25 +447,54 @@ class ClusterScheduler:
         return NoCapacity(message, reasons)
 
 
+_INTERVAL: Rule[float] = Rule(Interval)
+_NAME: Rule[str] = Rule(Name)
+
+
+def _needs(value: T, field: str, *methods: str) -> T:
+    """``value`` if it has every one of ``methods``, else ``Invalid`` naming ``field``."""
+    missing = [name for name in methods if not callable(getattr(value, name, None))]
+    if missing:
+        raise Invalid(f"{shown(value)} has no {', '.join(missing)}() method", field=field)
+    return value
+
+
+def _callable(value: object, field: str) -> None:
+    if not callable(value):
+        raise Invalid(f"expected a function, got {shown(value)}", field=field)
+
+
+def _request(request: object) -> Request:
+    if not isinstance(request, Request):
+        raise Invalid(f"expected a Request, got {shown(request)}", field="request")
+    return request
+
+
+def _placement(placement: object) -> Placement:
+    if not isinstance(placement, Placement):
+        raise Invalid(f"expected a Placement, got {shown(placement)}", field="placement")
+    return placement
+
+
 def _checked(
     layers: Sequence[Layer], platforms: Sequence[Platform]
 ) -> tuple[Sequence[Layer], tuple[Platform, ...]]:
-    """Layers as ``Layer`` (pairs accepted, ids unique) and platforms parsed."""
-    return _checked_layers(layers), tuple(Platform.parse(p, field="platforms") for p in platforms)
+    """Layers as ``Layer`` (pairs accepted, ids unique, sizes summing to at most 2^63 - 1)
+    and platforms parsed; a bare string for either is ``Invalid``, not a list of characters."""
+    return _checked_layers(layers), checked_platforms(platforms)
 
 
 def _checked_layers(layers: Sequence[Layer]) -> Sequence[Layer]:
-    if all(type(layer) is Layer for layer in layers):
-        checked = layers
-    else:
-        checked = [Layer.of(layer) for layer in layers]
-    if len({layer.id for layer in checked}) != len(checked):
-        seen: set[str] = set()
-        for layer in checked:
-            if layer.id in seen:
-                raise Invalid(f"layer {layer.id!r} is listed more than once", field="layers")
-            seen.add(layer.id)
-    return checked
+    # The common case — a request's own tuple of layers — costs one pass and a sum.
+    if (
+        isinstance(layers, tuple | list)
+        and len(layers) <= MAX_LAYERS
+        and all(type(layer) is Layer for layer in layers)
+        and len({layer.id for layer in layers}) == len(layers)
+        and sum(layer.size for layer in layers) <= MAX_BYTES
+    ):
+        return layers
+    return checked_layers(layers)
 
 
 def _what(spec: Spec | None) -> str:

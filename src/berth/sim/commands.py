@@ -20,11 +20,16 @@ into the flag the user typed.
 
 Bad flags (negative counts, an unknown policy, negative staleness, malformed sizes) print one
 line on stderr and exit with status 2 — here, so the behaviour does not depend on which app
-the commands are registered on.
+the commands are registered on.  Counts have the models' ceilings (``SimConfig.nodes`` ≤
+10,000, ``requests`` ≤ 1,000,000, ``concurrency`` ≤ 64).  ``--out`` is checked before any
+work — not empty, not a file or under one, creatable and writable — so a typo costs a
+second, not a simulation.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,8 +49,16 @@ from berth.sim.report import Report, comparison_table, write_outputs
 from berth.sim.simulator import Decision, SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.units import INFORMATION_UNITS, format_information
+from berth.validation import one_line, shown
 
-__all__ = ["DEMO_CONFIG", "SIM_DEFAULTS", "parse_policies", "register", "sim_config"]
+__all__ = [
+    "DEMO_CONFIG",
+    "SIM_DEFAULTS",
+    "output_directory",
+    "parse_policies",
+    "register",
+    "sim_config",
+]
 
 console = Console()
 errors = Console(stderr=True)
@@ -65,6 +78,8 @@ _FLAGS = {
     "boot_seconds": "--boot",
     "assume": "--assume",
     "policy": "--policy",
+    "arrival": "--arrival",
+    "out": "--out",
 }
 
 SIM_DEFAULTS = SimConfig()
@@ -97,11 +112,38 @@ def _clean_errors() -> Iterator[None]:
     except Invalid as error:
         flag = _FLAGS.get((error.field or "").removeprefix("workload."), error.field)
         text = f"{flag}: {error.message}" if flag else error.message
-        errors.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+        errors.print(f"[bold red]error:[/] {escape(one_line(text))}", highlight=False,
+                     soft_wrap=True)  # fmt: skip
         raise typer.Exit(2) from None
     except BerthError as error:
-        errors.print(f"[bold red]error:[/] {escape(str(error))}", highlight=False, soft_wrap=True)
+        errors.print(f"[bold red]error:[/] {escape(one_line(str(error)))}", highlight=False,
+                     soft_wrap=True)  # fmt: skip
         raise typer.Exit(2) from None
+
+
+def output_directory(text: str, *, field: str = "out") -> Path:
+    """The directory ``text`` names, created and known to be writable — before any work.
+
+    ``Invalid`` naming ``field`` when ``text`` is empty, is a file, lies under a file, or
+    cannot be created or written (no permission, a read-only disk).
+    """
+    if not isinstance(text, str | os.PathLike) or not str(text).strip():
+        raise Invalid("must name a directory, got an empty path", field=field)
+    if "\0" in str(text):
+        raise Invalid(f"not a path: {shown(str(text))}", field=field)
+    path = Path(text)
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            where = "is" if part == path else f"lies under {shown(str(part))}, which is"
+            raise Invalid(f"{shown(str(path))} {where} a file, not a directory", field=field)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise Invalid(f"cannot write into {shown(str(path))}: {error.strerror or error}",
+                      field=field) from None  # fmt: skip
+    return path
 
 
 def parse_policies(text: str) -> list[str]:
@@ -251,9 +293,9 @@ def sim(
     boot: Annotated[
         float, typer.Option(help="Fixed boot time added to starts (s).")
     ] = SIM_DEFAULTS.boot_seconds,
-    out: Annotated[Path, typer.Option(help="Directory for report.json and plots.")] = Path(
-        "berth-sim-out"
-    ),
+    out: Annotated[
+        str, typer.Option(help="Directory for report.json and plots.")
+    ] = "berth-sim-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:  # fmt: skip
     """Compare placement policies on a simulated cluster fed by Docker Hub image layers."""
@@ -264,11 +306,12 @@ def sim(
             flatten=flatten, concurrency=concurrency, staleness=staleness, seed=seed,
             cache=cache, pull_bandwidth=pull_bandwidth, boot=boot, assume=assume,
         )  # fmt: skip
+        directory = output_directory(out)
         arrivals = generate_workload(config.workload)
         results = _run_all(config, names, arrivals, quiet)
-        report = write_outputs(results, out)
+        report = write_outputs(results, directory)
     console.print(comparison_table(report, title=_title(config)))
-    _print_summary(report, out)
+    _print_summary(report, directory)
 
 
 def _title(config: SimConfig) -> str:
@@ -321,13 +364,14 @@ def _explain(decision: Decision, arrival: Arrival, scheduler: ClusterScheduler) 
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="Directory for report.json and plots.")] = Path(
-        "berth-demo-out"
-    ),
+    out: Annotated[
+        str, typer.Option(help="Directory for report.json and plots.")
+    ] = "berth-demo-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-) -> None:
+) -> None:  # fmt: skip
     """A short fixed scenario: explained placements, then the policy comparison."""
     with _clean_errors():
+        directory = output_directory(out)
         config = DEMO_CONFIG
         arrivals = generate_workload(config.workload)
         console.rule("[bold]berth demo[/]: 50 nodes, 500 placements, real Docker Hub layers")
@@ -342,9 +386,9 @@ def demo(
             console.print(table)
         console.print("Now every policy on the same 500 arrivals:")
         results = _run_all(config, list(POLICIES), arrivals, quiet)
-        report = write_outputs(results, out)
+        report = write_outputs(results, directory)
     console.print(comparison_table(report, title=_title(config)))
-    _print_summary(report, out)
+    _print_summary(report, directory)
 
 
 def _explained_placements(config: SimConfig, arrivals: list[Arrival]) -> list[Table]:

@@ -74,11 +74,12 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, Strict, StrictBool, StrictInt, field_validator
 
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
 from berth.model import Bytes, BytesPerSecond
+from berth.model import Seconds as Delay
 from berth.node.budget import NodeBudget, StaticLoad
 from berth.node.classes import NodeClass
 from berth.node.core import NodeCore
@@ -98,6 +99,8 @@ from berth.validation import BerthModel
 __all__ = [
     "DEFAULT_NODE_CLASSES",
     "DEFAULT_NODE_PLATFORMS",
+    "MAX_CONCURRENCY",
+    "MAX_SIM_NODES",
     "Decision",
     "InvariantViolated",
     "NodeClass",
@@ -115,6 +118,11 @@ __all__ = [
 
 GiB = 2**30
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_SIM_NODES = 10_000
+"""The most nodes one simulation builds."""
+MAX_CONCURRENCY = 64
+"""The most concurrent schedulers one simulation runs."""
+MAX_SAMPLES = 10_000
 
 
 DEFAULT_NODE_CLASSES: tuple[NodeClass, ...] = (
@@ -151,17 +159,22 @@ class SimConfig(BerthModel):
     draws the node layout and seeds the policies (the workload has its own seed).
     """
 
-    nodes: Annotated[StrictInt, Field(ge=1)] = 100
-    node_classes: Annotated[tuple[NodeClass, ...], Field(min_length=1)] = DEFAULT_NODE_CLASSES
-    node_platforms: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_NODE_PLATFORMS))
+    nodes: Annotated[StrictInt, Field(ge=1, le=MAX_SIM_NODES)] = 100
+    node_classes: Annotated[tuple[NodeClass, ...], Field(min_length=1, max_length=64)] = (
+        DEFAULT_NODE_CLASSES
+    )
+    node_platforms: Annotated[
+        dict[str, Annotated[float, Strict(), Field(ge=0, le=1e6, allow_inf_nan=False)]],
+        Field(max_length=64),
+    ] = Field(default_factory=lambda: dict(DEFAULT_NODE_PLATFORMS))
     cache_bytes: Bytes = 8 * GiB
     pull_bandwidth: Annotated[BytesPerSecond, Field(gt=0)] = 125_000_000
-    boot_seconds: Seconds = 0.125
-    concurrency: Annotated[StrictInt, Field(ge=1)] = 1
-    staleness: Seconds = 0.0
-    assume: bool = True
-    samples: Annotated[StrictInt, Field(ge=1)] = 200
-    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    boot_seconds: Delay = 0.125
+    concurrency: Annotated[StrictInt, Field(ge=1, le=MAX_CONCURRENCY)] = 1
+    staleness: Delay = 0.0
+    assume: StrictBool = True
+    samples: Annotated[StrictInt, Field(ge=1, le=MAX_SAMPLES)] = 200
+    seed: Annotated[StrictInt, Field(ge=0, le=2**64 - 1)] = 0
     workload: WorkloadConfig = DEFAULT_WORKLOAD
 
     @field_validator("node_platforms")

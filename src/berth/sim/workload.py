@@ -40,6 +40,11 @@ mean ``lifetime_mean`` seconds, or ``lognormal`` with the same mean and shape ``
 Each arrival's :class:`~berth.model.Request` is ``namespace/<image name>/<replica>``, where
 ``replica`` counts earlier arrivals of the same image (0, 1, 2, …), ``platforms`` is the
 image's one platform, ``spec`` the instance type's and ``layers`` the image's layers.
+
+**Bounds.**  At most :data:`MAX_REQUESTS` arrivals, a rate from :data:`MIN_RATE` to
+:data:`MAX_RATE` per second, lifetimes from 1 ms to a year, finite numbers everywhere and no
+booleans where numbers belong: a config that would take hours or all memory to draw, or
+yield infinite times, is ``Invalid`` when built.
 """
 
 from __future__ import annotations
@@ -51,16 +56,19 @@ from typing import Annotated, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, StrictInt, field_validator
+from pydantic import Field, Strict, StrictInt, field_validator
 
 from berth.dataset import Dataset, Image, load_dockerhub
 from berth.errors import Invalid
-from berth.model import INSTANCE_TYPES, Name, Request
+from berth.model import INSTANCE_TYPES, Fraction, Interval, Name, Request
 from berth.platform import Platform
-from berth.validation import BerthModel
+from berth.validation import BerthModel, shown
 
 __all__ = [
     "DEFAULT_INSTANCE_MIX",
+    "MAX_RATE",
+    "MAX_REQUESTS",
+    "MIN_RATE",
     "Arrival",
     "WorkloadConfig",
     "generate_workload",
@@ -72,9 +80,15 @@ DEFAULT_INSTANCE_MIX: Mapping[str, float] = MappingProxyType(
 )
 """The default instance-type mix: mostly small microVMs and function replicas."""
 
+MAX_REQUESTS = 1_000_000
+"""The most arrivals one workload draws."""
+MIN_RATE = 1e-6
+"""The lowest arrival rate, per second (one a fortnight)."""
+MAX_RATE = 1e6
+"""The highest arrival rate, per second."""
+
 Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Weight = Annotated[float, Strict(), Field(ge=0, le=1e6, allow_inf_nan=False)]
 
 
 class WorkloadConfig(BerthModel):
@@ -84,20 +98,20 @@ class WorkloadConfig(BerthModel):
     ``platforms`` restricts the images to those built for one of them (empty means any).
     """
 
-    requests: Annotated[StrictInt, Field(ge=0)] = 1000
-    rate: Positive = 1.0
+    requests: Annotated[StrictInt, Field(ge=0, le=MAX_REQUESTS)] = 1000
+    rate: Annotated[float, Strict(), Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)] = 1.0
     arrival: Literal["poisson", "bursty"] = "poisson"
-    burst_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 10.0
-    burst_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
-    burst_length: Annotated[float, Field(ge=1, allow_inf_nan=False)] = 50.0
-    flatten: Annotated[float, Field(ge=0, le=1)] = 1.0
+    burst_factor: Annotated[float, Strict(), Field(ge=1, le=1e3, allow_inf_nan=False)] = 10.0
+    burst_fraction: Annotated[float, Strict(), Field(gt=0, lt=1, allow_inf_nan=False)] = 0.1
+    burst_length: Annotated[float, Strict(), Field(ge=1, le=1e6, allow_inf_nan=False)] = 50.0
+    flatten: Fraction = 1.0
     instance_types: dict[str, Weight] = Field(default_factory=lambda: dict(DEFAULT_INSTANCE_MIX))
     lifetime: Literal["exponential", "lognormal"] = "exponential"
-    lifetime_mean: Positive = 300.0
-    lifetime_sigma: Positive = 1.0
+    lifetime_mean: Interval = 300.0
+    lifetime_sigma: Annotated[float, Strict(), Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
     platforms: tuple[Platform, ...] = ()
     namespace: Name = "sim"
-    seed: Annotated[StrictInt, Field(ge=0)] = 0
+    seed: Annotated[StrictInt, Field(ge=0, le=2**64 - 1)] = 0
 
     @field_validator("instance_types")
     @classmethod
@@ -107,7 +121,8 @@ class WorkloadConfig(BerthModel):
         for name in mix:
             if name not in INSTANCE_TYPES:
                 raise Invalid(
-                    f"unknown instance type {name!r}; valid types: {', '.join(INSTANCE_TYPES)}"
+                    f"unknown instance type {shown(name)}; valid types: "
+                    + ", ".join(INSTANCE_TYPES)
                 )
         if not sum(mix.values()) > 0:
             raise Invalid(f"at least one weight must be positive, got {mix}")

@@ -1,0 +1,177 @@
+"""End-to-end placement over NATS: placements per second and latency, next to in-process.
+
+What is timed is the whole path a caller sees on a real deployment, over loopback:
+
+    caller ──request──▶ nats-server ──queue group──▶ scheduler process (its own replica,
+    rank, assume) ──admit request──▶ nats-server ──▶ agent process (the node's budget)
+    ──reply──▶ scheduler ──placement──▶ caller
+
+with 50 agents (in two agent processes, as ``berth up`` groups them above 8 nodes) and 1 then
+2 scheduler processes in one queue group, started by :class:`berth.service.up.LocalCluster`
+(no authentication: the same subjects, without the server's permission checks).  The caller
+keeps ``--concurrency`` requests in flight (a closed loop) and records each one's latency;
+placements/s is completed placements over the wall time of the measured run.  Each
+placement is a lease on the node (small, 16 MiB), so capacity never runs out in a run; every
+admission makes the node re-advertise, so the replicas follow real traffic.
+
+In the same run, the same requests go through the in-process driver (``EmbeddedCluster``:
+``ClusterScheduler.schedule()`` on node agents in this process, in-memory store) for the
+ratio.  Targets (issue 10), on this project's 2-core machine: ≥ 1,000 placements/s with one
+scheduler, p99 ≤ 20 ms.  Everything (server, agents, schedulers, caller) shares the two
+cores, so the figures are a floor for a real cluster, where they would not.
+
+``--json`` prints one JSON object (``placements_per_s``, ``p50_ms``, ``p99_ms`` for one
+scheduler, ``inprocess_placements_per_s``, ``ratio_to_inprocess``, and per-scheduler-count
+rows); ``--quick`` is a short smoke run for CI (about 15 s, mostly process start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from berth.embedded import EmbeddedCluster
+from berth.errors import BerthError
+from berth.model import Request, Spec
+from berth.service.connection import connect
+from berth.service.scheduler import NatsScheduler
+from berth.service.up import LocalCluster
+
+SPEC = Spec(vcpus=0.001, mem=16 * 2**20, disk=16 * 2**20)
+TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0}
+
+
+def _request(index: int) -> Request:
+    return Request(namespace="bench", name="fn", replica=index, spec=SPEC)
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
+
+
+async def _inprocess(nodes: int, count: int) -> float:
+    async with EmbeddedCluster.of_size(nodes, runtime="fake") as cluster:
+        for index in range(min(200, count)):  # warm-up
+            await cluster.scheduler.schedule(_request(10**6 + index))
+        started = time.perf_counter()
+        for index in range(count):
+            await cluster.scheduler.schedule(_request(index))
+        return count / (time.perf_counter() - started)
+
+
+async def _over_nats(url: str, count: int, warmup: int, concurrency: int) -> dict[str, Any]:
+    client = await connect(url, name="berth-bench")
+    try:
+        scheduler = NatsScheduler(client, timeout_s=10.0)
+        latencies: list[float] = []
+        failures: dict[str, int] = {}
+        refusals: dict[str, int] = {}
+        next_index = 0
+
+        async def worker(until: int, record: bool) -> None:
+            nonlocal next_index, refusals
+            while next_index < until:
+                index = next_index
+                next_index += 1
+                started = time.perf_counter()
+                try:
+                    placement = await scheduler.schedule(_request(index))
+                except BerthError as error:
+                    failures[type(error).__name__] = failures.get(type(error).__name__, 0) + 1
+                    continue
+                if record:
+                    latencies.append(time.perf_counter() - started)
+                    for _, reason in placement.refusals:
+                        refusals[reason] = refusals.get(reason, 0) + 1
+
+        await asyncio.gather(*(worker(warmup, False) for _ in range(concurrency)))
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(warmup + count, True) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    finally:
+        await client.close()
+    latencies.sort()
+    return {
+        "placements_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(_percentile(latencies, 0.50) * 1e3, 2),
+        "p99_ms": round(_percentile(latencies, 0.99) * 1e3, 2),
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 2),
+        "placements": len(latencies),
+        "failures": failures,
+        "refusals_at_confirmation": refusals,
+        "concurrency": concurrency,
+    }
+
+
+def run(
+    *, nodes: int, count: int, warmup: int, concurrency: int, schedulers: list[int]
+) -> dict[str, Any]:
+    rows = []
+    for k in schedulers:
+        cluster = LocalCluster(
+            nodes, schedulers=k, heartbeat_s=5.0, auth=False, runtime="fake", per_process=25
+        )
+        with cluster:
+            row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency))
+        rows.append({"schedulers": k, **row})
+    inprocess = asyncio.run(_inprocess(nodes, count))
+    one = rows[0]
+    result: dict[str, Any] = {
+        "nodes": nodes,
+        "placements_per_s": one["placements_per_s"],
+        "p50_ms": one["p50_ms"],
+        "p99_ms": one["p99_ms"],
+        "inprocess_placements_per_s": round(inprocess, 1),
+        "ratio_to_inprocess": round(one["placements_per_s"] / inprocess, 3),
+        "by_schedulers": rows,
+        "targets": TARGETS,
+        "met": {
+            "placements_per_s": one["placements_per_s"] >= TARGETS["placements_per_s"],
+            "p99_ms": one["p99_ms"] <= TARGETS["p99_ms"],
+        },
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--placements", type=int, default=5000, help="measured, per run")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (CI)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    count, warmup = (args.placements, 500) if not args.quick else (600, 100)
+    result = run(
+        nodes=args.nodes,
+        count=count,
+        warmup=warmup,
+        concurrency=args.concurrency,
+        schedulers=[1, 2],
+    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{args.nodes} agents, {count} placements per run, {args.concurrency} in flight")
+    for row in result["by_schedulers"]:
+        print(
+            f"  {row['schedulers']} scheduler(s): {row['placements_per_s']:8.1f} placements/s  "
+            f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  "
+            f"refused on the way {row['refusals_at_confirmation'] or 0}  "
+            f"failed {row['failures'] or 0}"
+        )
+    print(
+        f"  in-process schedule(): {result['inprocess_placements_per_s']:8.1f} placements/s "
+        f"(NATS / in-process = {result['ratio_to_inprocess']:.3f})"
+    )
+    print(f"  targets {TARGETS}: met {result['met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

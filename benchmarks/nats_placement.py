@@ -38,9 +38,9 @@ from typing import Any
 from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError
 from berth.model import Request, Spec
-from berth.service.connection import connect
 from berth.service.scheduler import NatsScheduler
 from berth.service.up import LocalCluster
+from berth.store.nats_connection import connect
 
 SPEC = Spec(vcpus=0.001, mem=16 * 2**20, disk=16 * 2**20)
 TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0}

@@ -18,8 +18,8 @@ from berth.nodeclient.nats import NatsNodes
 from berth.ownership import Refused
 from berth.service.auth import ClusterAuth, generate
 from berth.service.cluster import nats_cluster
-from berth.service.connection import Credentials, connect
 from berth.store.nats import encode_state
+from berth.store.nats_connection import Credentials, connect
 from berth.testing.nats import NatsServer, client
 from berth.testing.store_contract import sample_state
 

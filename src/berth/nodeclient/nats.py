@@ -53,7 +53,7 @@ from berth.nodeclient.nats_wire import (
 )
 from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
-from berth.service.connection import request
+from berth.store.nats_connection import request
 
 __all__ = ["NatsNodes"]
 

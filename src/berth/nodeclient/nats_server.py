@@ -52,8 +52,8 @@ from berth.nodeclient.nats_wire import (
 )
 from berth.ownership import Admission, Refused
 from berth.platform import Platform
-from berth.service.connection import settle
 from berth.store.nats import MalformedMessage, node_token
+from berth.store.nats_connection import settle
 
 __all__ = ["HeldUntilReleased", "NodeServer"]
 

@@ -28,9 +28,9 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from berth.service.connection import Credentials
 from berth.service.names import Names
 from berth.store.nats import node_token
+from berth.store.nats_connection import Credentials
 
 __all__ = ["ClusterAuth", "generate"]
 

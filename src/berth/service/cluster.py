@@ -26,11 +26,11 @@ from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
 from berth.service.agent import NodeService
 from berth.service.auth import ClusterAuth
-from berth.service.connection import Credentials, connect
 from berth.service.names import Names
 from berth.service.routes import RouteRegistry
 from berth.service.scheduler import NatsScheduler, SchedulerService
 from berth.service.scheduler import scheduler_service as open_scheduler_service
+from berth.store.nats_connection import Credentials, connect
 
 __all__ = ["Names", "NatsCluster", "nats_cluster"]
 

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from berth.errors import Invalid
 from berth.model import Layer, Request
-from berth.service.connection import Credentials, connect
+from berth.store.nats_connection import Credentials, connect
 from berth.units import format_information
 
 __all__ = ["register"]

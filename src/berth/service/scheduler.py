@@ -57,7 +57,6 @@ from berth.nodeclient.nats_wire import (
 from berth.ownership import Admission, Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
-from berth.service.connection import request, settle
 from berth.service.routes import RouteRegistry
 from berth.store.nats import (
     DEFAULT_BUCKET,
@@ -66,6 +65,7 @@ from berth.store.nats import (
     NatsStore,
     bucket_ttl_s,
 )
+from berth.store.nats_connection import request, settle
 from berth.store.port import StateEvent, StateStore
 
 __all__ = [

@@ -35,11 +35,11 @@ from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.node.config import AgentConfig
 from berth.service.auth import ClusterAuth, generate
-from berth.service.connection import Credentials, connect
 from berth.service.names import Names
 from berth.service.natsd import NatsServer, die_with_parent
 from berth.service.scheduler import NatsScheduler
 from berth.store.nats import NatsStore, bucket_ttl_s, node_token
+from berth.store.nats_connection import Credentials, connect
 
 __all__ = ["LocalCluster", "config_toml"]
 

@@ -56,8 +56,8 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundErro
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
-from berth.service.connection import settle
 from berth.state import NodeState
+from berth.store.nats_connection import settle
 from berth.store.port import StateEvent, StateListener
 
 __all__ = [
@@ -359,7 +359,7 @@ async def open_nats_store(
     url: str, **options: Any
 ) -> AsyncIterator[NatsStore]:  # pragma: no cover - a convenience over connect + NatsStore
     """Connect to ``url`` and open a :class:`NatsStore` on it; both closed on exit."""
-    from berth.service.connection import connect
+    from berth.store.nats_connection import connect
 
     client = await connect(url, name="berth-store")
     try:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from berth.service.connection import Credentials, connect
 from berth.service.natsd import NatsServer, NatsServerNotFound, nats_server_binary
+from berth.store.nats_connection import Credentials, connect
 
 __all__ = [
     "NatsServer",

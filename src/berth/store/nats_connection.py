@@ -1,5 +1,8 @@
 """Connecting to NATS the way every berth process does: reconnect for ever, log, name yourself.
 
+It sits beside the NATS state store, at the bottom of berth's NATS layer, so the store, the
+node-client drivers and the services all use it without importing upwards.
+
 A berth agent or scheduler is a long-lived service: when the server restarts it must come
 back by itself (DESIGN.md §5: the client reconnects at once and buffered publishes are
 delivered), so the connection retries without limit, quickly, and reports disconnections and

@@ -110,5 +110,21 @@ async def _scenario(cluster: LocalCluster) -> None:
         )
         with pytest.raises(NoCapacity):
             await scheduler.schedule(one_more)
+
+        # -- SIGTERM: an agent leaves at once (its key deleted), a scheduler exits cleanly ----
+        leaving = cluster.agent_processes[0]
+        leaving.send_signal(signal.SIGTERM)
+        elapsed = await _until(lambda: sees({"node-02"}, {"node-00", "node-01"}), 5)
+        assert elapsed < HEARTBEAT_S + 0.5, elapsed  # not waiting for the expiry
+        assert await asyncio.to_thread(leaving.wait, 10) == 0
+        first, second = cluster.scheduler_processes
+        first.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(first.wait, 10) == 0
+        assert second.poll() is None
+        census = await scheduler.census(0.3)
+        assert list(census.values()) == [("node-02",)]
+        # the remaining scheduler serves alone: node-02 is full, so the answer is its refusal
+        with pytest.raises(NoCapacity, match="insufficient memory"):
+            await scheduler.schedule(one_more)
     finally:
         await client.close()

@@ -1,0 +1,59 @@
+"""The NATS commands on the command line: one clear line on bad input or an unreachable
+cluster (exit 2), against a real nats-server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from berth.embedded import embedded_configs
+from berth.service.up import config_toml
+from berth.testing.nats import NatsServer
+
+
+def berth(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from berth.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _one_line(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_no_scheduler_and_bad_flags_are_one_line(nats_server: NatsServer, tmp_path: Path) -> None:
+    _one_line(berth("place", "--nats", nats_server.url), "no scheduler answers")
+    _one_line(berth("place", "--nats", nats_server.url, "--instance", "huge"), "huge")
+    creds = tmp_path / "bad.creds.json"
+    creds.write_text(json.dumps({"user": "x"}))
+    _one_line(berth("routes", "--nats", nats_server.url, "--creds", str(creds)), "--creds")
+    _one_line(berth("scheduler", "--nats", nats_server.url, "--heartbeat", "0"), "--heartbeat")
+    config = tmp_path / "node.toml"
+    config.write_text(config_toml(embedded_configs(1)[0]))
+    _one_line(
+        berth("agent", "--config", str(config), "--config", str(config)), "exactly one --config"
+    )
+    _one_line(berth("up", "--nodes", "0"), "--nodes")
+
+
+def test_whereis_an_unplaced_workload(nats_server: NatsServer) -> None:
+    result = berth("whereis", "default/nothing/0", "--nats", nats_server.url)
+    assert result.returncode == 1, result.stderr
+    assert "not placed" in result.stdout
+
+
+def test_a_config_written_for_berth_up_reads_back_equal(tmp_path: Path) -> None:
+    from berth.node.config import load_config
+
+    for config in embedded_configs(3, runtime="fake", heartbeat_s=0.5):
+        path = tmp_path / f"{config.node.name}.toml"
+        path.write_text(config_toml(config))
+        assert load_config(path) == config

@@ -1,15 +1,39 @@
-"""Decision-latency benchmark: the NumPy engine against the reference ranker, on real layers.
+"""Decision-latency benchmark: the NumPy engine against its own limits and the reference ranker.
 
 What it measures, in one run and on one random cluster built from the bundled Docker Hub
-dataset (:func:`berth.dataset.load_dockerhub`):
+dataset (:func:`berth.dataset.load_dockerhub`).  Absolute microseconds differ from machine to
+machine; ratios of figures measured in the same run, on the same requests, do not — so the
+run measures its own limits beside the engine and reports ratios:
 
-* ``engine_p50_us`` / ``engine_p99_us`` — ``Engine.rank(spec, layers, platforms)``, the full
-  ordered candidate list (a lazy ``EngineRanking``; names are not materialised), and
-  ``reference_p50_us`` — ``ReferenceRanker.rank`` for the same requests.  Calls are
-  interleaved (engine, then reference on the same request, alternating which goes first) so
-  machine noise hits both; the reference is slow, so it is timed on fewer requests (at least
-  15) spread evenly over the run.  ``ratio_p50 = reference_p50 / engine_p50``.  A handful of
-  requests (before *and* after the update phase) also check ``list(engine) == list(reference)``.
+* ``one_pass_p50_us`` — the floor: **one vectorised pass over the node columns**.  For each
+  column the fit checks read on a cluster without over-commit (platform id, free memory and
+  disk, CPU load, capacity and ceiling, disk and network bandwidth load and ceiling — 10
+  columns), one NumPy comparison with the request's scalar into a preallocated buffer,
+  AND-ed into one mask: every column read once, no arithmetic (``ONE_PASS_COLUMNS``).
+* ``sort_p50_us`` — sorting the fitting nodes' keys: ``np.sort`` of the seed's packed key
+  (colocation rank and name position in one unsigned integer) of every fitting node, what a
+  ranking that orders everything pays on top of computing the keys.
+* ``decision_p50_us`` / ``decision_p99_us`` — what ``ClusterScheduler.place()`` consumes
+  when the first node confirms (nearly always): ``Engine.rank(...)``, the first node's name
+  from iterating the ranking, and its colocated bytes.  The ranking is lazy: this orders one
+  node (:mod:`berth.scheduler.policy.seed`).
+* ``candidates_p50_us`` — the full ``candidates()``: ``list(Engine.rank(...))``, every
+  fitting node's name in order.
+* ``engine_p50_us`` / ``engine_p99_us`` — ``Engine.rank(...)`` ordered in full
+  (``ranking.slots``: every slot in order, names not materialised), as before the ranking
+  was lazy; ``reference_p50_us`` — ``list(ReferenceRanker.rank(...))``, the seed's literal
+  sort, for the same requests.  ``ratio_p50 = reference_p50 / engine_p50``,
+  ``candidates_ratio_p50 = reference_p50 / candidates_p50``.
+* ``decision_over_one_pass = decision_p50 / one_pass_p50``, ``sort_over_one_pass``,
+  ``decision_p99_over_p50``.
+
+Every request is timed through all the engine measurements in one loop, their order rotated
+from request to request (whatever runs second finds the columns in cache), so machine noise
+hits them alike; the reference is slow, so it is timed on fewer requests (at least 15; 5
+above 100,000 nodes) spread evenly over the run, before or after the engine's, alternately.
+A handful of requests (before *and* after the update phase) check ``list(engine) ==
+list(reference)`` with the same colocated bytes, and that reading the lazy ranking node by
+node gives the same order.
 * ``update_p50_us`` / ``update_p99_us`` — ``Engine.upsert(state)`` of one node's new snapshot:
   mostly load/headroom changes with the same layers, ``--layer-change-fraction`` of them with
   one layer mounted or unmounted.
@@ -43,7 +67,9 @@ after a warm-up.  ``--json`` prints exactly one JSON object on stdout (progress 
 stderr); ``--quick`` is a seconds-long configuration for CI that exercises every part.
 
     python benchmarks/decision_latency.py                      # 10,000 nodes, the issue's case
+    python benchmarks/decision_latency.py --nodes 1000         # the scales: 1k, 10k, 100k, 1M
     python benchmarks/decision_latency.py --nodes 100000
+    python benchmarks/decision_latency.py --nodes 1000000      # minutes, ~6 GB of memory
     python benchmarks/decision_latency.py --quick --json
 """
 
@@ -63,6 +89,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from berth.dataset import Dataset, load_dockerhub
 from berth.errors import NoCapacity
@@ -70,8 +97,9 @@ from berth.model import INSTANCE_TYPES, Layer, Placement, Request
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform
-from berth.scheduler.engine import Engine
+from berth.scheduler.engine import Engine, LayerMatch
 from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.policy.seed import name_shift
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
@@ -109,7 +137,53 @@ PLATFORM_MIX: tuple[tuple[tuple[Platform, ...], float], ...] = (
 
 TEN_K = {"nodes": 10_000, "layers_per_node": 30, "request_layers": 8}
 HUNDRED_K = {"nodes": 100_000, "layers_per_node": 30, "request_layers": 8}
+MILLION = {"nodes": 1_000_000, "layers_per_node": 30, "request_layers": 8}
 TARGETS: dict[str, dict[str, Any]] = {
+    # Issue 13: ratios measured in one run.
+    "decision_over_one_pass_10k": {
+        "metric": "decision_over_one_pass",
+        "op": "<=",
+        "value": 4,
+        "at": TEN_K,
+    },
+    "decision_over_one_pass_100k": {
+        "metric": "decision_over_one_pass",
+        "op": "<=",
+        "value": 4,
+        "at": HUNDRED_K,
+    },
+    "decision_over_one_pass_1m": {
+        "metric": "decision_over_one_pass",
+        "op": "<=",
+        "value": 6,
+        "at": MILLION,
+    },
+    "decision_p99_over_p50_10k": {
+        "metric": "decision_p99_over_p50",
+        "op": "<=",
+        "value": 3,
+        "at": TEN_K,
+    },
+    "decision_p99_over_p50_100k": {
+        "metric": "decision_p99_over_p50",
+        "op": "<=",
+        "value": 3,
+        "at": HUNDRED_K,
+    },
+    "decision_p99_over_p50_1m": {
+        "metric": "decision_p99_over_p50",
+        "op": "<=",
+        "value": 3,
+        "at": MILLION,
+    },
+    "candidates_ratio_p50_10k": {
+        "metric": "candidates_ratio_p50",
+        "op": ">=",
+        "value": 100,
+        "at": TEN_K,
+    },
+    "bytes_per_node_1m": {"metric": "bytes_per_node", "op": "<=", "value": 1_024, "at": MILLION},
+    # The core redesign's absolute targets (issue 5), kept for comparison.
     "engine_p50_us_10k": {"metric": "engine_p50_us", "op": "<=", "value": 100, "at": TEN_K},
     "engine_p99_us_10k": {"metric": "engine_p99_us", "op": "<=", "value": 300, "at": TEN_K},
     "ratio_p50_10k": {"metric": "ratio_p50", "op": ">=", "value": 100, "at": TEN_K},
@@ -345,7 +419,8 @@ def measure_memory(states: Sequence[NodeState], probes: Sequence[Probe]) -> tupl
 
 
 def check_same_order(engine: Engine, reference: ReferenceRanker, probe: Probe) -> float:
-    """Raise unless both rankers agree; the share of candidates holding some request layer."""
+    """Raise unless both rankers agree, read in full and read node by node; the share of
+    candidates holding some request layer."""
     expected = reference.rank(*probe.args)
     got = engine.rank(*probe.args)
     if list(got) != list(expected):
@@ -353,12 +428,77 @@ def check_same_order(engine: Engine, reference: ReferenceRanker, probe: Probe) -
     colocated = [expected.colocated(i) for i in range(len(expected))]
     if [got.colocated(i) for i in range(len(got))] != colocated:
         raise AssertionError(f"colocated bytes differ from the reference for {probe.request.key}")
+    lazy = engine.rank(*probe.args)  # read as a walk reads it: one node at a time
+    if [lazy[i] for i in range(min(len(lazy), 100))] != list(expected)[:100]:
+        raise AssertionError(f"the lazy walk differs from the full order for {probe.request.key}")
     return sum(1 for size in colocated if size > 0) / max(len(colocated), 1)
+
+
+# Every column the fit checks read on a cluster without over-commit, each with one comparison
+# against a scalar of the request: one vectorised pass over the node columns (see the
+# module docstring).
+ONE_PASS_COLUMNS: tuple[tuple[str, Any, Callable[[Any], float]], ...] = (
+    ("mem_free", np.greater_equal, lambda spec: spec.mem),
+    ("disk_free", np.greater_equal, lambda spec: spec.disk),
+    ("cpu_load", np.less_equal, lambda spec: 1.0 - spec.vcpus / 64),
+    ("cpu_capacity", np.greater_equal, lambda spec: spec.vcpus),
+    ("cpu_max_load", np.greater_equal, lambda spec: spec.vcpus / 64),
+    ("disk_bw_load", np.less_equal, lambda spec: 2.0**31 - spec.disk_bw),
+    ("disk_bw_ceiling", np.greater_equal, lambda spec: spec.disk_bw),
+    ("net_bw_load", np.less_equal, lambda spec: 2.0**33 - spec.net_bw),
+    ("net_bw_ceiling", np.greater_equal, lambda spec: spec.net_bw),
+)
+
+
+class OnePass:
+    """One vectorised pass over the engine's node columns (the platform id and
+    ``ONE_PASS_COLUMNS``): each compared once, AND-ed into one preallocated mask."""
+
+    def __init__(self, engine: Engine) -> None:
+        size = engine.size
+        self.platform_id = engine.platform_id[:size]
+        self.columns = [
+            (engine.columns[name][:size], compare, scalar)
+            for name, compare, scalar in ONE_PASS_COLUMNS
+        ]
+        self.mask = np.empty(size, dtype=bool)
+        self.scratch = np.empty(size, dtype=bool)
+
+    def __call__(self, spec: Any) -> None:
+        mask, scratch = self.mask, self.scratch
+        np.equal(self.platform_id, 0, out=mask)
+        for column, compare, scalar in self.columns:
+            compare(column, scalar(spec), out=scratch)
+            np.logical_and(mask, scratch, out=mask)
+
+
+def fitting_keys(engine: Engine, probe: Probe) -> npt.NDArray[Any]:
+    """The seed's packed keys of the fitting nodes, in slot order (what a full sort sorts)."""
+    spec, layers, platforms = probe.args
+    fit = engine.fit_mask(spec, platforms)
+    match = LayerMatch(engine.mounted, layers, engine.size)
+    shift = name_shift(len(engine))
+    limit = match.key_limit
+    dtype: type[np.unsignedinteger[Any]] = np.uint32 if (limit + 1) << shift <= 2**32 else np.uint64
+    keys = (limit - match.key[fit].astype(np.int64)).astype(dtype) << dtype(shift)
+    keys |= engine.tie_breaks(shift, dtype)[fit]
+    return keys
+
+
+def decide(engine: Engine, args: tuple[Any, ...]) -> tuple[str, int] | None:
+    """What ``ClusterScheduler.place()`` reads of a ranking when the first node confirms."""
+    ranking = engine.rank(*args)
+    for index, node in enumerate(ranking):
+        return node, ranking.colocated(index)
+    return None
+
+
+ENGINE_MEASURES = ("one_pass", "sort", "decision", "candidates", "engine", "fit", "layer_match")
 
 
 @dataclass
 class RankTimes:
-    engine_ns: list[int]
+    engine_ns: dict[str, list[int]]  # per measure in ENGINE_MEASURES
     reference_ns: list[int]
     candidates: list[int]
     cpu_share: float = 1.0  # process CPU time / wall time of the loop; < 1: we were preempted
@@ -370,27 +510,40 @@ def measure_rank(
     probes: Sequence[Probe],
     reference_samples: int,
 ) -> RankTimes:
-    """Time ``engine.rank`` on every probe and ``reference.rank`` on evenly spread ones."""
+    """Time every engine measure on every probe, ``reference.rank`` on evenly spread ones."""
     every = max(len(probes) // max(reference_samples, 1), 1)
-    times = RankTimes([], [], [])
+    times = RankTimes({name: [] for name in ENGINE_MEASURES}, [], [])
+    one_pass = OnePass(engine)
+
+    measures: list[tuple[str, Callable[[Probe, npt.NDArray[Any]], object]]] = [
+        ("one_pass", lambda probe, keys: one_pass(probe.request.spec)),
+        ("sort", lambda probe, keys: np.sort(keys)),
+        ("decision", lambda probe, keys: decide(engine, probe.args)),
+        ("candidates", lambda probe, keys: list(engine.rank(*probe.args))),
+        ("engine", lambda probe, keys: engine.rank(*probe.args).slots),
+        ("fit", lambda probe, keys: engine.fit_mask(probe.request.spec, probe.request.platforms)),
+        ("layer_match", lambda probe, keys: LayerMatch(engine.mounted, probe.args[1], engine.size)),
+    ]
 
     def body() -> None:
         clock = time.perf_counter_ns
         for i, probe in enumerate(probes):
-            spec, layers, platforms = probe.args
+            keys = fitting_keys(engine, probe)  # untimed: the input of the sort measure
+            times.candidates.append(int(keys.size))
+            turn = i % len(measures)  # rotate: whatever runs second finds the columns cached
             with_reference = i % every == 0 and len(times.reference_ns) < reference_samples
             reference_first = with_reference and (i // every) % 2 == 1
             if reference_first:
                 start = clock()
-                reference.rank(spec, layers, platforms)
+                list(reference.rank(*probe.args))
                 times.reference_ns.append(clock() - start)
-            start = clock()
-            ranking = engine.rank(spec, layers, platforms)
-            times.engine_ns.append(clock() - start)
-            times.candidates.append(len(ranking))
+            for name, measure in measures[turn:] + measures[:turn]:
+                start = clock()
+                measure(probe, keys)
+                times.engine_ns[name].append(clock() - start)
             if with_reference and not reference_first:
                 start = clock()
-                reference.rank(spec, layers, platforms)
+                list(reference.rank(*probe.args))
                 times.reference_ns.append(clock() - start)
 
     wall, cpu = time.perf_counter_ns(), time.process_time_ns()
@@ -566,13 +719,18 @@ def run(config: Config) -> dict[str, Any]:
     reference_samples = config.reference_samples or int(
         config.reference_budget_s / max(reference_estimate_s, 1e-6)
     )
-    reference_samples = max(min(reference_samples, len(timed)), min(15, len(timed)))
+    floor = 15 if config.nodes <= 100_000 else 5  # a literal ranking of 1M nodes takes seconds
+    reference_samples = max(min(reference_samples, len(timed)), min(floor, len(timed)))
     rank = measure_rank(engine, reference, timed, reference_samples)
-    engine_p50 = percentile_us(rank.engine_ns, 50)
+    p50 = {name: percentile_us(samples, 50) for name, samples in rank.engine_ns.items()}
+    p99 = {name: percentile_us(samples, 99) for name, samples in rank.engine_ns.items()}
+    engine_p50 = p50["engine"]
     reference_p50 = percentile_us(rank.reference_ns, 50)
     log(
-        f"rank: engine p50 {engine_p50:.1f} µs, reference p50 {reference_p50:.0f} µs "
-        f"({len(rank.reference_ns)} samples)"
+        f"decision p50 {p50['decision']:.1f} µs = {p50['decision'] / p50['one_pass']:.2f}× one "
+        f"pass ({p50['one_pass']:.1f} µs), p99 {p99['decision']:.1f} µs; sort "
+        f"{p50['sort']:.1f} µs; candidates {p50['candidates']:.0f} µs; full order "
+        f"{engine_p50:.1f} µs; reference {reference_p50:.0f} µs ({len(rank.reference_ns)} samples)"
     )
 
     updates = generator.updates(states, config.samples + 200, config.layer_change_fraction)
@@ -619,9 +777,22 @@ def run(config: Config) -> dict[str, Any]:
         "layers_per_node": config.layers_per_node,
         "request_layers": config.request_layers,
         "engine_p50_us": round(engine_p50, 2),
-        "engine_p99_us": round(percentile_us(rank.engine_ns, 99), 2),
+        "engine_p99_us": round(p99["engine"], 2),
         "reference_p50_us": round(reference_p50, 1),
         "ratio_p50": round(reference_p50 / engine_p50, 1),
+        "one_pass_p50_us": round(p50["one_pass"], 2),
+        "one_pass_p99_us": round(p99["one_pass"], 2),
+        "sort_p50_us": round(p50["sort"], 2),
+        "decision_p50_us": round(p50["decision"], 2),
+        "decision_p99_us": round(p99["decision"], 2),
+        "candidates_p50_us": round(p50["candidates"], 2),
+        "candidates_p99_us": round(p99["candidates"], 2),
+        "fit_p50_us": round(p50["fit"], 2),
+        "layer_match_p50_us": round(p50["layer_match"], 2),
+        "decision_over_one_pass": round(p50["decision"] / p50["one_pass"], 2),
+        "decision_p99_over_p50": round(p99["decision"] / p50["decision"], 2),
+        "sort_over_one_pass": round(p50["sort"] / p50["one_pass"], 2),
+        "candidates_ratio_p50": round(reference_p50 / p50["candidates"], 1),
         "update_p50_us": round(percentile_us(update_ns, 50), 2),
         "update_p99_us": round(percentile_us(update_ns, 99), 2),
         "update_layer_change_p50_us": round(percentile_us(changed, 50), 2) if changed else None,
@@ -681,6 +852,17 @@ def summary(result: dict[str, Any]) -> None:
     for key, target in TARGETS.items():
         targets_by_metric.setdefault(target["metric"], []).append((key, target))
     rows = (
+        ("one_pass_p50_us", "µs"),
+        ("sort_p50_us", "µs"),
+        ("decision_p50_us", "µs"),
+        ("decision_p99_us", "µs"),
+        ("decision_over_one_pass", "× one pass"),
+        ("decision_p99_over_p50", "× p50"),
+        ("sort_over_one_pass", "× one pass"),
+        ("fit_p50_us", "µs"),
+        ("layer_match_p50_us", "µs"),
+        ("candidates_p50_us", "µs"),
+        ("candidates_ratio_p50", "× faster than the reference"),
         ("engine_p50_us", "µs"),
         ("engine_p99_us", "µs"),
         ("reference_p50_us", "µs"),
@@ -727,15 +909,18 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--layers-per-node", type=int, default=30, help="mounted layers per node")
     parser.add_argument("--request-layers", type=int, default=8, help="layers per request")
     parser.add_argument(
-        "--samples", type=int, help="timed rank calls, updates and placements (default 2000)"
+        "--samples",
+        type=int,
+        help="timed requests, updates and placements (default 2000; 500 above 100,000 nodes)",
     )
     parser.add_argument(
         "--reference-samples",
         type=int,
-        help="timed reference calls (default: as many as fit in --reference-budget-s, >= 15)",
+        help="timed reference calls (default: as many as fit in --reference-budget-s, at least "
+        "15; 5 above 100,000 nodes)",
     )
     parser.add_argument(
-        "--reference-budget-s", type=float, help="seconds of reference calls (default 4; quick 0.5)"
+        "--reference-budget-s", type=float, help="seconds of reference calls (default 1; quick 0.5)"
     )
     parser.add_argument("--schedule-nodes", type=int, help="cluster size for schedule()")
     parser.add_argument("--layer-change-fraction", type=float, default=0.1)
@@ -745,7 +930,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     nodes = args.nodes or (2_000 if quick else 10_000)
-    samples = args.samples or (300 if quick else 2_000)
+    huge = nodes > 100_000  # a literal ranking takes seconds, candidates() tenths of one
+    samples = args.samples or (300 if quick else 500 if huge else 2_000)
     if nodes < 1 or samples < 1 or args.layers_per_node < 0 or args.request_layers < 1:
         parser.error("--nodes, --samples, --request-layers must be positive")
     return Config(
@@ -754,8 +940,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         request_layers=args.request_layers,
         samples=samples,
         reference_samples=args.reference_samples,
-        reference_budget_s=args.reference_budget_s or (0.5 if quick else 4.0),
-        checks=4 if quick else 6,
+        reference_budget_s=args.reference_budget_s or (0.5 if quick else 1.0),
+        checks=2 if huge else 4 if quick else 6,
         schedule_nodes=args.schedule_nodes or (200 if quick else 1_000),
         schedule_round=100 if quick else 250,
         layer_change_fraction=args.layer_change_fraction,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -337,3 +338,50 @@ def test_every_policy_ranks_identically_on_engine_and_reference(
         if name == "seed":
             assert engine.rank(spec, layers, platforms, policy=on_view).pairs() == got.pairs()
             assert reference.rank(spec, layers, platforms, policy=on_view).pairs() == got.pairs()
+
+
+# -- the lazy order's inputs: tie-breaks and the slot → name table -------------------------------
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(histories(), st.sampled_from([None, 0, 2]), st.integers(1, 3))
+def test_tie_breaks_follow_name_order_through_every_change(
+    events: list[tuple[str, NodeState | str]], compact_after: int | None, chunk: int
+) -> None:
+    """``tie_breaks`` (cached) is ``2**shift - 1 - name position`` for every live slot after
+    any sequence of joins, leaves, reused slots and compactions, and a ranking read one node
+    at a time with tiny chunks stays the reference's."""
+    engine = Engine(capacity=2, compact_after=compact_after, chunk=chunk)
+    reference = ReferenceRanker()
+    layers = [Layer(id=LAYER_IDS[0], size=5), Layer(id=LAYER_IDS[1], size=5)]
+    for kind, payload in events:
+        for ranker in (engine, reference):
+            if kind == "put":
+                assert isinstance(payload, NodeState)
+                ranker.upsert(payload)
+            else:
+                assert isinstance(payload, str)
+                ranker.remove(payload)
+        ranking = engine.rank(None, layers)
+        assert [ranking[i] for i in range(len(ranking))] == list(reference.rank(None, layers))
+        shift = max(len(engine) - 1, 1).bit_length()
+        ties = engine.tie_breaks(shift, np.uint32)
+        by_name = engine.name_order()
+        assert ties[by_name].tolist() == [(1 << shift) - 1 - i for i in range(by_name.size)]
+
+
+def test_the_name_table_is_copied_on_write_and_grows_for_appends() -> None:
+    engine = Engine(capacity=8, compact_after=None)
+    for index in range(8):
+        engine.upsert(plain(f"n{index}", layers=frozenset({"x"})))
+    layers = [Layer(id="x", size=1)]
+    before = engine.rank(None, layers)
+    engine.remove("n3")
+    engine.upsert(plain("m3", layers=frozenset({"x"})))  # reuses n3's slot
+    for index in range(8, 40):  # appends past the capacity: the table grows
+        engine.upsert(plain(f"n{index}", layers=frozenset({"x"})))
+    assert list(before) == [f"n{index}" for index in range(8)]
+    slot = engine.slot("m3")
+    assert slot is not None and engine.name(slot) == "m3"
+    expected = sorted(["m3", *(f"n{index}" for index in range(40) if index != 3)])
+    assert list(engine.rank(None, layers)) == expected

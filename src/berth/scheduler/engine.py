@@ -19,27 +19,33 @@ cost that grows gently with the cluster:
 * **Incremental updates.**  ``upsert`` rewrites one slot's columns and, only when the node's
   layer set changed, moves that slot in and out of the affected holder buffers.  Slots of
   departed nodes are reused; the name order is kept up to date by insertion.
-* **Ordering.**  The seed's ordering runs on a fast path
-  (:func:`~berth.scheduler.policy.seed.fast_order`): each fitting slot's key is packed with
-  its name position into one integer and the integers are sorted once — the stable sort by
-  (bytes desc, name) without ``lexsort``.  Once membership has been stable for a while,
-  :meth:`Engine.compact` renumbers slots into name order so that even the two name-order
-  gathers disappear.  Any other policy gets a read-only
-  :class:`~berth.scheduler.policy.base.ClusterView` of the columns (:meth:`Engine.view`) and
-  the request with its fit mask and colocated bytes.
+* **Ordering, lazily.**  The seed's ordering runs on a fast path
+  (:func:`~berth.scheduler.policy.seed.seed_order`): each slot's key is packed with its name
+  position into one integer (0 for an unfit slot) in three passes over the nodes, and the
+  order is *selected*, not sorted: the first node is one ``argmax``, and reading further
+  selects the next stretch in linear time and sorts only that.  A scheduler's walk almost
+  always stops at the first node, so a decision costs the filter, the layer match and those
+  three passes; ``candidates()``, which reads everything, pays one sort more.  Once
+  membership has been stable for a while, :meth:`Engine.compact` renumbers slots into name
+  order so that turning name positions back into slots needs no gather.  Any other policy
+  gets a read-only :class:`~berth.scheduler.policy.base.ClusterView` of the columns
+  (:meth:`Engine.view`) and the request with its fit mask and colocated bytes, and returns
+  its full order (policies other than the seed's are not lazy).
 
 Memory per node: ~130 bytes of columns, the node's interned layer array, its slots in the
 holder buffers (4 bytes per mounted layer, up to 2× slack), a byte per dense layer bitmap and
-the name → slot map — under 1 KiB at 100,000 nodes with 30 layers each (see benchmarks/).
+the name → slot map, and the cached tie-break column (4 bytes) — under 1 KiB per node at
+100,000 and 1,000,000 nodes with 30 layers each (see benchmarks/).
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import threading
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -48,7 +54,13 @@ from berth.checks import CHECKS, COLUMN_FIELDS, Check, Demand, NodeColumns, Scra
 from berth.model import Layer, Spec
 from berth.platform import Platform
 from berth.scheduler.policy.base import ClusterView, PlacementRequest, Policy
-from berth.scheduler.policy.seed import SeedPolicy, fast_order
+from berth.scheduler.policy.seed import (
+    CHUNK,
+    CompleteOrder,
+    SeedPolicy,
+    SlotOrder,
+    seed_order,
+)
 from berth.scheduler.ranking import Ranking
 from berth.state import NodeState
 
@@ -216,6 +228,17 @@ def _subset_tables(sizes: tuple[int, ...]) -> tuple[npt.NDArray[np.int64], npt.N
     return sums, dense
 
 
+@functools.lru_cache(maxsize=4096)
+def _descending_table(sizes: tuple[int, ...], shift: int, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """Per subset mask of layers sized ``sizes``: ``(key_limit - key) << shift`` as ``dtype``."""
+    _, rank = _subset_tables(sizes)
+    limit = int(rank[0]) + 1  # the empty subset has the largest key
+    table = (limit - rank.astype(np.int64)).astype(dtype)
+    np.left_shift(table, shift, out=table)
+    table.flags.writeable = False
+    return table
+
+
 class LayerMatch:
     """Which of one request's layers each slot holds, and the bytes that adds up to.
 
@@ -234,6 +257,7 @@ class LayerMatch:
         self._colocated: npt.NDArray[np.int64] | None = None
         self._key: npt.NDArray[Any] | None = None
         self.bits: npt.NDArray[Any] | None = None
+        self._sizes: tuple[int, ...] = ()
         self._sums: npt.NDArray[np.int64] | None = None
         self._rank: npt.NDArray[np.uint16] | None = None
         if 0 < len(layers) <= MASK_LAYERS:
@@ -252,17 +276,17 @@ class LayerMatch:
         for j, layer in enumerate(layers):
             bitmap = index.bitmap(layer.id, padded)
             if bitmap is not None:
-                lanes = bitmap.view(np.uint8)
-                if wide:
-                    lanes = lanes.astype(np.uint16)
+                lanes = bitmap.astype(np.uint16) if wide else bitmap
                 np.left_shift(lanes.view(np.uint64), j, out=shifted)
                 np.bitwise_or(words, shifted, out=words)
                 continue
             holders = index.holders(layer.id)
             if holders.size:
-                bits[holders] = bits[holders] | (1 << j)
+                at = holders.astype(np.intp)  # intp indexes about twice as fast as int32
+                bits[at] = bits[at] | (1 << j)
         self.bits = bits[:size]
-        self._sums, self._rank = _subset_tables(tuple(layer.size for layer in layers))
+        self._sizes = tuple(layer.size for layer in layers)
+        self._sums, self._rank = _subset_tables(self._sizes)
 
     @property
     def colocated(self) -> npt.NDArray[np.int64]:
@@ -281,6 +305,16 @@ class LayerMatch:
             return at
         selected: npt.NDArray[np.int64] = self.colocated[slots]
         return selected
+
+    def descending_keys(
+        self, shift: int, dtype: type[np.unsignedinteger[Any]]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]] | None:
+        """``(bits, table)`` with ``table[bits[slot]] == (key_limit - key[slot]) << shift`` as
+        ``dtype`` (the seed's packed key, :func:`~berth.scheduler.policy.seed.seed_order`);
+        ``None`` without subset masks (more than ``MASK_LAYERS`` layers, or none)."""
+        if self.bits is None:
+            return None
+        return self.bits, _descending_table(self._sizes, shift, np.dtype(dtype))
 
     @property
     def key_limit(self) -> int:
@@ -328,9 +362,12 @@ class Engine:
         *,
         compact_after: int | None = 64,
         checks: Sequence[Check] = CHECKS,
+        chunk: int = CHUNK,
     ) -> None:
         self._lock = threading.RLock()
         self.checks = tuple(checks)  # the fit rule fit_mask applies (vectorised)
+        # The seed's lazy order selects ``chunk`` nodes when a walk reads past the first.
+        self.chunk = chunk
         # After ``compact_after`` rankings without a membership change, slots are renumbered
         # into name order (see :meth:`compact`); ``None`` never compacts.
         self.compact_after = compact_after
@@ -339,7 +376,9 @@ class Engine:
         self._capacity = max(8, -(-capacity // 8) * 8)  # whole 64-bit words of bool lanes
         self._size = 0  # high-water mark of used slots
         self._slot_of: dict[str, int] = {}
-        self._names: list[str | None] = []
+        # Slot → node name (None: free), an object array so that a ranking turns thousands
+        # of slots into names in one gather.  Copy on write (see _set_name).
+        self._names: npt.NDArray[np.object_] = np.empty(self._capacity, dtype=object)
         self._free: list[int] = []
         self.alive = np.zeros(self._capacity, dtype=bool)
         self.platform_id = np.zeros(self._capacity, dtype=np.int16)
@@ -360,7 +399,7 @@ class Engine:
         self._sorted_names: list[str] | None = None
         self._order: Slots | None = None
         self._name_rank: npt.NDArray[np.int64] | None = None
-        self._positions: dict[type, npt.NDArray[Any]] = {}
+        self._ties: dict[tuple[int, type], npt.NDArray[Any]] = {}  # see tie_breaks
         self._scratch_bool = np.zeros(self._capacity, dtype=bool)
         self._scratch_float = np.zeros(self._capacity, dtype=np.float64)
         self._fit_views: tuple[NodeColumns, Scratch] | None = None  # see _fit_columns
@@ -393,7 +432,7 @@ class Engine:
                 at = bisect.bisect_left(self._sorted_names, node)
                 del self._sorted_names[at]
                 self._order = np.delete(self._order, at)
-            self._name_rank = None
+            self._names_moved()
 
     def _allocate(self, node: str) -> int:
         if self._free:
@@ -404,7 +443,7 @@ class Engine:
             if slot == self._capacity:
                 self._grow()
             self._size += 1
-            self._names.append(node)
+            self._names[slot] = node  # a slot no ranking handed out so far refers to
         self._slot_of[node] = slot
         if self._sorted_names is not None and self._sorted_names and node < self._sorted_names[-1]:
             self._membership_changed()  # appended after a greater name: slots leave name order
@@ -414,15 +453,20 @@ class Engine:
             at = bisect.bisect_left(self._sorted_names, node)
             self._sorted_names.insert(at, node)
             self._order = np.insert(self._order, at, slot)
-        self._name_rank = None
+        self._names_moved()
         return slot
 
     def _set_name(self, slot: int, name: str | None) -> None:
-        # Copy on write: rankings already handed out keep the list they were made with, so
-        # their slots name the nodes they named then (appends change no existing slot).
-        names = list(self._names)
+        # Copy on write: rankings already handed out keep the table they were made with, so
+        # their slots name the nodes they named then (appends change no slot in use).
+        names = self._names.copy()
         names[slot] = name
         self._names = names
+
+    def _names_moved(self) -> None:
+        """Name positions changed: drop what is derived from them."""
+        self._name_rank = None
+        self._ties = {}
 
     def _membership_changed(self) -> None:
         self._in_name_order = False
@@ -449,16 +493,17 @@ class Engine:
             self.platform_id[:count] = self.platform_id[order]
             self.alive[:count] = True
             self.alive[count:] = False
-            names = [self._names[int(slot)] for slot in order]
+            names = np.empty(self._capacity, dtype=object)
+            names[:count] = self._names[order]
             self._names = names
-            self._slot_of = {name: index for index, name in enumerate(names) if name is not None}
+            self._slot_of = {name: index for index, name in enumerate(names[:count].tolist())}
             self._free = []
             self._overcommitting = {int(new_of_old[slot]) for slot in self._overcommitting}
             self.mounted.renumber(order, new_of_old)
             self.cached.renumber(order, new_of_old)
             self._size = count
             self._order = np.arange(count, dtype=np.intp)
-            self._name_rank = None
+            self._names_moved()
             self._in_name_order = True
 
     def _grow(self) -> None:
@@ -471,6 +516,9 @@ class Engine:
 
         self.alive = grown(self.alive)
         self.platform_id = grown(self.platform_id)
+        names = np.empty(capacity, dtype=object)
+        names[: self._capacity] = self._names
+        self._names = names
         self.columns = {name: grown(column) for name, column in self.columns.items()}
         self.mounted.resize(capacity)
         self.cached.resize(capacity)
@@ -525,7 +573,7 @@ class Engine:
         return self._size
 
     def name(self, slot: int) -> str:
-        name = self._names[slot]
+        name: str | None = self._names[slot]
         assert name is not None, f"slot {slot} is free"
         return name
 
@@ -542,12 +590,20 @@ class Engine:
             self._sorted_names = names[by_name].tolist()
         return self._order
 
-    def positions(self, count: int, dtype: type[np.unsignedinteger[Any]]) -> npt.NDArray[Any]:
-        """``arange(count)`` of ``dtype``, cached (sort keys pack it in their low bits)."""
-        cached = self._positions.get(dtype)
-        if cached is None or cached.size < count:
-            cached = self._positions[dtype] = np.arange(max(count, 64), dtype=dtype)
-        return cached[:count]
+    def tie_breaks(self, shift: int, dtype: type[np.unsignedinteger[Any]]) -> npt.NDArray[Any]:
+        """Per slot, ``2**shift - 1 - (its position in name order)`` as ``dtype`` (free
+        slots: 0), cached until a node joins or leaves.  The seed's packed keys carry it in
+        their low bits (:func:`~berth.scheduler.policy.seed.seed_order`)."""
+        ties = self._ties.get((shift, dtype))
+        if ties is None:
+            low = (1 << shift) - 1
+            if self._in_name_order:
+                positions = np.arange(self._size, dtype=np.int64)
+            else:
+                positions = np.minimum(self.name_rank(), low)
+            ties = self._ties[(shift, dtype)] = (low - positions).astype(dtype)
+            ties.flags.writeable = False
+        return ties
 
     def name_rank(self) -> npt.NDArray[np.int64]:
         """Per slot, its position in name order (free slots: a large number)."""
@@ -597,8 +653,10 @@ class Engine:
     ) -> EngineRanking:
         """Fitting nodes ordered by ``policy`` (default: the seed's colocation ranking).
 
-        The seed's policy takes the packed-sort fast path; any other gets :meth:`view` and a
-        :class:`~berth.scheduler.policy.base.PlacementRequest` (fit mask, colocated bytes).
+        The seed's policy takes the lazy packed-key fast path (the ranking orders nodes only as
+        far as it is read); any other gets :meth:`view` and a
+        :class:`~berth.scheduler.policy.base.PlacementRequest` (fit mask, colocated bytes)
+        and returns its full order.
         """
         with self._lock:
             if not self._in_name_order and self.compact_after is not None:
@@ -607,13 +665,20 @@ class Engine:
                     self.compact()
             fit = self.fit_mask(spec, platforms)
             match = LayerMatch(self.mounted, layers, self._size)
+            order: SlotOrder
             if policy is None or type(policy) is SeedPolicy:
-                by_name = None if self._in_name_order else self.name_order()
-                slots = fast_order(fit, match, by_name, self.positions)
+                order = seed_order(
+                    fit,
+                    match,
+                    self.name_order(),
+                    self._in_name_order,
+                    self.tie_breaks,
+                    chunk=self.chunk,
+                )
             else:
                 request = PlacementRequest(spec, layers, platforms, fit, lambda: match.colocated)
-                slots = policy.order(self.view(), request)
-            return EngineRanking(self._names, slots, match)
+                order = CompleteOrder(policy.order(self.view(), request))
+            return EngineRanking(self._names, order, match)
 
     def view(self) -> ClusterView:
         """The slots as a read-only :class:`~berth.scheduler.policy.base.ClusterView`.
@@ -642,7 +707,7 @@ class Engine:
                 net_bw_ceiling=c["net_bw_ceiling"][:n],
                 mounted=self.mounted,
                 cached=self.cached,
-                names=self._names,
+                names=cast(Sequence[str | None], self._names),  # indexing is all it needs
             )
 
     def platforms(self) -> dict[Platform, int]:
@@ -660,47 +725,100 @@ class Engine:
         """Approximate bytes held by the engine (columns, indexes, names) for benchmarks."""
         columns = sum(column.nbytes for column in self.columns.values())
         columns += self.alive.nbytes + self.platform_id.nbytes
-        names = sum(len(name) + 49 + 8 + 100 for name in self._slot_of)  # str, list, dict entry
+        columns += sum(ties.nbytes for ties in self._ties.values())
+        names = sum(len(name) + 49 + 100 for name in self._slot_of)  # str, dict entry
+        names += self._names.nbytes  # the slot → name table's pointers
         return columns + self.mounted.nbytes() + self.cached.nbytes() + names
 
 
 class EngineRanking(Ranking):
-    """A ranking as engine slots, an immutable value all the same.
+    """A ranking as engine slots, ordered only as far as it is read; an immutable value.
 
-    Node names are looked up only when asked for — a walk that stops at the first confirming
-    node never materialises thousands of names — but in the slot → name table *as it was when
+    The order is a :class:`~berth.scheduler.policy.seed.SlotOrder`: for the seed's policy a
+    lazy one (the first node costs one ``argmax``; reading further selects and sorts the next
+    stretch), for any other policy the policy's full order.  Whatever is read is exactly the
+    full order's beginning, so a walk that stops at the first confirming node sorts nothing
+    it did not use, and ``list(ranking)`` is the whole order.
+
+    Node names are looked up only when asked for, in the slot → name table *as it was when
     the ranking was made*: the engine replaces that table, never edits it, when a node leaves,
-    a free slot is reused or slots are compacted.  Colocated bytes come from the request's own
-    layer match, fixed at the same moment.  So a walk that awaits between nodes visits
-    exactly the nodes it was given, whatever the engine does meanwhile.
+    a free slot is reused or slots are compacted.  The order's packed keys and the name order
+    it decodes them with are its own, and colocated bytes come from the request's own layer
+    match, fixed at the same moment.  So a walk that awaits between nodes visits exactly the
+    nodes it was given, however far it reads and whatever the engine does meanwhile.
     """
 
-    def __init__(self, names: Sequence[str | None], slots: Slots, match: LayerMatch) -> None:
+    def __init__(self, names: npt.NDArray[np.object_], order: SlotOrder, match: LayerMatch) -> None:
         super().__init__((), ())
         self._names = names
-        self.slots = slots
+        self._order = order
         self.match = match
-        self._colocated_of_slots: npt.NDArray[np.int64] | None = None
+        self._colocated_prefix: list[int] = []  # of the nodes ordered so far
         if match.bits is None:
             match.colocated  # noqa: B018 - the fallback sums read the live index: fix them now
 
+    @property
+    def slots(self) -> Slots:
+        """Every slot of the ranking, in order (orders the rest if it was not read yet)."""
+        return self._order.prefix(len(self._order))
+
+    def ordered(self) -> int:
+        """How many nodes are ordered so far (a walk that stopped early: a few)."""
+        return self._order.ordered()
+
+    def _position(self, index: int) -> int:
+        size = len(self._order)
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError("ranking index out of range")
+        return position
+
     def colocated(self, index: int) -> int:
-        if self._colocated_of_slots is None:
-            self._colocated_of_slots = self.match.colocated_at(self.slots)
-        return int(self._colocated_of_slots[index])
+        position = self._position(index)
+        known = self._colocated_prefix
+        if position >= len(known):
+            self._order.prefix(position + 1)
+            slots = self._order.prefix(self._order.ordered())[len(known) :]
+            known.extend(self.match.colocated_at(slots).tolist())
+        return known[position]
 
     def __len__(self) -> int:
-        return int(self.slots.size)
+        return len(self._order)
 
     def __getitem__(self, index: int | slice) -> Any:
         if isinstance(index, slice):
-            return [self._name(int(slot)) for slot in self.slots[index]]
-        return self._name(int(self.slots[index]))
+            start, stop, step = index.indices(len(self))
+            if step > 0:  # read only as far as the slice reaches
+                return self._names_of(self._order.prefix(stop)[start:stop:step])
+            return self._names_of(self.slots[index])
+        position = self._position(index)
+        return self._name(int(self._order.prefix(position + 1)[position]))
 
-    def __iter__(self) -> Any:
-        return (self._name(int(slot)) for slot in self.slots)
+    def __iter__(self) -> Iterator[str]:
+        # A chain of name lists, one per stretch of the order: C-speed iteration, and the
+        # next stretch is ordered only once the previous one has been read to its end.
+        return itertools.chain.from_iterable(self._stretches())
+
+    def _stretches(self) -> Iterator[list[str]]:
+        order, read = self._order, 0
+        while read < len(order):
+            if order.ordered() <= read:
+                order.prefix(read + 1)
+            ordered = order.ordered()
+            yield self._names_of(order.prefix(ordered)[read:ordered])
+            read = ordered
+
+    def pairs(self) -> list[tuple[str, int]]:
+        slots = self.slots
+        colocated = self.match.colocated_at(slots).tolist()
+        return list(zip(self._names_of(slots), colocated, strict=True))
+
+    def _names_of(self, slots: Slots) -> list[str]:
+        # Only slots live when the ranking was made are in its order, so none is None here.
+        named: list[str] = self._names[slots].tolist()
+        return named
 
     def _name(self, slot: int) -> str:
-        name = self._names[slot]
+        name: str | None = self._names[slot]
         assert name is not None, f"slot {slot} was free when the ranking was made"
         return name

@@ -9,13 +9,33 @@ Two implementations, held equal by property tests:
 
 * :meth:`SeedPolicy.order` — on any :class:`~berth.scheduler.policy.base.ClusterView`, the
   definition spelled as a ``lexsort`` of (bytes desc, name rank);
-* :func:`fast_order` — what the engine runs whenever the policy is the seed's, because this
-  ordering is the one a scheduler pays for on every decision.  The colocation key (the
-  engine's dense rank of colocated bytes, 0 for the most) of every slot, taken in name order,
-  is packed with the slot's name position into one unsigned integer — key in the high bits,
-  position in the low bits — so a plain (SIMD) sort of those integers is the stable sort by
-  key with the name tie-break, and unfit slots (a key above every real one) sort last.  Once
-  the engine has compacted its slots into name order there are no name-order gathers at all.
+* :func:`seed_order` — what the engine runs whenever the policy is the seed's, because this
+  ordering is the one a scheduler pays for on every decision.  It returns a
+  :class:`SeedOrder`, which orders the fitting slots only as far as they are read.
+
+**Packed keys.**  Each slot's sort key and its name position share one unsigned integer::
+
+    packed = ((key_limit − key) << shift  |  (2**shift − 1 − name_position)) × fit
+
+where ``key`` is the dense rank of the slot's colocated bytes (0 for the most; the engine's
+:class:`~berth.scheduler.engine.LayerMatch`) and ``shift`` the bits a name position needs.
+The best node has the *largest* integer; among equal keys the first name wins; all packed
+keys of fitting slots are distinct and non-zero, and every unfit slot is 0 — the product by
+``fit`` is one branch-free pass (a ``where`` on a random mask mispredicts a branch per
+slot).  When the request's layers are ranked through a subset mask per slot, the first
+factor is one gather from a ``2**R``-entry table; the rest is one OR with the engine's cached
+per-slot tie-breaks and one multiply: three passes over the nodes.
+
+**Lazy order.**  A scheduler's walk almost always stops at the first node, so
+:class:`SeedOrder` does not sort what it will not use: the first node is one ``argmax``;
+reading past it selects the next ``chunk`` nodes with ``np.partition`` (linear time) and sorts
+only those; each further extension selects ``growth`` times more, and once what is asked is a
+large share of what is left, the rest is sorted at once.  An extension happens only when
+every node already ordered has been read, and what it appends is exactly the next stretch of
+the full order: the selected packed keys are the largest of those left, and sorting them by
+value is sorting by (bytes desc, name).  So however far a walk reads, it reads the seed's
+order; ``candidates()`` reads all of it.  The packed array belongs to the order alone, so
+the order stays a value however the engine changes after it was made.
 
 (The reference ranker runs the seed's literal sort instead; see
 :mod:`~berth.scheduler.reference`.)
@@ -23,6 +43,7 @@ Two implementations, held equal by property tests:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -32,10 +53,33 @@ import numpy.typing as npt
 from berth.model import Layer
 from berth.scheduler.policy.base import ClusterView, PlacementRequest, Slots, order_fitting
 
-__all__ = ["SEED", "ColocationKey", "Positions", "SeedPolicy", "fast_order"]
+__all__ = [
+    "CHUNK",
+    "GROWTH",
+    "SEED",
+    "ColocationKey",
+    "CompleteOrder",
+    "SeedOrder",
+    "SeedPolicy",
+    "SlotOrder",
+    "TieBreaks",
+    "name_shift",
+    "seed_order",
+]
 
-Positions = Callable[[int, type[np.unsignedinteger[Any]]], npt.NDArray[Any]]
-"""``positions(count, dtype)``: ``arange(count)`` of an unsigned ``dtype`` (may be cached)."""
+CHUNK = 32
+"""Nodes selected by the first extension past the first node (a walk that got refusals)."""
+GROWTH = 8
+"""Each further extension selects this many times more than the previous one."""
+
+TieBreaks = Callable[[int, type[np.unsignedinteger[Any]]], npt.NDArray[Any]]
+"""``tie_breaks(shift, dtype)``: per slot, ``2**shift − 1 − (its position in name order)`` as
+``dtype`` — the first name gets the largest value (free slots: any value).  May be cached."""
+
+
+def name_shift(count: int) -> int:
+    """Bits a name position among ``count`` live nodes needs (at least 1)."""
+    return max(count - 1, 1).bit_length()
 
 
 class ColocationKey(Protocol):
@@ -54,6 +98,46 @@ class ColocationKey(Protocol):
         """One more than the largest key."""
         ...
 
+    def descending_keys(
+        self, shift: int, dtype: type[np.unsignedinteger[Any]]
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]] | None:
+        """``(mask, table)`` with ``table[mask[slot]] == (key_limit − key[slot]) << shift``
+        as ``dtype`` — per slot the bit mask of the request layers it holds, per mask the
+        shifted descending key (a small table, memoised) — or ``None`` (then :attr:`key`)."""
+        ...
+
+
+class SlotOrder(Protocol):
+    """Fitting slots in a policy's order, possibly ordered only as far as they are read."""
+
+    def __len__(self) -> int: ...
+
+    def prefix(self, length: int) -> Slots:
+        """The first ``min(length, len(self))`` slots, in order."""
+        ...
+
+    def ordered(self) -> int:
+        """How many slots are ordered so far (reading those costs no further ordering)."""
+        ...
+
+
+class CompleteOrder:
+    """An order computed in full (every policy but the seed's, and the no-layer case)."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots = slots
+
+    def __len__(self) -> int:
+        return int(self._slots.size)
+
+    def prefix(self, length: int) -> Slots:
+        return self._slots[:length]
+
+    def ordered(self) -> int:
+        return int(self._slots.size)
+
 
 class SeedPolicy:
     """The seed's ranking: most colocated bytes first, ties by node name."""
@@ -67,37 +151,106 @@ class SeedPolicy:
 SEED = SeedPolicy()
 
 
-def fast_order(
+def seed_order(
     fit: npt.NDArray[np.bool_],
     match: ColocationKey,
-    by_name: Slots | None,
-    positions: Positions,
-) -> Slots:
-    """The seed's order of the slots where ``fit`` is true, by one packed integer sort.
+    by_name: Slots,
+    in_name_order: bool,
+    tie_breaks: TieBreaks,
+    *,
+    chunk: int = CHUNK,
+) -> SlotOrder:
+    """The seed's order of the slots where ``fit`` is true, ordered lazily (see the module
+    docstring).
 
-    ``by_name`` lists the live slots in name order; ``None`` says the slots already *are* name
-    positions (the engine after compaction), which saves two gathers.
+    ``by_name`` lists the live slots in name order; ``in_name_order`` says the slots already
+    *are* name positions (the engine after compaction: ``by_name`` is ``arange``), which
+    saves a gather per node read.
     """
-    if not match.layers:  # every node ties at 0 bytes: name order is the answer
-        if by_name is None:
-            return np.flatnonzero(fit)
-        fitting: Slots = by_name[fit[by_name]]
-        return fitting
-    key = match.key
-    count = fit.size if by_name is None else by_name.size
-    shift = max(count - 1, 1).bit_length()
-    unfit = match.key_limit
-    packed_type = np.uint32 if (unfit << shift) < 2**32 else np.uint64
-    keyed: npt.NDArray[Any] = np.where(fit, key, unfit)
-    if by_name is not None:
-        keyed = keyed[by_name]
-    keyed = keyed.astype(packed_type)
-    np.left_shift(keyed, shift, out=keyed)
-    np.bitwise_or(keyed, positions(count, packed_type), out=keyed)
-    keyed.sort()
-    name_positions = keyed[: np.count_nonzero(fit)] & ((1 << shift) - 1)
-    if by_name is None:
-        slots: Slots = name_positions.astype(np.intp)
-        return slots
-    ordered: Slots = by_name[name_positions]
-    return ordered
+    if not match.layers:  # every node ties at 0 bytes: name order is the answer, in O(n)
+        fitting: Slots = np.flatnonzero(fit) if in_name_order else by_name[fit[by_name]]
+        return CompleteOrder(fitting)
+    shift = name_shift(by_name.size)
+    limit = match.key_limit
+    packed_type: type[np.unsignedinteger[Any]] = (
+        np.uint32 if (limit + 1) << shift <= 2**32 else np.uint64
+    )
+    masks = match.descending_keys(shift, packed_type)
+    packed: npt.NDArray[Any]
+    if masks is not None:
+        mask, table = masks
+        packed = table.take(mask)
+    else:
+        packed = (limit - match.key).astype(packed_type)
+        np.left_shift(packed, shift, out=packed)
+    np.bitwise_or(packed, tie_breaks(shift, packed_type), out=packed)
+    np.multiply(packed, fit, out=packed)
+    return SeedOrder(
+        packed, int(np.count_nonzero(fit)), shift, None if in_name_order else by_name, chunk
+    )
+
+
+class SeedOrder:
+    """The seed's order of the fitting slots, selected and sorted only as far as it is read.
+
+    Holds the packed keys (its own array; see the module docstring) of the slots not yet
+    ordered — ordered and unfit slots are 0 there — and the slots ordered so far.
+    Thread-safe: extensions happen under a lock.
+    """
+
+    def __init__(
+        self,
+        packed: npt.NDArray[Any],
+        count: int,
+        shift: int,
+        by_name: Slots | None,
+        chunk: int = CHUNK,
+    ) -> None:
+        self._rest = packed
+        self._count = count
+        self._left = count  # fitting slots not ordered yet: the non-zero entries of _rest
+        self._low = (1 << shift) - 1
+        self._by_name = by_name
+        self._next = max(int(chunk), 1)
+        self._slots: Slots = np.zeros(0, dtype=np.intp)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def ordered(self) -> int:
+        return int(self._slots.size)
+
+    def prefix(self, length: int) -> Slots:
+        if length > self._slots.size and self._left:
+            with self._lock:
+                while length > self._slots.size and self._left:
+                    self._extend(length - int(self._slots.size))
+        return self._slots[:length]
+
+    def _extend(self, wanted: int) -> None:
+        rest, left = self._rest, self._left
+        if not self._slots.size and wanted == 1:
+            # The packed keys are distinct: the maximum is the best node.  Scalar arithmetic
+            # from here on (this is the path of nearly every decision).
+            at = int(rest.argmax())
+            position = self._low - (int(rest[at]) & self._low)
+            rest[at] = 0
+            slot = position if self._by_name is None else int(self._by_name[position])
+            self._slots = np.array((slot,), dtype=np.intp)
+            self._left -= 1
+            return
+        wanted = max(wanted, self._next)
+        self._next = wanted * GROWTH
+        if 2 * wanted >= left:  # most of what is left: sort it once
+            rest.sort()
+            top = rest[: -left - 1 : -1]
+            self._rest = rest[:0]
+        else:
+            rest.partition(rest.size - wanted)  # the `wanted` largest, unordered, last
+            top = np.sort(rest[-wanted:])[::-1]
+            self._rest = rest[:-wanted]
+        positions = (self._low - (top & self._low)).astype(np.intp)
+        slots = positions if self._by_name is None else self._by_name[positions]
+        self._slots = np.concatenate((self._slots, slots)) if self._slots.size else slots
+        self._left -= top.size

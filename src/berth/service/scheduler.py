@@ -34,7 +34,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats.errors
@@ -42,7 +42,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
-from berth.model import Layer, Placement, Request, Spec
+from berth.model import Placement, Request
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_wire import (
     PREFIX,
@@ -54,7 +54,7 @@ from berth.nodeclient.nats_wire import (
     ok_reply,
     raise_error,
 )
-from berth.ownership import Admission, Refused
+from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.service.routes import RouteRegistry
@@ -72,7 +72,6 @@ __all__ = [
     "QUEUE",
     "SCHEDULER_PREFIX",
     "NatsScheduler",
-    "ReplicaScheduler",
     "SchedulerService",
     "scheduler_service",
 ]
@@ -82,25 +81,6 @@ log = logging.getLogger("berth.service.scheduler")
 SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
 OPERATIONS = ("schedule", "release", "ping")
-
-
-class ReplicaScheduler(ClusterScheduler):
-    """A ``ClusterScheduler`` whose replica is fed over the network.
-
-    Over NATS the node's next snapshot can reach the replica *before* the reply to the
-    admission that caused it (both are messages; the watch's callback may run first).  The
-    base ``assume`` would then record an assumption the replica's snapshot already accounts
-    for, and the reservation would count twice until a later snapshot arrives — a scheduler
-    would skip a node with room.  An admission whose ``seq`` the node's latest snapshot already
-    covers (``admitted >= seq``) is therefore not assumed.  (This belongs in the assume step
-    itself; it lives here until that changes.)
-    """
-
-    def assume(self, node: str, admission: Admission, spec: Spec, layers: Sequence[Layer]) -> None:
-        state = self.states().get(node)
-        if state is not None and state.admitted >= admission.seq:
-            return
-        super().assume(node, admission, spec, layers)
 
 
 def _placement_error(error: BaseException) -> bytes:
@@ -421,7 +401,7 @@ async def scheduler_service(
     ttl_s = bucket_ttl_s(heartbeat_s)
     async with NatsStore(client, bucket=bucket, ttl_s=ttl_s, idle_heartbeat_s=idle_s) as store:
         nodes = NatsNodes(client, prefix=node_prefix, timeout_s=node_timeout_s)
-        scheduler = ReplicaScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
+        scheduler = ClusterScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
         service = SchedulerService(client, scheduler, store=store, routes=routes, prefix=prefix)
         await service.start()
         try:

@@ -7,9 +7,12 @@ kube-scheduler "assumes" a pod on its node before binding for exactly this reaso
 the same with a confirmed reservation:
 
 * **assume** — after a node admits, the scheduler applies the reservation to its own replica
-  of that node: free memory and disk go down by the spec, the declared CPU and bandwidth are
-  added to the load (and to the β_max reserved sums when the node runs that stage), and the
-  request's layers count as mounted, because they are on their way there;
+  of that node: free memory and disk go down by the spec, its vCPUs and bandwidths are added
+  to the β_max reserved sums when the node runs that stage, and the request's layers count as
+  mounted, because they are on their way there.  The *load* readings stay as the snapshot
+  says: the node's soft checks read live load, which a workload that has just been admitted
+  has not raised yet, so adding its declared use would predict refusals the node would not
+  make (a 1-vCPU spec on a 2-core node would block the next one for a heartbeat);
 * **covered** — every snapshot of the node carries ``admitted``, the number of reservations
   the node had taken when it published; once a snapshot has ``admitted >= seq`` of an
   assumption, the node's own numbers include that reservation (or its end) and the
@@ -62,20 +65,17 @@ def apply(state: NodeState, assumptions: Iterable[Assumption]) -> NodeState:
         return state
     mem = sum(a.spec.mem for a in pending)
     disk = sum(a.spec.disk for a in pending)
-    vcpus = sum(a.spec.vcpus for a in pending)
-    disk_bw = sum(a.spec.disk_bw for a in pending)
-    net_bw = sum(a.spec.net_bw for a in pending)
     layers = state.layers.union(*(a.layers for a in pending))
     update: dict[str, object] = {
         "mem_free": max(state.mem_free - mem, 0),
         "disk_free": max(state.disk_free - disk, 0),
-        "cpu_load": min(state.cpu_load + vcpus / state.cpu_capacity, 1.0),
-        "disk_bw_load": state.disk_bw_load + disk_bw,
-        "net_bw_load": state.net_bw_load + net_bw,
         "layers": layers,
         "cached_layers": state.cached_layers - layers,
     }
     if state.overcommit is not None:
+        vcpus = sum(a.spec.vcpus for a in pending)
+        disk_bw = sum(a.spec.disk_bw for a in pending)
+        net_bw = sum(a.spec.net_bw for a in pending)
         over = state.overcommit
         update["overcommit"] = over.model_copy(
             update={

@@ -300,7 +300,8 @@ def cluster(
                     started = await embedded.run(request, boot)
                 except NoCapacity as error:
                     refusals.append(str(error))
-                    table.add_row(str(index), kind, "-", "-", str(error))
+                    why = "; ".join(sorted(set(error.reasons.values()))) or str(error)
+                    table.add_row(str(index), kind, "-", "-", why)
                     continue
                 refused = ", ".join(f"{n}: {r}" for n, r in started.refusals)
                 table.add_row(started.result.id, kind, started.node, str(started.rank),

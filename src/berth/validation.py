@@ -149,8 +149,8 @@ def invalid_from(error: ValidationError, *, field: str | None = None) -> Invalid
     for item in error.errors():
         loc = _location(item["loc"], field)
         cause = item.get("ctx", {}).get("error")
-        if isinstance(cause, Invalid) and cause.field and not item["loc"]:
-            loc = _location((cause.field,), field)
+        if isinstance(cause, Invalid) and cause.field and not item["loc"] and not field:
+            loc = cause.field  # a model-level validator that named its own field
         problems.append((loc, one_line(_message(item))))
     where, message = problems[0]
     rest = "; ".join(f"{loc or 'value'}: {msg}" for loc, msg in problems[1:4])

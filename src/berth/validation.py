@@ -137,10 +137,19 @@ def _message(item: Any) -> str:
 
 def _location(loc: tuple[int | str, ...], prefix: str | None) -> str:
     # Drop pydantic's validator tags ("function-after[_name(), str]"): not a place in the input.
-    parts = [str(part) for part in loc if not (isinstance(part, str) and part.endswith("]"))]
+    parts = [_part(part) for part in loc if not (isinstance(part, str) and part.endswith("]"))]
     if prefix:
         parts.insert(0, prefix)
     return ".".join(parts)
+
+
+def _part(part: int | str) -> str:
+    # A key from the input (a label, a platform in a mix) is quoted when it would not read
+    # as a name: empty, spaced, a dot in it, control characters.
+    text = str(part)
+    if text and text.isprintable() and not any(ch.isspace() or ch == "." for ch in text):
+        return text
+    return shown(text)
 
 
 def invalid_from(error: ValidationError, *, field: str | None = None) -> Invalid:

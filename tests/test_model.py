@@ -167,3 +167,47 @@ def test_requests_round_trip_through_json(request: Request) -> None:
                  colocated_bytes=st.integers(0, 2**40), rank=st.integers(0, 10**5)))  # fmt: skip
 def test_placements_round_trip_through_json(placement: Placement) -> None:
     assert Placement.from_json(placement.to_json()) == placement
+
+
+# -- bounds and strictness (issue 9) ----------------------------------------------------------
+def test_a_request_refuses_layers_that_could_overflow_a_sum() -> None:
+    from berth.model import MAX_BYTES
+
+    Request(namespace="a", name="b", layers=(("x", MAX_BYTES - 1), ("y", 1)))  # type: ignore[arg-type]
+    with pytest.raises(Invalid) as caught:
+        Request(namespace="a", name="b", layers=(("x", MAX_BYTES), ("y", 1)))  # type: ignore[arg-type]
+    assert caught.value.field == "layers" and "2^63 - 1" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"platforms": "linux/amd64"}, "platforms", "expected a list, got a string"),
+        ({"layers": "sha256:ab"}, "layers", "expected a list, got a string"),
+        ({"replica": 2**31}, "replica", "less than or equal to"),
+        ({"namespace": b"team"}, "namespace", "expected a string, got bytes"),
+        ({"spec": {"vcpus": True, "mem": 1, "disk": 1}}, "spec.vcpus", "expected a number"),
+    ],
+)
+def test_request_fields_are_strict(fields: dict[str, object], field: str, message: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        Request(**{"namespace": "a", "name": "web", **fields})  # type: ignore[arg-type]
+    assert caught.value.field == field and message in caught.value.message
+
+
+def test_function_arguments_are_checked_like_fields() -> None:
+    from berth.model import checked_layers, checked_platforms, checked_spec
+
+    assert checked_spec("micro") == instance_type("micro") and checked_spec(None) is None
+    assert checked_layers([("a", "1KiB")]) == (Layer(id="a", size=1024),)
+    assert checked_platforms(["linux/x86_64"]) == (Platform.parse("linux/amd64"),)
+    for call, field in (
+        (lambda: checked_spec("huge"), "spec"),
+        (lambda: checked_layers("ab"), "layers"),
+        (lambda: checked_layers([("a", 1), ("a", 1)]), "layers"),
+        (lambda: checked_layers([("a", -1)]), "layers.0.size"),
+        (lambda: checked_platforms("linux/amd64"), "platforms"),
+    ):
+        with pytest.raises(Invalid) as caught:
+            call()
+        assert caught.value.field == field

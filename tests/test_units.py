@@ -216,3 +216,27 @@ def test_bandwidth_formatting_is_for_humans_unless_asked_to_be_exact() -> None:
         format_bandwidth(-1)
     assert caught.value.field == "value"
     assert caught.value.message == "cannot format a negative quantity -1"
+
+
+# -- bounds (issue 9): every quantity fits the engine's int64 ---------------------------------
+def test_quantities_are_bounded_by_int64() -> None:
+    from berth.units import MAX_BYTES
+
+    assert parse_information(MAX_BYTES) == MAX_BYTES == parse_information(str(MAX_BYTES))
+    for value in (MAX_BYTES + 1, str(MAX_BYTES + 1), "8388608TiB", "9223372036854775808B"):
+        with pytest.raises(Invalid, match="at most 2\\^63 - 1"):
+            parse_information(value)
+    with pytest.raises(Invalid, match="at most 2\\^63 - 1"):
+        parse_bandwidth("100000000Tbps")
+    with pytest.raises(Invalid, match="longer than 64 characters"):
+        parse_information("1" * 65)
+    with pytest.raises(Invalid) as caught:
+        parse_information(10**5000)  # its str() would raise: the message describes it
+    assert "digits" in caught.value.message
+
+
+@given(st.integers(min_value=0, max_value=2**300))
+def test_formatting_is_total(value: int) -> None:
+    assert format_information(value) and format_bandwidth(value)
+    if value < 2**63:
+        assert parse_bandwidth(format_bandwidth(value, exact=True)) == value

@@ -135,7 +135,9 @@ def _label_value(value: str) -> str:
 ByteCount = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]
 Bytes = Annotated[StrictInt, BeforeValidator(_information), Field(ge=0, le=MAX_BYTES)]
 BytesPerSecond = Annotated[StrictInt, BeforeValidator(_bandwidth), Field(ge=0, le=MAX_BYTES)]
-ByteRate = Annotated[float, Strict(), Field(ge=0, le=MAX_BYTES, allow_inf_nan=False)]
+# As a float, 2^63 - 1 rounds to 2^63: the bound is that float, so a rate computed from the
+# largest cap (1.0 * cap) is still one.
+ByteRate = Annotated[float, Strict(), Field(ge=0, le=float(MAX_BYTES), allow_inf_nan=False)]
 Name = Annotated[StrictStr, AfterValidator(_name)]
 Labels = Annotated[
     dict[Name, Annotated[StrictStr, AfterValidator(_label_value)]], Field(max_length=MAX_LABELS)

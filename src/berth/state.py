@@ -58,6 +58,7 @@ __all__ = [
 
 Counter = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]  # int64, as the engine keeps it
 Timestamp = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+Amount = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 MAX_SNAPSHOT_LAYERS = 1_000_000  # a node cannot hold more layers than this; bounds a bad peer
 LayerIds = Annotated[frozenset[Name], Field(max_length=MAX_SNAPSHOT_LAYERS)]
 
@@ -71,12 +72,14 @@ class Overcommit(BerthModel):
     ``None`` leaves that resource unbounded.
     """
 
-    vcpus_reserved: ByteRate = 0.0  # cores: a sum of specs' vcpus, bounded like a rate
-    vcpus_ceiling: ByteRate | None = None
-    disk_bw_reserved: ByteRate = 0.0
-    disk_bw_ceiling: ByteRate | None = None
-    net_bw_reserved: ByteRate = 0.0
-    net_bw_ceiling: ByteRate | None = None
+    # Sums and products (k_max * cap, Σ reserved specs) may exceed any one value's bound:
+    # finite and non-negative is the rule here.
+    vcpus_reserved: Amount = 0.0
+    vcpus_ceiling: Amount | None = None
+    disk_bw_reserved: Amount = 0.0
+    disk_bw_ceiling: Amount | None = None
+    net_bw_reserved: Amount = 0.0
+    net_bw_ceiling: Amount | None = None
 
 
 class NodeState(BerthModel):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,21 @@ console = Console()
 errors = Console(stderr=True)
 
 
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """What typer raises for a usage error: its own ``TyperException`` since typer 0.26
+    (which vendors click), click's ``ClickException`` before."""
+    kinds: list[type[Exception]] = []
+    vendored = getattr(typer, "TyperException", None)
+    if isinstance(vendored, type) and issubclass(vendored, Exception):
+        kinds.append(vendored)
+    with contextlib.suppress(ImportError):
+        kinds.append(importlib.import_module("click").ClickException)
+    return tuple(kinds)
+
+
+USAGE_ERRORS = _usage_errors()
+
+
 def fail(message: str) -> None:
     """Print ``message`` as berth's one error line on stderr."""
     errors.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False,
@@ -75,15 +91,16 @@ class OneLineErrors(TyperGroup):
             result = super().main(
                 args, prog_name, complete_var, False, windows_expand_args, **extra
             )
-        except typer.TyperException as error:
+        except USAGE_ERRORS as error:
             if not standalone_mode:
                 raise
+            usage: Any = error
             if type(error).__name__ == "NoArgsIsHelpError":  # ``berth`` alone: the help
-                error.show()  # type: ignore[attr-defined]
+                usage.show()
             else:  # typer words a conversion error as pydantic does; say it plainly
-                message = error.format_message().replace("Value error, ", "")
+                message = str(usage.format_message()).replace("Value error, ", "")
                 fail(message.replace("Input should be", "must be"))
-            sys.exit(error.exit_code)
+            sys.exit(usage.exit_code)
         except BerthError as error:
             if not standalone_mode:
                 raise

@@ -261,7 +261,7 @@ class NodeBudget:
         spec, platforms = _spec(spec), checked_platforms(platforms)
         lease = self.lease(ttl_s)
         try:
-            return self.admit(spec, lease, platforms)
+            return self._take(spec, lease, Demand.of(spec, platforms), self.checks)
         except Refused:
             lease.end()
             raise

@@ -77,6 +77,7 @@ __all__ = [
     "Labels",
     "Layer",
     "Name",
+    "Names",
     "Placement",
     "Request",
     "Seconds",
@@ -119,9 +120,33 @@ def _name(value: str) -> str:
         raise Invalid("must not be empty")
     if len(value) > MAX_NAME:
         raise Invalid(f"must be at most {MAX_NAME} characters, got {len(value)}")
-    if not value.isprintable() or any(ch.isspace() for ch in value):
+    if not _printable_without_spaces(value):
         raise Invalid(f"must not contain whitespace or control characters, got {shown(value)}")
     return value
+
+
+_VISIBLE_ASCII = bytes(range(0x21, 0x7F))  # printable ASCII without the space
+
+
+def _printable_without_spaces(text: str) -> bool:
+    """``text.isprintable()`` and no whitespace — for ASCII (the usual case) one C pass."""
+    if text.isascii():
+        return not text.encode("ascii").translate(None, _VISIBLE_ASCII)
+    # isprintable() is false for every whitespace character but the space itself
+    return text.isprintable() and " " not in text
+
+
+def _names(values: frozenset[str]) -> frozenset[str]:
+    # The rule of ``_name`` for a whole set in a few C-level passes (a snapshot carries tens
+    # of layer ids and arrives every heartbeat); element by element only to say which failed.
+    if not values:
+        return values
+    joined = "".join(values)
+    lengths = list(map(len, values))
+    if min(lengths) == 0 or max(lengths) > MAX_NAME or not _printable_without_spaces(joined):
+        for value in values:
+            _name(value)
+    return values
 
 
 def _label_value(value: str) -> str:
@@ -139,6 +164,8 @@ BytesPerSecond = Annotated[StrictInt, BeforeValidator(_bandwidth), Field(ge=0, l
 # largest cap (1.0 * cap) is still one.
 ByteRate = Annotated[float, Strict(), Field(ge=0, le=float(MAX_BYTES), allow_inf_nan=False)]
 Name = Annotated[StrictStr, AfterValidator(_name)]
+Names = Annotated[frozenset[StrictStr], AfterValidator(_names)]
+"""A set of ``Name``s (the same rule, checked in one pass)."""
 Labels = Annotated[
     dict[Name, Annotated[StrictStr, AfterValidator(_label_value)]], Field(max_length=MAX_LABELS)
 ]

@@ -43,6 +43,7 @@ from berth.model import (
     Labels,
     Layer,
     Name,
+    Names,
     Spec,
 )
 from berth.platform import Platform
@@ -60,7 +61,7 @@ Counter = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]  # int64, as the engin
 Timestamp = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Amount = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 MAX_SNAPSHOT_LAYERS = 1_000_000  # a node cannot hold more layers than this; bounds a bad peer
-LayerIds = Annotated[frozenset[Name], Field(max_length=MAX_SNAPSHOT_LAYERS)]
+LayerIds = Annotated[Names, Field(max_length=MAX_SNAPSHOT_LAYERS)]
 
 
 class Overcommit(BerthModel):

@@ -57,3 +57,23 @@ def test_a_config_written_for_berth_up_reads_back_equal(tmp_path: Path) -> None:
         path = tmp_path / f"{config.node.name}.toml"
         path.write_text(config_toml(config))
         assert load_config(path) == config
+
+
+def test_bad_values_are_refused_before_anything_starts() -> None:
+    # Checked before a server, an agent or a connection is touched: no server needed.
+    for args, flag in (
+        (("up", "--duration", "nan"), "--duration"),
+        (("up", "--heartbeat", "inf"), "--heartbeat"),
+        (("up", "--nodes", "100000"), "--nodes"),
+        (("up", "--schedulers", "0"), "--schedulers"),
+        (("scheduler", "--grace", "-1"), "--grace"),
+        (("scheduler", "--heartbeat", "inf"), "--heartbeat"),
+        (("place", "--instance", "nope"), "--instance"),
+        (("place", "--platform", "linux/amd64/v99"), "--platform"),
+        (("place", "--name", "a b"), "--name"),
+        (("place", "--layer", "l:1GiBs"), "--layer"),
+        (("whereis", "x/y"), "WORKLOAD"),
+        (("whereis", "a b/c/0"), "WORKLOAD"),
+    ):
+        nats = () if args[0] == "up" else ("--nats", "nats://127.0.0.1:1")
+        _one_line(berth(*args, *nats), flag)

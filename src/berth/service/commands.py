@@ -31,13 +31,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import Field, Strict
 from rich.console import Console
 from rich.table import Table
 
 from berth.errors import Invalid
-from berth.model import Layer, Request
+from berth.model import Interval, Layer, Name, Request
 from berth.store.nats_connection import Credentials, connect
 from berth.units import format_information
+from berth.validation import Rule, fields_as
 
 __all__ = ["register"]
 
@@ -69,10 +71,43 @@ def _logging() -> None:
     )
 
 
+MAX_UP_NODES = 256
+"""``berth up`` runs every agent on this machine: more would only exhaust it."""
+MAX_UP_SCHEDULERS = 16
+
+_INTERVAL: Rule[float] = Rule(Interval)
+_NAME: Rule[str] = Rule(Name)
+_REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)])
+_UP_NODES: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_NODES)])
+_UP_SCHEDULERS: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_SCHEDULERS)])
+_PLACE_FLAGS = {
+    "namespace": "--namespace",
+    "name": "--name",
+    "replica": "--replica",
+    "spec": "--instance",
+    "platforms": "--platform",
+    "layers": "--layer",
+}
+
+
+def _check_workload_key(workload: str) -> None:
+    """``namespace/name/replica``, each part as a request's (names, a replica index)."""
+    parts = workload.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise Invalid(f"expected namespace/name/replica, got {workload!r}", field="WORKLOAD")
+    _NAME(parts[0], "WORKLOAD")
+    _NAME(parts[1], "WORKLOAD")
+    _REPLICA(int(parts[2]), "WORKLOAD")
+
+
+def _checked_duration(duration: float | None) -> float | None:
+    """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
+    return None if duration is None else _INTERVAL(duration, "--duration")
+
+
 def _stop_event(duration: float | None) -> asyncio.Event:
     """Set on SIGINT/SIGTERM or after ``duration`` seconds (call inside the running loop)."""
-    if duration is not None and duration <= 0:
-        raise Invalid(f"must be positive, got {duration}", field="--duration")
+    duration = _checked_duration(duration)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -207,9 +242,9 @@ def scheduler(
     from berth.service.routes import RouteRegistry
     from berth.service.scheduler import scheduler_service
 
-    for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl)):
-        if not value > 0:
-            raise Invalid(f"must be positive, got {value}", field=flag)
+    for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
+        _INTERVAL(value, flag)
+    _checked_duration(duration)
     credentials = _credentials(creds)
     _logging()
 
@@ -253,8 +288,12 @@ def up(
 
     if runtime not in ("process", "fake"):
         raise Invalid(f"must be 'process' or 'fake', got {runtime!r}", field="--runtime")
-    if duration is not None and duration <= 0:
-        raise Invalid(f"must be positive, got {duration}", field="--duration")
+    duration = _checked_duration(duration)
+    _UP_NODES(nodes, "--nodes")
+    _UP_SCHEDULERS(schedulers, "--schedulers")
+    _INTERVAL(heartbeat, "--heartbeat")
+    if per_process is not None:
+        _UP_NODES(per_process, "--per-process")
     cluster = LocalCluster(
         nodes,
         schedulers=schedulers,
@@ -301,20 +340,21 @@ def place(
     """Place one workload through the cluster's schedulers and print the placement."""
     from berth.service.scheduler import NatsScheduler
 
-    layers = []
-    for text in layer or ():
-        layer_id, sep, size = text.rpartition(":")
-        if not sep:
-            raise Invalid(f"expected ID:SIZE, got {text!r}", field="--layer")
-        layers.append(Layer(id=layer_id, size=size))
-    request = Request(
-        namespace=namespace,
-        name=name,
-        replica=replica,
-        platforms=tuple(platform or ()),
-        spec=instance,
-        layers=tuple(layers),
-    )
+    with fields_as(_PLACE_FLAGS | {"id": "--layer", "size": "--layer"}):
+        layers = []
+        for text in layer or ():
+            layer_id, sep, size = text.rpartition(":")
+            if not sep:
+                raise Invalid(f"expected ID:SIZE, got {text!r}", field="--layer")
+            layers.append(Layer(id=layer_id, size=size))
+        request = Request(
+            namespace=namespace,
+            name=name,
+            replica=replica,
+            platforms=tuple(platform or ()),
+            spec=instance,
+            layers=tuple(layers),
+        )
     credentials = _credentials(creds)
 
     async def go() -> None:
@@ -343,6 +383,7 @@ def whereis(
     """Which node holds a workload (from the routing registry)."""
     from berth.service.routes import RouteRegistry
 
+    _check_workload_key(workload)
     credentials = _credentials(creds)
 
     async def go() -> None:

@@ -343,13 +343,9 @@ def test_agent_config_and_the_agent_it_builds(node: Any, budget: Any, agent: Any
 def test_node_class(fields: dict[str, Any]) -> None:
     node_class = valid_or_invalid(lambda: NodeClass(**fields))
     if node_class is not None:
-        # NodeClass.cpus has no upper bound of its own (berth/node/classes.py was not this
-        # change's to edit): a class beyond MAX_CORES is refused when its budget is made.
-        limits = valid_or_invalid(node_class.limits)
-        if limits is None:
-            assert node_class.cpus > MAX_CORES
-        else:
-            assert limits.mem_max == node_class.mem
+        # NodeClass.cpus is Cores: a class the model accepts always makes a budget.
+        assert 0 < node_class.cpus <= MAX_CORES
+        assert node_class.limits().mem_max == node_class.mem
 
 
 @FUZZ

@@ -19,7 +19,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from berth.model import Bytes, BytesPerSecond, Name
+from berth.model import Bytes, BytesPerSecond, Cores, Name
 from berth.node.budget import BudgetLimits
 from berth.node.config import BudgetSection
 from berth.validation import BerthModel
@@ -41,7 +41,7 @@ class NodeClass(BerthModel):
     name: Name
     mem: Bytes
     disk: Bytes
-    cpus: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    cpus: Cores
     disk_bw: BytesPerSecond
     net_bw: BytesPerSecond
     cpu_max_load: Fraction = 1.0

@@ -325,14 +325,18 @@ class _Key:
     def __init__(self, key: npt.NDArray[Any]) -> None:
         self.layers = (Layer(id="x", size=1),)
         self.key = key
-        self.key_limit = int(key.max()) + 1
+        self.key_limit = int(key.max(initial=0)) + 1
 
     def descending_keys(self, shift: int, dtype: Any) -> None:
         return None
 
 
 @pytest.mark.parametrize("kind", ["uint32", "uint64"])
-def test_seed_order_selects_exactly_the_lexsort_order(kind: Literal["uint32", "uint64"]) -> None:
+@pytest.mark.parametrize("in_name_order", [False, True])
+@pytest.mark.parametrize("radix", [False, True])
+def test_seed_order_selects_exactly_the_lexsort_order(
+    kind: Literal["uint32", "uint64"], in_name_order: bool, radix: bool
+) -> None:
     """Straight against ``lexsort`` on synthetic slots — including a cluster large enough
     that key and name position no longer fit 32 bits (a million nodes, 4,097 keys)."""
     rng = np.random.default_rng(9)
@@ -341,7 +345,8 @@ def test_seed_order_selects_exactly_the_lexsort_order(kind: Literal["uint32", "u
     key = rng.integers(0, limit - 1, count)
     key[0] = limit - 1
     fit = rng.random(count) < 0.6
-    by_name = rng.permutation(count)  # slot by_name[i] is the i-th node by name
+    # slot by_name[i] is the i-th node by name
+    by_name = np.arange(count) if in_name_order else rng.permutation(count)
     name_position = np.empty(count, dtype=np.int64)
     name_position[by_name] = np.arange(count)
     shift = name_shift(count)
@@ -351,7 +356,7 @@ def test_seed_order_selects_exactly_the_lexsort_order(kind: Literal["uint32", "u
         tie: npt.NDArray[Any] = ((1 << shift) - 1 - name_position).astype(dtype)
         return tie
 
-    order = seed_order(fit, _Key(key), by_name, False, ties, chunk=3)
+    order = seed_order(fit, _Key(key), by_name, in_name_order, ties, chunk=3, radix=radix)
     assert isinstance(order, SeedOrder)
     assert order._rest.dtype == np.dtype(kind)  # the packing width under test
     fitting = np.flatnonzero(fit)
@@ -360,3 +365,47 @@ def test_seed_order_selects_exactly_the_lexsort_order(kind: Literal["uint32", "u
     for length in (1, 2, 4, 40, 4000):
         assert order.prefix(length).tolist() == expected[:length].tolist()
     assert np.array_equal(order.prefix(len(order)), expected)
+    everything = seed_order(fit, _Key(key), by_name, in_name_order, ties, radix=radix)
+    assert np.array_equal(everything.prefix(len(order)), expected)  # sorted in one go
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 400),
+    st.integers(1, 60),
+    CHUNKS,
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+    st.lists(st.integers(0, 450), max_size=6),
+)
+def test_seed_order_reads_the_lexsort_order_however_it_is_read(
+    count: int,
+    limit: int,
+    chunk: int,
+    in_name_order: bool,
+    radix: bool,
+    seed: int,
+    reads: list[int],
+) -> None:
+    """Prefixes read in any sequence — the first node alone, chunk by chunk, everything at
+    once — are the ``lexsort`` order, by the packed sort or by the radix sort of the key
+    (the radix sort applies when slots are name positions and nothing was partitioned)."""
+    rng = np.random.default_rng(seed)
+    key = rng.integers(0, limit, count)
+    fit = rng.random(count) < rng.random()
+    by_name = np.arange(count) if in_name_order else rng.permutation(count)
+    name_position = np.empty(count, dtype=np.int64)
+    name_position[by_name] = np.arange(count)
+
+    def ties(shift: int, dtype: Any) -> npt.NDArray[Any]:
+        tie: npt.NDArray[Any] = ((1 << shift) - 1 - name_position).astype(dtype)
+        return tie
+
+    order = seed_order(fit, _Key(key), by_name, in_name_order, ties, chunk=chunk, radix=radix)
+    fitting = np.flatnonzero(fit)
+    expected = fitting[np.lexsort((name_position[fitting], key[fitting]))].tolist()
+    assert len(order) == len(expected)
+    for length in [*reads, len(expected)]:
+        assert order.prefix(length).tolist() == expected[:length]
+        assert order.ordered() >= min(length, len(expected))

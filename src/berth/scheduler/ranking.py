@@ -33,8 +33,11 @@ __all__ = ["Ranker", "Ranking"]
 class Ranking(Sequence[str]):
     """Fitting nodes, best first, with their colocated bytes (``colocated[i]`` for ``self[i]``).
 
-    A plain-list ranking; the engine returns a subclass that maps slots to names lazily, so a
-    caller that stops at the first confirming node never materialises thousands of names.
+    A plain-list ranking; the engine returns a subclass that is lazy twice over: under the
+    seed's policy it orders nodes only as far as they are read (the first is one ``argmax``),
+    and it maps slots to names only when asked, so a caller that stops at the first confirming
+    node neither sorts nor names thousands of nodes.  Either way, what is read is exactly the
+    full order: laziness changes the cost, never the answer.
     """
 
     def __init__(
@@ -61,6 +64,10 @@ class Ranking(Sequence[str]):
     def colocated(self, index: int) -> int:
         """Colocated bytes of the node at ``index``."""
         return int(self._colocated[index])
+
+    def ordered(self) -> int:
+        """How many nodes are ordered so far (a lazy ranking: those read, and a few more)."""
+        return len(self)
 
     def pairs(self) -> list[tuple[str, int]]:
         """``[(node, colocated_bytes), …]`` best first (for tests and explanations)."""

@@ -28,22 +28,23 @@ per-slot tie-breaks and one multiply: three passes over the nodes.
 
 **Lazy order.**  A scheduler's walk almost always stops at the first node, so
 :class:`SeedOrder` does not sort what it will not use: the first node is one ``argmax``;
-reading past it selects the next ``chunk`` nodes with ``np.partition`` (linear time) and sorts
-only those; each further extension selects ``growth`` times more, and once what is asked is a
-large share of what is left, the rest is sorted at once.  An extension happens only when
-every node already ordered has been read, and what it appends is exactly the next stretch of
-the full order: the selected packed keys are the largest of those left, and sorting them by
-value is sorting by (bytes desc, name).  So however far a walk reads, it reads the seed's
-order; ``candidates()`` reads all of it.  The packed array belongs to the order alone, so
-the order stays a value however the engine changes after it was made.
+reading past it selects the next ``chunk`` nodes (the threshold by ``np.partition`` of a
+copy, linear time; the nodes at or above it by one comparison) and sorts only those; reading
+past those orders everything left at once (a walk that far has met a wall of refusals, and
+``candidates()`` reads everything anyway).  An extension happens only when every node already
+ordered has been read, and what it appends is exactly the next stretch of the full order:
+the selected packed keys are the largest of those left, and sorting them by value is sorting
+by (bytes desc, name).  So however far a walk reads, it reads the seed's order.  Ordered
+slots are zeroed in the packed array, which otherwise keeps its slot order; it belongs to
+the order alone, so the order stays a value however the engine changes after it was made.
 
 **Sorting everything.**  NumPy sorts 32- and 64-bit integers with a SIMD sort where the CPU
 has one (AVX-512: 10,000 keys in ~13 µs) and about twenty times slower where it has not
 (~300 µs).  Its *stable* sort of 16-bit keys is a radix sort either way (~13 µs).  So when
-the whole rest is asked for at once, slots are name positions (the engine compacted) and
-nothing was partitioned yet (the rest is still in slot order), the order may instead be a
-stable radix argsort of the 16-bit key alone — ties keep slot order, which is name order.
-:func:`radix_sorts_faster` measures once per process which of the two is faster here.
+slots are name positions (the engine compacted), the rest may instead be ordered by a stable
+radix argsort of the 16-bit key alone, over the remaining slots in slot order — ties keep
+slot order, which is name order.  :func:`radix_sorts_faster` measures once per process which
+of the two is faster here.
 
 (The reference ranker runs the seed's literal sort instead; see
 :mod:`~berth.scheduler.reference`.)
@@ -65,7 +66,6 @@ from berth.scheduler.policy.base import ClusterView, PlacementRequest, Slots, or
 
 __all__ = [
     "CHUNK",
-    "GROWTH",
     "SEED",
     "ColocationKey",
     "CompleteOrder",
@@ -79,9 +79,8 @@ __all__ = [
 ]
 
 CHUNK = 32
-"""Nodes selected by the first extension past the first node (a walk that got refusals)."""
-GROWTH = 8
-"""Each further extension selects this many times more than the previous one."""
+"""Nodes selected by the extension past the first node (a walk that got refusals); the
+extension after that orders everything left."""
 
 TieBreaks = Callable[[int, type[np.unsignedinteger[Any]]], npt.NDArray[Any]]
 """``tie_breaks(shift, dtype)``: per slot, ``2**shift − 1 − (its position in name order)`` as
@@ -259,8 +258,7 @@ class SeedOrder:
         self._left = count  # fitting slots not ordered yet: the non-zero entries of _rest
         self._shift = shift
         self._low = (1 << shift) - 1
-        # Sort the rest by a radix argsort of the key: only while slots are name positions
-        # (by_name is None) and the rest is in slot order (nothing partitioned yet).
+        # Order the rest by a radix argsort of the key: only where slots are name positions.
         self._radix = radix and by_name is None
         self._by_name = by_name
         self._next = max(int(chunk), 1)
@@ -293,13 +291,14 @@ class SeedOrder:
             self._left -= 1
             return
         wanted = max(wanted, self._next)
-        self._next = wanted * GROWTH
+        self._next = left  # after one selection, the next extension orders all that is left
         slots: Slots
         if 2 * wanted < left:  # select the `wanted` best, sort only those
-            rest.partition(rest.size - wanted)  # the `wanted` largest, unordered, last
-            slots = self._decode(np.sort(rest[-wanted:])[::-1])
-            self._rest = rest[:-wanted]
-            self._radix = False  # the rest is no longer in slot order
+            cut = rest.size - wanted
+            threshold = np.partition(rest, cut)[cut]  # on a copy: `rest` keeps slot order
+            selected = np.flatnonzero(rest >= threshold)  # exactly `wanted`: keys are distinct
+            slots = self._decode(np.sort(rest[selected])[::-1])
+            rest[selected] = 0
         elif self._radix:  # all that is left, by a radix sort of the 16-bit key
             fitting = np.flatnonzero(rest)  # ascending slots, i.e. name order
             keys = (rest[fitting] >> self._shift).astype(np.uint16)

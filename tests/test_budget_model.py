@@ -150,7 +150,7 @@ class Model:
     def admit(self, spec: Spec, owner: Owned | None, deadline: Fraction | None) -> str:
         self.admitted += 1
         self.changes += 1
-        rid = f"r{self.admitted}"
+        rid = f"r{self.admitted}.model"
         self.held[rid] = Held(spec, owner, deadline, leased=deadline is not None)
         return rid
 
@@ -190,7 +190,12 @@ class BudgetModelMachine(RuleBasedStateMachine):
     def start(self, config: str) -> None:
         limits = BudgetLimits(**BASE, **CONFIGS[config])
         self.budget = NodeBudget(
-            limits, self.load, clock=self.clock, platform=AMD64, on_change=self._changed
+            limits,
+            self.load,
+            clock=self.clock,
+            platform=AMD64,
+            on_change=self._changed,
+            incarnation="model",
         )
         self.model = Model(limits)
 

@@ -40,6 +40,7 @@ was; an owner that fails while being told about its reservation gets the reserva
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,11 +51,11 @@ from pydantic import Field, Strict
 
 from berth.checks import CHECKS, HELD_STAGES, Check, Demand, NodeFigures, first_failed
 from berth.errors import Invalid
-from berth.model import ByteCount, Cores, Fraction, Spec, checked_platforms, checked_spec
+from berth.model import ByteCount, Cores, Fraction, Name, Spec, checked_platforms, checked_spec
 from berth.ownership import Admission, Clock, Lease, Owner, Refused, has_ended
 from berth.platform import Platform
 from berth.state import Overcommit
-from berth.validation import BerthModel, shown
+from berth.validation import BerthModel, Rule, shown
 
 __all__ = [
     "IDLE",
@@ -65,6 +66,8 @@ __all__ = [
     "Reservation",
     "StaticLoad",
 ]
+
+_INCARNATION: Rule[str] = Rule(Annotated[Name, Field(max_length=32)])
 
 
 @runtime_checkable
@@ -174,8 +177,13 @@ class NodeBudget:
         clock: Clock = time.monotonic,
         platform: Platform | str | None = None,
         checks: Sequence[Check] = CHECKS,
+        incarnation: str | None = None,
     ) -> None:
         self.limits = limits
+        # Reservation ids are ``r<seq>.<incarnation>``: a node that restarts counts from 1
+        # again, and a stale release or bind of the old ``r1`` must not hit the new one.
+        self.incarnation = secrets.token_hex(4) if incarnation is None else incarnation
+        _INCARNATION(self.incarnation, "incarnation")
         # The fit rule admission enforces (the table the schedulers filter by).
         self.checks = tuple(checks)
         # The platform this node runs; ``None`` (a bare budget in a test) runs anything.
@@ -230,7 +238,10 @@ class NodeBudget:
                 raise Refused(failed.code, failed.detail(view, demand))
             self._admitted += 1
             reservation = Reservation(
-                id=f"r{self._admitted}", spec=spec, owner=owner, seq=self._admitted
+                id=f"r{self._admitted}.{self.incarnation}",
+                spec=spec,
+                owner=owner,
+                seq=self._admitted,
             )
             self._reservations[reservation.id] = reservation
             if isinstance(owner, Lease):

@@ -1,0 +1,41 @@
+"""Reservation ids name the budget's incarnation: a node that restarts counts from r1 again,
+and a stale release or bind of the old ``r1`` must not reach the new incarnation's ``r1``."""
+
+from __future__ import annotations
+
+import pytest
+
+from berth import Invalid, Spec
+from berth.node.budget import BudgetLimits, NodeBudget
+from berth.ownership import Refused
+
+GiB = 2**30
+LIMITS = BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB)
+SPEC = Spec(vcpus=0.25, mem=2**20, disk=2**20)
+
+
+def test_a_restarted_node_does_not_answer_for_its_old_reservations() -> None:
+    before = NodeBudget(LIMITS)
+    old = before.admit_leased(SPEC, 30.0)
+    after = NodeBudget(LIMITS)  # the node restarted: a new budget, counting from 1 again
+    new = after.admit_leased(SPEC, 30.0)
+    assert (old.seq, new.seq) == (1, 1)
+    assert old.id != new.id and before.incarnation != after.incarnation
+    assert after.release(old.id) is False  # the stale release frees nothing
+    with pytest.raises(Refused) as refused:
+        after.bind(old.id, before.lease(30.0))
+    assert refused.value.reason == "lease_expired"
+    assert after.get(new.id) is not None  # the new reservation is untouched
+
+
+def test_ids_are_sequence_dot_incarnation() -> None:
+    budget = NodeBudget(LIMITS, incarnation="node7")
+    assert budget.admit_leased(SPEC, 30.0).id == "r1.node7"
+    assert budget.admit_leased(SPEC, 30.0).id == "r2.node7"
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "x" * 33])
+def test_the_incarnation_is_a_short_name(bad: str) -> None:
+    with pytest.raises(Invalid) as invalid:
+        NodeBudget(LIMITS, incarnation=bad)
+    assert invalid.value.field == "incarnation"

@@ -466,18 +466,18 @@ def test_the_node_platform_is_validated_naming_the_field() -> None:
 
 
 def test_reservations_are_numbered_from_one_and_can_be_looked_up() -> None:
-    budget = NodeBudget(limits())
-    assert budget.admitted == 0 and budget.get("r1") is None
+    budget = NodeBudget(limits(), incarnation="i0")
+    assert budget.admitted == 0 and budget.get("r1.i0") is None
     owner = Owned()
     first = budget.admit(spec(), owner)
     second = budget.reserve(spec(mem=2, disk=3, vcpus=0.5), Owned())
-    assert (first.id, first.seq, second.id, second.seq) == ("r1", 1, "r2", 2)
-    assert first.admission == Admission("r1", 1)
+    assert (first.id, first.seq, second.id, second.seq) == ("r1.i0", 1, "r2.i0", 2)
+    assert first.admission == Admission("r1.i0", 1)
     assert budget.admitted == 2
-    assert budget.get("r1") is first and first.owner is owner
+    assert budget.get("r1.i0") is first and first.owner is owner
     assert budget.reservations() == [first, second]
     owner.end()
-    assert budget.get("r1") is None and budget.admitted == 2
+    assert budget.get("r1.i0") is None and budget.admitted == 2
 
 
 def test_every_change_listener_hears_every_change() -> None:

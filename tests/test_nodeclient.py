@@ -142,3 +142,20 @@ def test_discarded_node_answers_unavailable() -> None:
 
     asyncio.run(scenario(local))
     asyncio.run(scenario(agents))
+
+
+def test_try_run_carries_platforms_and_the_node_refuses_a_mismatch() -> None:
+    async def main() -> None:
+        runtime = FakeRuntime()
+        shape = NodeShape("arm", platform=Platform.parse("linux/arm64"))
+        agent = Agent(shape.name, shape.platform, shape.budget(), MemoryStore(), runtime)
+        nodes = AgentNodes({agent.name: agent})
+        boot = BootSpec(name="w", command=("vm",))
+        with pytest.raises(Refused) as refused:
+            await nodes.try_run("arm", WORKLOAD_SPEC, [], boot, (Platform.parse("linux/amd64"),))
+        assert refused.value.reason == "platform_mismatch"
+        assert runtime.list() == () and agent.budget.reservations() == []  # nothing started
+        workload = await nodes.try_run("arm", WORKLOAD_SPEC, [], boot, (shape.platform,))
+        assert [w.id for w in runtime.list()] == [workload]
+
+    asyncio.run(main())

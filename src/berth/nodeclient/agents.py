@@ -65,8 +65,15 @@ class AgentNodes:
         agent.budget.reap()
         return agent.release(reservation_id)
 
-    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
-        return (await self.agent(node).try_run(spec, layers, boot)).id
+    async def try_run(
+        self,
+        node: str,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+    ) -> str:
+        return (await self.agent(node).try_run(spec, layers, boot, platforms)).id
 
     async def stop(self, node: str, workload_id: str) -> None:
         await self.agent(node).stop_workload(workload_id)

@@ -136,13 +136,20 @@ class NatsNodes:
         document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
         return bool(await self._call(node, "release", document))
 
-    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+    async def try_run(
+        self,
+        node: str,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+    ) -> str:
         document = {
             "v": SCHEMA_VERSION,
             "spec": spec.model_dump(mode="json"),
             "layers": [Layer.of(layer).model_dump(mode="json") for layer in layers],
             "boot": boot.model_dump(mode="json"),
-            "platforms": [],
+            "platforms": [str(platform) for platform in platforms],
         }
         value = await self._call(node, "run", document, timeout_s=self.run_timeout_s)
         if not isinstance(value, str):

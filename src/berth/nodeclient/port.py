@@ -63,10 +63,19 @@ class NodeClient(Protocol):
 class AgentClient(NodeClient, Protocol):
     """Admission plus the agent's workload operations."""
 
-    async def try_run(self, node: str, spec: Spec, layers: Sequence[Layer], boot: BootSpec) -> str:
+    async def try_run(
+        self,
+        node: str,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+    ) -> str:
         """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
 
-        Raises ``Refused`` (``boot_failed``, ``mem_exhausted`` …) or ``Unavailable``.
+        ``platforms`` as for :meth:`admit`: a node that runs none of them refuses
+        (``platform_mismatch``) before it mounts or starts anything.  Raises ``Refused``
+        (``boot_failed``, ``mem_exhausted``, ``platform_mismatch`` …) or ``Unavailable``.
         """
         ...
 

@@ -8,7 +8,7 @@ repository and other work in the tree is not disturbed.  Then it scores each mod
     score = (killed + timeout + caught by type check) / (mutants - skipped)
 
 A mutant for which no test ran counts against the score, like a survivor.  The survivors are
-printed with their diffs; ``docs/testing.md`` says why each of those left is equivalent.
+printed with their diffs; the README's "Testing" section says why each of those left is equivalent.
 
     .venv/bin/pip install -e '.[test,mutation]'
     .venv/bin/python scripts/mutation.py                  # minutes; exit 1 below --min-score

@@ -756,3 +756,87 @@ def test_admit_leased_then_bind_or_expire() -> None:
         budget.bind(loose.id, Owned())
     owner.end()
     assert budget.headroom().mem_free == 4 * GiB
+
+
+# --- owner, spec and reservation id validation (issue 9; pins scripts/mutation.py) ----
+
+# --- budget --------------------------------------------------------------------------------
+
+
+class Refusing:
+    """An owner that fails when told about its reservation."""
+
+    def add_done_callback(self, fn: object) -> None:
+        raise RuntimeError("owner is gone")
+
+
+def test_owner_whose_callback_fails_gets_the_reservation_back() -> None:
+    changes: list[int] = []
+    budget = NodeBudget(limits(), on_change=lambda: changes.append(1))
+    with pytest.raises(RuntimeError, match="owner is gone"):
+        budget.admit(spec(), Refusing())
+    assert budget.reservations() == []
+    assert budget.headroom().mem_free == 4 * GiB
+    assert budget.headroom().disk_free == 40 * GiB
+    with pytest.raises(RuntimeError, match="owner is gone"):
+        budget.reserve(spec(), Refusing())
+    assert budget.reservations() == []
+    assert budget.headroom().mem_free == 4 * GiB
+
+
+@pytest.mark.parametrize("owner", [object(), 42, None, "task"])
+def test_owner_without_add_done_callback_is_invalid(owner) -> None:
+    budget = NodeBudget(limits())
+    with pytest.raises(Invalid) as caught:
+        budget.admit(spec(), owner)
+    assert caught.value.field == "owner"
+    assert caught.value.message == (
+        f"an owner reports its end through add_done_callback; {owner!r} does not"
+    )
+    assert budget.reservations() == []
+
+
+def test_owner_with_a_non_callable_add_done_callback_is_invalid() -> None:
+    class Odd:
+        add_done_callback = 3
+
+        def __repr__(self) -> str:
+            return "Odd()"
+
+    with pytest.raises(Invalid) as caught:
+        NodeBudget(limits()).admit(spec(), Odd())
+    assert caught.value.field == "owner"
+    assert caught.value.message.endswith("; Odd() does not")
+
+
+@pytest.mark.parametrize("reservation_id", [None, 7, b"id"])
+def test_reservation_id_must_be_a_string(reservation_id) -> None:
+    budget = NodeBudget(limits())
+    for call in (budget.release, budget.get):
+        with pytest.raises(Invalid) as caught:
+            call(reservation_id)
+        assert caught.value.field == "reservation_id"
+        assert caught.value.message == (f"expected a reservation id string, got {reservation_id!r}")
+    with pytest.raises(Invalid) as caught:
+        budget.bind(reservation_id, concurrent.futures.Future())
+    assert caught.value.field == "reservation_id"
+
+
+def test_a_reservation_needs_a_spec() -> None:
+    budget = NodeBudget(limits())
+    for admit in (budget.admit, budget.reserve):
+        with pytest.raises(Invalid) as caught:
+            admit(None, concurrent.futures.Future())
+        assert caught.value.field == "spec"
+        assert caught.value.message == "a reservation needs a spec, got None"
+        assert str(caught.value) == "spec: a reservation needs a spec, got None"
+    assert budget.reservations() == []
+
+
+def test_budget_platform_error_names_the_platform_field() -> None:
+    with pytest.raises(Invalid) as caught:
+        NodeBudget(limits(), platform="linux")
+    assert caught.value.field == "platform"
+    with pytest.raises(Invalid) as caught:
+        NodeBudget(limits(), platform="beos/amd64")
+    assert caught.value.field == "platform"

@@ -176,3 +176,65 @@ def test_an_unknown_host_is_invalid_naming_the_host(monkeypatch: pytest.MonkeyPa
     with pytest.raises(Invalid) as caught:
         host()
     assert caught.value.field == "host"
+
+
+# --- exact messages and variant lists (issue 9; pins scripts/mutation.py) --------------
+
+from berth.platform import KNOWN_VARIANTS, _normalise  # noqa: E402
+
+# --- platform ------------------------------------------------------------------------------
+
+
+def test_normalise_defaults_to_no_variant() -> None:
+    assert _normalise("linux", "amd64") == ("linux", "amd64", "")
+    assert _normalise("linux", "arm64") == ("linux", "arm64", "v8")
+
+
+def test_unknown_variant_lists_the_known_ones() -> None:
+    named = sorted(v for v in KNOWN_VARIANTS if not v.startswith("v"))
+    assert named == [
+        "hardfloat", "power10", "power8", "power9", "rva20u64", "rva22u64", "softfloat", "sse2",
+    ]  # fmt: skip
+    with pytest.raises(Invalid) as caught:
+        _normalise("linux", "arm64", "v10")
+    assert caught.value.field == "variant"
+    assert caught.value.message == (
+        "unknown platform variant 'v10'; known: v1-v9, v8.0-v8.9, v9.0-v9.5, "
+        "hardfloat, power10, power8, power9, rva20u64, rva22u64, softfloat, sse2"
+    )
+
+
+def test_unknown_variant_through_parse_names_the_callers_field() -> None:
+    with pytest.raises(Invalid) as caught:
+        Platform.parse("linux/arm/v99", field="node.platform")
+    assert caught.value.field == "node.platform"
+    assert caught.value.message.startswith("unknown platform variant 'v99'; known: v1-v9, ")
+    assert caught.value.message.endswith(", sse2")
+
+
+@pytest.mark.parametrize("variant", ["v1", "v9", "v8.0", "v8.9", "v9.0", "v9.5", "sse2"])
+def test_known_variants_at_the_edges(variant) -> None:
+    assert variant in KNOWN_VARIANTS
+
+
+@pytest.mark.parametrize("variant", ["v0", "v10", "v8.10", "v9.6"])
+def test_variants_one_past_the_edges_are_unknown(variant) -> None:
+    assert variant not in KNOWN_VARIANTS
+    with pytest.raises(Invalid):
+        Platform.parse(f"linux/arm64/{variant}")
+
+
+def test_amd64_v1_is_plain_amd64() -> None:
+    assert str(Platform.parse("linux/amd64/v1")) == "linux/amd64"
+    assert Platform.parse("linux/amd64/v1").variant == ""
+
+
+def test_host_falls_back_to_linux_amd64(monkeypatch) -> None:
+    import berth.platform as module
+
+    monkeypatch.setattr(module.host_platform, "system", lambda: "")
+    monkeypatch.setattr(module.host_platform, "machine", lambda: "")
+    assert str(host()) == "linux/amd64"
+    monkeypatch.setattr(module.host_platform, "system", lambda: "Linux")
+    monkeypatch.setattr(module.host_platform, "machine", lambda: "aarch64")
+    assert str(host()) == "linux/arm64/v8"

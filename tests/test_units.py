@@ -240,3 +240,145 @@ def test_formatting_is_total(value: int) -> None:
     assert format_information(value) and format_bandwidth(value)
     if value < 2**63:
         assert parse_bandwidth(format_bandwidth(value, exact=True)) == value
+
+
+# --- exact messages, fields and limits (issue 9; pins scripts/mutation.py) -----------
+
+from berth.units import MAX_BYTES, MAX_TEXT  # noqa: E402
+
+GiB = 2**30
+
+# --- units: the upper bound ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parse", "kind", "field", "unit"),
+    [
+        (parse_information, "size", "size", "B"),
+        (parse_bandwidth, "bandwidth", "bandwidth", "Bps"),
+    ],
+)
+def test_too_large_integer_names_kind_unit_and_field(parse, kind, field, unit) -> None:
+    assert parse(MAX_BYTES) == MAX_BYTES
+    with pytest.raises(Invalid) as caught:
+        parse(MAX_BYTES + 1)
+    assert caught.value.field == field
+    assert caught.value.message == (
+        f"{kind} must be at most 2^63 - 1 = {MAX_BYTES} {unit}, got {MAX_BYTES + 1}"
+    )
+
+
+def test_too_large_integer_keeps_a_custom_field() -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_information(MAX_BYTES + 1, field="mem")
+    assert caught.value.field == "mem"
+    with pytest.raises(Invalid) as caught:
+        parse_bandwidth(MAX_BYTES + 1, field="net_bw")
+    assert caught.value.field == "net_bw"
+
+
+@pytest.mark.parametrize(
+    ("parse", "kind", "suffix", "unit"),
+    [
+        (parse_information, "size", "", "B"),
+        (parse_bandwidth, "bandwidth", "Bps", "Bps"),
+    ],
+)
+def test_too_large_string_names_the_text_kind_and_field(parse, kind, suffix, unit) -> None:
+    assert parse(f"{MAX_BYTES}{suffix}") == MAX_BYTES
+    text = f"{MAX_BYTES + 1}{suffix}"
+    with pytest.raises(Invalid) as caught:
+        parse(text, field="limit")
+    assert caught.value.field == "limit"
+    assert caught.value.message == (
+        f"{kind} must be at most 2^63 - 1 = {MAX_BYTES} {unit}, got {text!r}"
+    )
+
+
+# --- units: the length limit ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("parse", "kind"), [(parse_information, "size"), (parse_bandwidth, "bandwidth")]
+)
+def test_unit_string_at_the_length_limit_parses_one_more_is_refused(parse, kind) -> None:
+    at_limit = "1".rjust(MAX_TEXT, "0")
+    assert len(at_limit) == MAX_TEXT
+    assert parse(at_limit) == 1
+    padded = " " * (MAX_TEXT - 1) + "7"
+    assert parse(padded) == 7
+    too_long = "0" + at_limit
+    with pytest.raises(Invalid) as caught:
+        parse(too_long, field="quota")
+    assert caught.value.field == "quota"
+    assert caught.value.message.startswith(f"not a {kind}: '0000")
+    assert caught.value.message.endswith(f" is longer than {MAX_TEXT} characters")
+    with pytest.raises(Invalid) as caught:
+        parse(too_long)
+    assert caught.value.field == kind
+
+
+def test_length_limit_is_64_characters() -> None:
+    assert MAX_TEXT == 64
+
+
+# --- units: formatting ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1.5, "12", None, 2.0])
+@pytest.mark.parametrize("format_", [format_information, format_bandwidth])
+def test_format_refuses_non_integers_with_message_and_field(format_, value) -> None:
+    with pytest.raises(Invalid) as caught:
+        format_(value)
+    assert caught.value.field == "value"
+    assert caught.value.message == f"cannot format {value!r}: not a whole number"
+
+
+@pytest.mark.parametrize("format_", [format_information, format_bandwidth])
+def test_format_refuses_booleans(format_) -> None:
+    with pytest.raises(Invalid) as caught:
+        format_(True)
+    assert caught.value.field == "value"
+    assert caught.value.message == "cannot format True: not a whole number"
+
+
+def test_format_output_is_plain_decimal_without_exponent() -> None:
+    assert format_information(3 * 2**40) == "3TiB"
+    assert format_information(1536) == "1.5KiB"
+    assert format_information(1024 * 1000) == "1000KiB"
+    assert format_information(10 * 2**40) == "10TiB"
+    assert format_information(100 * 2**40, exact=True) == "100TiB"
+    assert format_information(1000 * 2**40) == "1000TiB"
+    assert format_bandwidth(2 * GiB) == "2GiBps"
+    assert format_information(MAX_BYTES) == "8388608TiB"
+    assert format_information(2**40 + 10 * 2**30) == "1.01TiB"
+    assert format_information(2**40 + 2**30 // 200) == "1TiB"
+    assert format_information(1025) == "1KiB"
+    assert format_information(1024 + 5) == "1KiB"
+    assert format_information(1024 + 6) == "1.01KiB"
+    assert format_information(1024 + 1024 * 3 // 400) == "1.01KiB"
+
+
+def test_format_rounds_to_two_places() -> None:
+    # 1.0049 KiB → "1KiB", 1.015 KiB → "1.02KiB" (half-even on exact halves is fine here)
+    assert format_information(1024 + 1024 * 49 // 10000) == "1KiB"
+    assert format_information(1024 + 1024 * 2 // 100 + 1) == "1.02KiB"
+    assert format_information(int(1024 * 1.999)) == "2KiB"
+
+
+@pytest.mark.parametrize("exponent", [63, 80, 100, 200, 400, 1000])
+def test_format_of_huge_values_is_exact(exponent) -> None:
+    value = 2**exponent + 2**40
+    expected_units = value // 2**40
+    text = format_information(value)
+    assert text.endswith("TiB")
+    assert text == f"{expected_units}TiB"
+    exact = format_information(value, exact=True)
+    assert exact == f"{expected_units}TiB"
+    odd = 3**exponent
+    assert format_information(odd, exact=True) == f"{odd}B"
+    rounded = format_information(odd)
+    assert rounded.endswith("TiB")
+    whole, _, fraction = rounded.removesuffix("TiB").partition(".")
+    assert int(whole) == odd // 2**40
+    assert len(fraction) <= 2

@@ -71,7 +71,7 @@ stderr); ``--quick`` is a seconds-long configuration for CI that exercises every
     python benchmarks/decision_latency.py                      # 10,000 nodes, the issue's case
     python benchmarks/decision_latency.py --nodes 1000         # the scales: 1k, 10k, 100k, 1M
     python benchmarks/decision_latency.py --nodes 100000
-    python benchmarks/decision_latency.py --nodes 1000000      # minutes, ~6 GB of memory
+    python benchmarks/decision_latency.py --nodes 1000000      # 4-6 minutes, ~4.5 GB peak
     python benchmarks/decision_latency.py --quick --json
 """
 

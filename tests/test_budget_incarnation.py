@@ -39,3 +39,8 @@ def test_the_incarnation_is_a_short_name(bad: str) -> None:
     with pytest.raises(Invalid) as invalid:
         NodeBudget(LIMITS, incarnation=bad)
     assert invalid.value.field == "incarnation"
+
+
+def test_a_generated_incarnation_is_eight_hex_digits() -> None:
+    incarnation = NodeBudget(LIMITS).incarnation
+    assert len(incarnation) == 8 and int(incarnation, 16) >= 0

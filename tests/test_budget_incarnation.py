@@ -44,3 +44,24 @@ def test_the_incarnation_is_a_short_name(bad: str) -> None:
 def test_a_generated_incarnation_is_eight_hex_digits() -> None:
     incarnation = NodeBudget(LIMITS).incarnation
     assert len(incarnation) == 8 and int(incarnation, 16) >= 0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_lease_past_its_deadline_is_gone_for_release_and_holds_without_a_reap() -> None:
+    # Reaping is lazy; a call about one reservation ends its lease if the deadline has come.
+    clock = _Clock()
+    budget = NodeBudget(LIMITS, clock=clock)
+    first, second = budget.admit_leased(SPEC, 5.0), budget.admit_leased(SPEC, 5.0)
+    assert budget.holds(first.id) and budget.holds(second.id)
+    clock.now = 5.0  # exactly at the deadline; nothing has reaped
+    assert budget.release(first.id) is False  # expiry ended it, not this call
+    assert budget.holds(second.id) is False
+    assert budget.get(first.id) is None and budget.get(second.id) is None
+    assert budget.headroom().mem_free == GiB

@@ -291,8 +291,11 @@ class NodeBudget:
         lease.bind(owner)
 
     def release(self, reservation_id: str) -> bool:
-        """Release a reservation; idempotent (False when it was not held)."""
+        """Release a reservation; idempotent (False when it was not held, or when its lease's
+        deadline had already come: expiry ended it, whether or not a reap had run)."""
         reservation_id = _reservation_id(reservation_id)
+        if self._expire_if_due(reservation_id):
+            return False
         with self._lock:
             reservation = self._reservations.pop(reservation_id, None)
             if reservation is None:
@@ -340,6 +343,22 @@ class NodeBudget:
         reservation_id = _reservation_id(reservation_id)
         with self._lock:
             return self._reservations.get(reservation_id)
+
+    def holds(self, reservation_id: str) -> bool:
+        """Whether the reservation is held and alive: one whose lease's deadline has come is
+        ended now, reaped or not (the answer a late bind must get)."""
+        reservation_id = _reservation_id(reservation_id)
+        if self._expire_if_due(reservation_id):
+            return False
+        with self._lock:
+            return reservation_id in self._reservations
+
+    def _expire_if_due(self, reservation_id: str) -> bool:
+        # Reaping is lazy; a call about one reservation must not see its lease alive after
+        # the deadline (a late bind reviving it, a release reporting it held).
+        with self._lock:
+            lease = self._leases.get(reservation_id)
+        return lease is not None and lease.expire_if_due()
 
     def overcommit(self) -> Overcommit | None:
         """The β_max stage's reserved sums and ceilings, when configured."""

@@ -178,10 +178,8 @@ class NodeCore:
                           field="reservation")  # fmt: skip
         with refused_by(self.name):
             self._check_platforms(platforms)
-            if reservation is not None:
-                self.budget.reap()  # a lease past its deadline is gone, reaped or not
-                if self.budget.get(reservation) is None:
-                    raise Refused("lease_expired", f"reservation {reservation} is gone")
+            if reservation is not None and not self.budget.holds(reservation):
+                raise Refused("lease_expired", f"reservation {reservation} is gone")
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
             if boot.mem_limit is None and spec.mem:
@@ -268,18 +266,16 @@ class NodeCore:
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object).
 
-        Leases past their deadline are ended first: the budget reaps lazily, and a late bind
-        must not revive an expired reservation.
+        A lease past its deadline is refused ``lease_expired`` (the budget ends it then).
         """
         if not isinstance(reservation_id, str):
             raise Invalid(f"expected a reservation id, got {shown(reservation_id)}",
                           field="reservation_id")  # fmt: skip
         if not isinstance(owner, str) and not callable(getattr(owner, "add_done_callback", None)):
             raise Invalid(f"expected a workload id or an owner, got {shown(owner)}", field="owner")
-        self.budget.reap()
         with refused_by(self.name):
             if isinstance(owner, str):
-                if self.budget.get(reservation_id) is None:  # say the likelier thing first
+                if not self.budget.holds(reservation_id):  # say the likelier thing first
                     raise Refused("lease_expired", f"reservation {reservation_id} is gone")
                 running = self._running.get(owner)
                 if running is None:
@@ -289,7 +285,6 @@ class NodeCore:
 
     def release(self, reservation_id: str) -> bool:
         """Release a reservation; idempotent (False when it was not held, or already expired)."""
-        self.budget.reap()
         return self.budget.release(reservation_id)
 
     # -- workloads ---------------------------------------------------------------------------

@@ -4,18 +4,13 @@ The embedded cluster's driver.  Every call is the agent's own method — the sam
 network driver's server side will call — so what the embedded default proves about
 admission, binding and boots holds for the distributed one.
 
-Two checks happen here, before the agent is called, until the agent makes them itself: a
-``lease_ttl_s`` that is not positive is ``Invalid`` (naming ``lease_ttl_s``), and ``bind`` and
-``release`` first end the node's leases past their deadline — the budget reaps lazily (the
-agent's heartbeat, the next admission), and without that a late bind would revive an expired
-reservation and a release report it as still held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from berth.errors import Invalid, Unavailable
+from berth.errors import Unavailable
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
 from berth.node.runtime.port import BootSpec
@@ -51,19 +46,13 @@ class AgentNodes:
         lease_ttl_s: float,
         platforms: Sequence[Platform] = (),
     ) -> Admission:
-        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
-            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
         return self.agent(node).admit(spec, lease_ttl_s, platforms)
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
-        agent = self.agent(node)
-        agent.budget.reap()
-        agent.bind(reservation_id, owner)
+        self.agent(node).bind(reservation_id, owner)
 
     async def release(self, node: str, reservation_id: str) -> bool:
-        agent = self.agent(node)
-        agent.budget.reap()
-        return agent.release(reservation_id)
+        return self.agent(node).release(reservation_id)
 
     async def try_run(
         self,

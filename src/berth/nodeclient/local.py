@@ -3,18 +3,13 @@
 For tests, benchmarks and the simulator, where nodes are budgets and nothing boots.  A
 budget-only node runs no workloads, so ``bind`` takes owner objects only; a workload id is
 refused as ``unknown_workload`` (after the likelier ``lease_expired``, as an agent would).
-
-``bind`` and ``release`` first end the node's leases that are past their deadline: a budget
-reaps lazily, and without that a late bind would revive an expired reservation (and a release
-report it as still held).  A ``lease_ttl_s`` that is not positive is ``Invalid`` before the
-node is asked anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from berth.errors import Invalid, Unavailable
+from berth.errors import Unavailable
 from berth.model import Spec
 from berth.node.budget import NodeBudget
 from berth.ownership import Admission, Owner, Refused, refused_by
@@ -60,23 +55,18 @@ class LocalNodes:
         platforms: Sequence[Platform] = (),
     ) -> Admission:
         """Synchronous ``admit`` for in-process callers (the simulator)."""
-        if isinstance(lease_ttl_s, bool) or not lease_ttl_s > 0:
-            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
         budget = self.budget(node)
         with refused_by(node):
             return budget.admit_leased(spec, lease_ttl_s, platforms).admission
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         budget = self.budget(node)
-        budget.reap()
         with refused_by(node):
             if isinstance(owner, str):
-                if budget.get(reservation_id) is None:
+                if not budget.holds(reservation_id):
                     raise Refused("lease_expired", f"reservation {reservation_id} is gone")
                 raise Refused("unknown_workload", "budget-only nodes run no workloads")
             budget.bind(reservation_id, owner)
 
     async def release(self, node: str, reservation_id: str) -> bool:
-        budget = self.budget(node)
-        budget.reap()
-        return budget.release(reservation_id)
+        return self.budget(node).release(reservation_id)

@@ -2,9 +2,11 @@
 
 One ``Request`` serves both founding seeds: the placement port's identity fields
 (``namespace``, ``name``, ``replica``, ``platforms``) plus the cluster scheduler's resource
-``spec`` and image ``layers``, and an optional soft hint (``preferred_node``).  ``spec=None``
-means the workload declared no resources — the single-node driver needs none, and the cluster
-driver then checks only the platform.
+``spec`` and image ``layers``, an optional soft hint (``preferred_node``) and an optional
+``spread`` of the function's replicas over nodes or a node label (:class:`Spread`; the rule
+itself lives in :mod:`berth.scheduler.spread`).  ``spec=None`` means the workload declared no
+resources — the single-node driver needs none, and the cluster driver then checks only the
+platform.
 
 Sizes are ``int`` bytes and rates ``int`` bytes/s; unit strings (``"512MiB"``, ``"64MiBps"``)
 are accepted at construction and converted once.  Every value is frozen, validated when built
@@ -40,8 +42,10 @@ from pydantic import (
     BeforeValidator,
     Field,
     Strict,
+    StrictBool,
     StrictInt,
     StrictStr,
+    ValidationInfo,
     field_validator,
 )
 
@@ -66,6 +70,7 @@ __all__ = [
     "MAX_NAME",
     "MAX_PLATFORMS",
     "MAX_REPLICA",
+    "MAX_SKEW",
     "MIN_INTERVAL_S",
     "ByteCount",
     "ByteRate",
@@ -82,6 +87,7 @@ __all__ = [
     "Request",
     "Seconds",
     "Spec",
+    "Spread",
     "checked_layers",
     "checked_platforms",
     "checked_spec",
@@ -99,6 +105,8 @@ MAX_LABELS = 64
 """The most labels one node advertises."""
 MAX_REPLICA = 2**31 - 1
 """The largest replica index."""
+MAX_SKEW = 1024
+"""The largest ``Spread.max_skew`` (a skew beyond a thousand replicas spreads nothing)."""
 MAX_CORES = 2.0**20
 """The most cores a spec asks for or a node offers."""
 MIN_INTERVAL_S = 0.001
@@ -332,6 +340,40 @@ def checked_spec(spec: object, *, field: str = "spec") -> Spec | None:
     return _SPEC(spec, field)
 
 
+class Spread(BerthModel):
+    """How the replicas of one function (same ``namespace`` and ``name``) spread over nodes.
+
+    ``label=None`` — at most one replica per node (anti-affinity); ``label="zone"`` — across
+    the values of that node label (``NodeState.labels``): a node is allowed when its value's
+    replica count plus one exceeds the least-loaded value's count by at most ``max_skew``
+    (Kubernetes' ``topologySpreadConstraints``; the values counted are those of the nodes
+    running one of the request's platforms).  ``hard=True`` — a node that would violate is
+    not eligible (``DoNotSchedule``; a ``NoCapacity`` names ``spread`` for it); ``hard=False``
+    — such nodes are tried only after every node that would not (``ScheduleAnyway``).  The
+    rule, and where the replica counts come from, is :mod:`berth.scheduler.spread`.
+    """
+
+    label: Name | None = None
+    hard: StrictBool
+    max_skew: Annotated[StrictInt, Field(ge=1, le=MAX_SKEW)] = 1
+
+    @field_validator("max_skew")
+    @classmethod
+    def _skew_needs_label(cls, max_skew: int, info: ValidationInfo) -> int:
+        if max_skew != 1 and info.data.get("label") is None:
+            raise Invalid(
+                f"applies to a label spread only (a per-node spread allows one replica per "
+                f"node), got {max_skew} without a label"
+            )
+        return max_skew
+
+    def __str__(self) -> str:
+        kind = "hard" if self.hard else "soft"
+        if self.label is None:
+            return f"{kind} spread: one replica per node"
+        return f"{kind} spread over label {self.label!r}, max skew {self.max_skew}"
+
+
 class Request(BerthModel):
     """One replica to place.
 
@@ -339,6 +381,7 @@ class Request(BerthModel):
     ``spec`` — resources (a ``Spec`` or an instance-type name); ``None`` declares none.
     ``layers`` — the image's layers as ``Layer`` or ``(id, size)`` pairs; ids are unique.
     ``preferred_node`` — a soft hint (e.g. where a forked VM's parent runs), never a rule.
+    ``spread`` — how replicas of this function spread (:class:`Spread`); ``None``: no rule.
     """
 
     namespace: Name
@@ -350,6 +393,7 @@ class Request(BerthModel):
         tuple[Annotated[Layer, BeforeValidator(_layer_input)], ...], Field(max_length=MAX_LAYERS)
     ] = ()
     preferred_node: Name | None = None
+    spread: Spread | None = None
 
     _unique_layers = field_validator("layers")(unique_layers)
 

@@ -370,8 +370,8 @@ class Spread(BerthModel):
     def __str__(self) -> str:
         kind = "hard" if self.hard else "soft"
         if self.label is None:
-            return f"{kind} spread: one replica per node"
-        return f"{kind} spread over label {self.label!r}, max skew {self.max_skew}"
+            return f"{kind} spread (one replica per node)"
+        return f"{kind} spread over label {self.label!r} (max skew {self.max_skew})"
 
 
 class Request(BerthModel):

@@ -6,6 +6,13 @@ An operator looking at a failed placement needs the *why*, per node and in aggre
 one table the snapshot filter and node admission also walk (:data:`berth.checks.CHECKS`), so
 the stages read alike: a node without the platform is ``platform_mismatch`` here and in a
 refusal, and each check names its own group in the summary.
+
+A request with a ``spread`` (:mod:`berth.scheduler.spread`) is judged against it too, after
+the checks: a node that fits but that a hard spread leaves out has the verdict ``spread``
+(its ``spread`` field says why: "zone='a' holds 3 replicas of default/fn, …"), grouped in
+the summary as "excluded by hard spread (one replica per node)"; a node a soft spread moved
+to the second tier still ``fits``, and its ``spread`` field says why it comes after the
+nodes that keep the spread.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass, field
 from berth.checks import CHECKS, Check, Demand, describe_reason, first_failed
 from berth.model import Layer, Spec
 from berth.platform import Platform
+from berth.scheduler.spread import SPREAD, Judge
 from berth.state import NodeState, colocation_score
 
 __all__ = ["Explanation", "NodeVerdict", "summarise", "verdicts"]
@@ -29,7 +37,9 @@ class NodeVerdict:
     """One node's verdict: ``fits`` or the first failed check, its colocated bytes and rank.
 
     ``rank`` is the node's position in the candidate order (0 = tried first), ``None`` for
-    nodes filtered out; ``refused`` holds the node's reason when it was tried and refused.
+    nodes filtered out; ``refused`` holds the node's reason when it was tried and refused;
+    ``spread`` why the request's spread excluded the node (verdict ``spread``) or, for a node
+    that fits, moved it after the nodes that keep the spread (a soft spread).
     """
 
     node: str
@@ -37,12 +47,17 @@ class NodeVerdict:
     colocated_bytes: int
     rank: int | None = None
     refused: str | None = None
+    spread: str | None = None
 
     @property
     def description(self) -> str:
         if self.refused:
             return f"refused at confirmation ({self.refused})"
+        if self.verdict == SPREAD:
+            return f"excluded by the spread: {self.spread}"
         if self.verdict == FITS:
+            if self.spread:
+                return f"fits, tried after the nodes that keep the spread: {self.spread}"
             return "fits"
         return describe_reason(self.verdict)
 
@@ -54,13 +69,15 @@ class Explanation:
     verdicts: tuple[NodeVerdict, ...]
     platforms: tuple[Platform, ...] = ()
     checks: Sequence[Check] = field(default=CHECKS, repr=False, compare=False)
+    spread: str | None = None
+    """The request's spread, described (``None``: it asked for none)."""
 
     @property
     def fitting(self) -> int:
         return sum(1 for v in self.verdicts if v.verdict == FITS and v.refused is None)
 
     def summary(self) -> str:
-        return summarise(self.verdicts, self.platforms, checks=self.checks)
+        return summarise(self.verdicts, self.platforms, checks=self.checks, spread=self.spread)
 
 
 def verdicts(
@@ -72,8 +89,10 @@ def verdicts(
     refusals: Mapping[str, str] | None = None,
     *,
     checks: Sequence[Check] = CHECKS,
+    spread: Judge | None = None,
 ) -> Explanation:
-    """Judge every snapshot against the request: its first failed check of ``checks``.
+    """Judge every snapshot against the request: its first failed check of ``checks``, then
+    (for a node that passes them all) the request's ``spread`` against its replica counts.
 
     ``refusals`` are the nodes' answers at confirmation; a refused node no longer among
     ``states`` (it left during the walk) is listed with its refusal all the same.
@@ -84,6 +103,11 @@ def verdicts(
     for state in states:
         failed = first_failed(state, demand, checks)
         verdict = FITS if failed is None else failed.code
+        why = None
+        if failed is None and spread is not None:
+            why = spread.violation(state.node)
+            if why is not None and spread.rule.hard:
+                verdict = SPREAD
         out.append(
             NodeVerdict(
                 node=state.node,
@@ -91,6 +115,7 @@ def verdicts(
                 colocated_bytes=colocation_score(state, layers),
                 rank=ranks.get(state.node),
                 refused=refusals.get(state.node),
+                spread=why,
             )
         )
     # A node that refused and has left since (its refusal was ``Unavailable``, typically)
@@ -102,7 +127,8 @@ def verdicts(
         if node not in seen
     )
     out.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node))
-    return Explanation(tuple(out), tuple(platforms), checks)
+    described = None if spread is None else spread.rule.describe()
+    return Explanation(tuple(out), tuple(platforms), checks, described)
 
 
 def summarise(
@@ -110,8 +136,10 @@ def summarise(
     platforms: Sequence[Platform] = (),
     *,
     checks: Sequence[Check] = CHECKS,
+    spread: str | None = None,
 ) -> str:
-    """``"0/50 nodes can run it: 20 insufficient memory, …"`` (largest groups first)."""
+    """``"0/50 nodes can run it: 20 insufficient memory, …"`` (largest groups first);
+    ``spread`` describes the request's spread, for the nodes it excluded."""
     total = len(all_verdicts)
     if total == 0:
         return "0/0 nodes can run it: the cluster has no live nodes"
@@ -123,6 +151,8 @@ def summarise(
             groups[f"refused at confirmation ({verdict.refused})"] += 1
         elif verdict.verdict == FITS:
             groups["can run it"] += 1
+        elif verdict.verdict == SPREAD:
+            groups[f"excluded by {spread or 'the spread'}"] += 1
         elif verdict.verdict in by_code:
             groups[by_code[verdict.verdict].summary(demand)] += 1
         else:

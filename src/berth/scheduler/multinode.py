@@ -35,8 +35,16 @@ arguments before doing anything — ``ranker`` is ``"engine"``, ``"reference"`` 
 ``spec`` a ``Spec``, an instance-type name or ``None``, ``layers`` and ``platforms`` lists
 (never a bare string), callbacks callable — and raise ``Invalid`` naming the parameter.
 
+**Spread.**  A request with a ``spread`` (:mod:`berth.scheduler.spread`, the rule) has its
+ranking filtered (hard) or split in two tiers (soft) by the replicas of its function this
+scheduler knows of (:attr:`ClusterScheduler.replicas`: its own placements, counted from the
+moment a node is asked until the lease is released, its workload :meth:`ended`, its node
+leaves, or an unbound lease runs out).  A hard spread is re-checked on each node just before
+it is asked, so concurrent requests of one function cannot both take the same slot.
+
 Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
-A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first.
+A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first
+(unless a soft spread moved it to the second tier: then it keeps its place there).
 ``NoMatchingPlatform`` when no live node runs any requested platform; ``NoCapacity`` (with
 every node's reason) when some does but none fits or all refuse, or the cluster is empty.
 """
@@ -60,20 +68,24 @@ from berth.model import (
     Placement,
     Request,
     Spec,
+    Spread,
     checked_layers,
     checked_platforms,
     checked_spec,
 )
 from berth.node.runtime.port import BootFailed
 from berth.nodeclient.port import NodeClient
+from berth.observability.metrics import Metrics
+from berth.observability.probe import SILENT, Probe, placement_probe
 from berth.ownership import Admission, Clock, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler.assume import AssumeCache, apply
 from berth.scheduler.engine import Engine
-from berth.scheduler.explain import Explanation, summarise, verdicts
+from berth.scheduler.explain import Explanation, verdicts
 from berth.scheduler.policy import Policy
 from berth.scheduler.ranking import Ranker, Ranking
 from berth.scheduler.reference import ReferenceRanker
+from berth.scheduler.spread import Function, Replicas, SpreadRanking, SpreadRule, spread_for
 from berth.state import NodeState, colocation_score
 from berth.store.port import StateEvent, StateStore
 from berth.validation import Rule, shown
@@ -122,6 +134,7 @@ class ClusterScheduler:
         assume: bool = True,
         assume_ttl_s: float | None = None,
         clock: Clock = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         _needs(store, "store", "subscribe")
         _needs(nodes, "nodes", "admit", "bind", "release")
@@ -135,8 +148,12 @@ class ClusterScheduler:
         if not callable(clock):
             raise Invalid(f"expected a function returning seconds, got {shown(clock)}",
                           field="clock")  # fmt: skip
+        if metrics is not None and not isinstance(metrics, Metrics):
+            raise Invalid(f"expected berth Metrics, got {shown(metrics)}", field="metrics")
         self.nodes = nodes
         self.policy = policy
+        self.metrics = metrics
+        """Where placement decisions are counted and timed (``None``: not measured)."""
         self.lease_ttl_s = float(lease_ttl_s)
         self.ranker: Ranker
         if isinstance(ranker, str):
@@ -152,6 +169,7 @@ class ClusterScheduler:
         self.assumed: AssumeCache | None = (
             AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
         )
+        self.replicas = Replicas(self.lease_ttl_s, clock=clock)
         self._base: dict[str, NodeState] = {}  # the nodes' own latest snapshots
         self._states: dict[str, NodeState] = {}  # the view ranked: snapshots + assumptions
         self._unsubscribe = store.subscribe(self._on_event)
@@ -174,6 +192,7 @@ class ClusterScheduler:
             self._states.pop(event.node, None)
             if self.assumed is not None:
                 self.assumed.drop_node(event.node)
+            self.replicas.drop_node(event.node)
             self.ranker.remove(event.node)
 
     def _refresh(self, node: str) -> None:
@@ -227,9 +246,11 @@ class ClusterScheduler:
             await self.nodes.bind(node, reservation_id, owner)
         except BaseException:
             self.forget(node, reservation_id)
+            self.replicas.ended(node, reservation_id)
             with contextlib.suppress(Refused, Unavailable):
                 await self.nodes.release(node, reservation_id)
             raise
+        self.replicas.bound(node, reservation_id)
 
     async def release(self, placement: Placement) -> bool:
         """Release ``placement``'s reservation on its node and undo the assumption."""
@@ -237,9 +258,24 @@ class ClusterScheduler:
         if placement.reservation_id is None:
             return False
         self.forget(placement.worker_node, placement.reservation_id)
+        self.replicas.ended(placement.worker_node, placement.reservation_id)
         return await self.nodes.release(placement.worker_node, placement.reservation_id)
 
+    def ended(self, placement: Placement) -> bool:
+        """The workload behind ``placement`` ended and its node released the reservation
+        (a lease bound on the node itself): stop counting it as a replica, without calling
+        the node.  True if this scheduler was counting it."""
+        placement = _placement(placement)
+        if placement.reservation_id is None:
+            return False
+        self.forget(placement.worker_node, placement.reservation_id)
+        return self.replicas.ended(placement.worker_node, placement.reservation_id)
+
     # -- the seed's API ----------------------------------------------------------------------
+    def snapshots(self) -> dict[str, NodeState]:
+        """The nodes' own latest snapshots, without this scheduler's assumptions."""
+        return dict(self._base)
+
     def states(self) -> dict[str, NodeState]:
         """This scheduler's view: the latest snapshot per live node, with its own confirmed
         reservations applied until a snapshot covers them."""
@@ -271,11 +307,24 @@ class ClusterScheduler:
         return self._rank(checked_spec(spec), *_checked(layers, platforms))
 
     def _rank(
-        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform]
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        platforms: Sequence[Platform],
+        spread: SpreadRule | None = None,
     ) -> Ranking:
         self._expire_assumptions()
         self._check_platforms(platforms)
-        return self.ranker.rank(spec, layers, platforms, self.policy)
+        ranking = self.ranker.rank(spec, layers, platforms, self.policy)
+        if spread is None:
+            return ranking
+        # A copy of the counts: the ranking is a value, whatever is placed after it is made.
+        return SpreadRanking(ranking, spread.judge(self.replicas.where(spread.function)))
+
+    def _spread_rule(
+        self, spread: Spread | None, function: Function, platforms: Sequence[Platform]
+    ) -> SpreadRule | None:
+        return spread_for(spread, function, self._states.values, platforms)
 
     async def place(
         self,
@@ -299,27 +348,76 @@ class ClusterScheduler:
         _callable(attempt, "attempt")
         if preferred_node is not None:
             preferred_node = _NAME(preferred_node, "preferred_node")
+        return await self._place(spec, layers, attempt, platforms, preferred_node)
+
+    async def _place(
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        attempt: Callable[[str], Awaitable[T]],
+        platforms: tuple[Platform, ...],
+        preferred_node: str | None,
+        function: Function | None = None,
+        spread: Spread | None = None,
+    ) -> Confirmed[T]:
+        # One decision, measured (metrics, spans) by its probe: berth.observability.probe.
+        with placement_probe(self.metrics, spec, layers, platforms) as probe:
+            return await self._walk_ranked(
+                spec, layers, attempt, platforms, preferred_node, function, spread, probe
+            )
+
+    async def _walk_ranked(
+        self,
+        spec: Spec | None,
+        layers: Sequence[Layer],
+        attempt: Callable[[str], Awaitable[T]],
+        platforms: tuple[Platform, ...],
+        preferred_node: str | None,
+        function: Function | None = None,
+        spread: Spread | None = None,
+        probe: Probe = SILENT,
+    ) -> Confirmed[T]:
         refusals: dict[str, str] = {}
+        rule: SpreadRule | None = None
         for _ in range(MAX_PASSES):
-            ranking = self._rank(spec, layers, platforms)
+            if function is not None:
+                rule = self._spread_rule(spread, function, platforms)
+            with probe.ranking():
+                ranking = self._rank(spec, layers, platforms, rule)
+            preferred = preferred_node
+            if (
+                preferred is not None
+                and isinstance(ranking, SpreadRanking)
+                and ranking.judge.violation(preferred) is not None
+            ):
+                preferred = None  # a soft spread demoted it (a hard one left it out)
             untried = 0
-            for index, node in self._walk(ranking, preferred_node):
+            for index, node in self._walk(ranking, preferred):
                 if node in refusals:
                     continue
+                if rule is not None and rule.hard and function is not None:
+                    # Another replica may have landed here since the ranking was made.
+                    why = rule.judge(self.replicas.counts(function)).violation(node)
+                    if why is not None:
+                        log.info("node %s skipped for %s: %s", node, _what(spec), why)
+                        continue
                 untried += 1
                 try:
-                    result = await attempt(node)
+                    with probe.confirming(node):
+                        result = await attempt(node)
                 except (Refused, Unavailable) as error:
                     reason = _reason(error)
                     log.info("node %s refused %s: %s", node, _what(spec), reason)
                     refusals[node] = reason
+                    probe.refused(node, error)
                     continue
+                probe.placed(node, index, ranking.colocated(index))
                 return Confirmed(
                     node, result, index, ranking.colocated(index), tuple(refusals.items())
                 )
             if not untried:
                 break
-        raise self._no_capacity(spec, layers, platforms, refusals)
+        raise self._no_capacity(spec, layers, platforms, refusals, rule)
 
     async def run(
         self,
@@ -370,17 +468,34 @@ class ClusterScheduler:
         request = _request(request)
         spec = request.spec
         layers, platforms = request.layers, request.platforms
+        function = (request.namespace, request.name)
 
         async def confirm(node: str) -> Admission | None:
             if spec is None:
                 return None
-            admission = await self.nodes.admit(
-                node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
-            )
+            # Counted from now (before the first await), so a concurrent request of the same
+            # function sees this replica while the node is being asked.
+            token = self.replicas.hold(function, node)
+            try:
+                admission = await self.nodes.admit(
+                    node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
+                )
+            except BaseException:
+                self.replicas.drop(token)
+                raise
+            self.replicas.confirm(token, admission.reservation_id)
             self.assume(node, admission, spec, layers)
             return admission
 
-        placed = await self.place(spec, layers, confirm, platforms, request.preferred_node)
+        placed = await self._place(
+            spec,
+            layers,
+            confirm,
+            platforms,
+            request.preferred_node,
+            function,
+            request.spread,
+        )
         return Placement(
             worker_node=placed.node,
             reservation_id=None if placed.result is None else placed.result.reservation_id,
@@ -392,8 +507,10 @@ class ClusterScheduler:
     def explain(self, request: Request, refusals: dict[str, str] | None = None) -> Explanation:
         """Every node's verdict for ``request``: first failed check or fits, bytes, rank."""
         request = _request(request)
+        function = (request.namespace, request.name)
+        rule = self._spread_rule(request.spread, function, request.platforms)
         try:
-            ranking = self.rank(request.spec, request.layers, request.platforms)
+            ranking = self._rank(request.spec, request.layers, request.platforms, rule)
             ranks = {node: index for index, node in enumerate(ranking)}
         except NoMatchingPlatform:
             ranks = {}
@@ -404,6 +521,7 @@ class ClusterScheduler:
             request.platforms,
             ranks,
             refusals,
+            spread=None if rule is None else rule.judge(self.replicas.where(function)),
         )
 
     # -- internals ---------------------------------------------------------------------------
@@ -440,10 +558,14 @@ class ClusterScheduler:
         layers: Sequence[Layer],
         platforms: Sequence[Platform],
         refusals: dict[str, str],
+        rule: SpreadRule | None = None,
     ) -> NoCapacity:
-        explanation = verdicts(self._states.values(), spec, layers, platforms, {}, refusals)
+        judge = None if rule is None else rule.judge(self.replicas.where(rule.function))
+        explanation = verdicts(
+            self._states.values(), spec, layers, platforms, {}, refusals, spread=judge
+        )
         reasons = {v.node: v.refused or v.verdict for v in explanation.verdicts}
-        message = f"cannot place {_what(spec)}: {summarise(explanation.verdicts, platforms)}"
+        message = f"cannot place {_what(spec)}: {explanation.summary()}"
         return NoCapacity(message, reasons)
 
 

@@ -1,0 +1,364 @@
+"""Replica spreading: where a function's replicas are, and which nodes a new one may take.
+
+A request may ask (``Request.spread``, a :class:`~berth.model.Spread`) that the replicas of
+its function — every request with the same ``namespace`` and ``name`` — spread out, as
+Kubernetes' ``topologySpreadConstraints`` / pod anti-affinity and Nomad's ``spread`` stanza
+do.  This module is the rule, in one place; the cluster scheduler applies it to its ranking,
+its walk and its explanations.
+
+**The rule.**  ``counts[n]`` is the number of the function's replicas on node ``n``.
+
+* *Per node* (``label=None``): a node violates when it already holds a replica
+  (``counts[n] >= 1``) — at most one replica per node.
+* *Per label value* (``label="zone"``, ``max_skew = S``): the *domains* are the values of the
+  label on the live nodes that run one of the request's platforms (the nodes it could ever
+  run on — Kubernetes counts the domains of the nodes its node affinity admits, whatever
+  their free capacity; berth's analogue is the platform).  ``c[d]`` is the function's
+  replicas on the nodes of domain ``d``, ``least = min c[d]`` over the domains (0 while some
+  domain has none).  A node of domain ``d`` violates when ``c[d] + 1 - least > S``: placing
+  there would leave its domain more than ``S`` ahead of the least-loaded one.  A node that
+  lacks the label belongs to no domain and always violates (Kubernetes does not place on
+  such nodes either).  A domain whose nodes are all full still counts: with a hard spread,
+  its replicas' siblings wait for it rather than pile up elsewhere (``DoNotSchedule``).
+  The placements this admits keep ``max c - min c <= S`` over a fixed set of domains; a
+  domain that appears later (a new zone) starts at 0 and is filled first.
+* *Hard* (``hard=True``): a violating node is not eligible — the ranking leaves it out, the
+  walk re-checks each node just before asking it (another replica may have landed there
+  meanwhile), and ``NoCapacity`` names ``spread`` as that node's reason.
+* *Soft* (``hard=False``): two tiers — every node that does not violate, in the policy's
+  order, then every node that does, in the policy's order — so colocation still orders each
+  tier, and a violating node is used only when no other fits (``ScheduleAnyway``).
+
+**Where the replicas are: scheduler-side.**  A node's admission cannot know where the other
+replicas of a function run — it sees only its own node — so the spread is the scheduler's
+rule, decided on what *this scheduler* knows: :class:`Replicas`, the replicas it placed
+itself.  A placement counts from the moment its node is asked (so concurrent requests of one
+function see each other) until its lease ends: released (``ClusterScheduler.release`` or a
+failed bind), its workload ended (``ClusterScheduler.ended``), its node left the cluster, or
+— for a lease never bound — the lease's time to live ran out, as on the node.  Replicas
+placed by *other* schedulers are invisible unless fed in (:meth:`Replicas.add`, e.g. from
+the routing registry): with K schedulers each following only its own placements, a hard
+per-node spread holds per scheduler, and two schedulers can still put two replicas of one
+function on the same node.  A placement without a reservation (a request with no ``spec``)
+holds nothing on the node and has no lifetime to follow, so it is not counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+from berth.model import Spread
+from berth.ownership import Clock
+from berth.platform import Platform, matches_any
+from berth.scheduler.ranking import Ranking
+from berth.state import NodeState
+
+__all__ = ["SPREAD", "Function", "Judge", "Replicas", "SpreadRanking", "SpreadRule"]
+
+SPREAD = "spread"
+"""The reason code of a node a hard spread excludes (in ``NoCapacity`` and explanations)."""
+
+Function = tuple[str, str]
+"""A function's identity: ``(namespace, name)``; its replicas share it."""
+
+
+class SpreadRule:
+    """One request's spread over one view of the cluster (see the module docstring).
+
+    Built once per ranking from the view's snapshots; :meth:`judge` binds it to replica
+    counts (a snapshot of them for a ranking, the live ones for a walk's re-check).
+    """
+
+    def __init__(
+        self,
+        spread: Spread,
+        function: Function,
+        states: Iterable[NodeState],
+        platforms: Sequence[Platform] = (),
+    ) -> None:
+        self.spread = spread
+        self.function = function
+        self.values: dict[str, str] = {}
+        domains: set[str] = set()
+        label = spread.label
+        if label is not None:
+            for state in states:
+                value = state.labels.get(label)
+                if value is None:
+                    continue
+                self.values[state.node] = value
+                if matches_any(state.platform, platforms):
+                    domains.add(value)
+        self.domains = frozenset(domains)
+
+    def judge(self, counts: Mapping[str, int]) -> Judge:
+        """The rule against ``counts`` (node → this function's replicas there)."""
+        return Judge(self, counts)
+
+    @property
+    def hard(self) -> bool:
+        return self.spread.hard
+
+    def describe(self) -> str:
+        return str(self.spread)
+
+
+class Judge:
+    """A :class:`SpreadRule` against fixed replica counts: which nodes would violate it."""
+
+    def __init__(self, rule: SpreadRule, counts: Mapping[str, int]) -> None:
+        self.rule = rule
+        self.counts = counts
+        self.by_domain: Counter[str] = Counter()
+        self.least = 0
+        if rule.spread.label is not None:
+            for node, count in counts.items():
+                value = rule.values.get(node)
+                if value is not None and value in rule.domains:
+                    self.by_domain[value] += count
+            self.least = min((self.by_domain[d] for d in rule.domains), default=0)
+
+    def violation(self, node: str) -> str | None:
+        """Why placing one more replica on ``node`` breaks the spread; ``None`` if it does not."""
+        rule = self.rule
+        namespace, name = rule.function
+        label = rule.spread.label
+        if label is None:
+            held = self.counts.get(node, 0)
+            if held >= 1:
+                return (
+                    f"{held} replica{'s' if held != 1 else ''} of {namespace}/{name} already "
+                    f"on the node (one per node)"
+                )
+            return None
+        value = rule.values.get(node)
+        if value is None:
+            return f"the node has no label {label!r} to spread {namespace}/{name} over"
+        if value not in rule.domains:  # a node of none of the request's platforms
+            return f"{label}={value!r} runs none of the request's platforms"
+        here = self.by_domain[value]
+        skew = here + 1 - self.least
+        if skew > rule.spread.max_skew:
+            return (
+                f"{label}={value!r} holds {here} replica{'s' if here != 1 else ''} of "
+                f"{namespace}/{name}, the least-loaded value {self.least}: one more makes "
+                f"a skew of {skew} > max skew {rule.spread.max_skew}"
+            )
+        return None
+
+
+class SpreadRanking(Ranking):
+    """A ranking with a spread applied: violating nodes left out (hard) or moved last (soft).
+
+    Lazy like the engine's: it reads the ranking it wraps only as far as it is itself read,
+    so a walk that stops at the first node that confirms judges few nodes.  It is a value: the
+    replica counts it judges by are a copy taken when it was made.  ``excluded`` (hard) and
+    ``demoted`` (soft) map the nodes judged so far to the violation's description.
+    """
+
+    def __init__(self, base: Ranking, judge: Judge) -> None:
+        super().__init__([], [])
+        self._base = base
+        self.judge = judge
+        self._hard = judge.rule.hard
+        self._order: list[str] = []
+        self._bytes: list[int] = []
+        self._next = 0
+        self._total = len(base)
+        self._deferred: list[int] = []
+        self._done = False
+        self.excluded: dict[str, str] = {}
+        self.demoted: dict[str, str] = {}
+
+    def _fill(self, upto: int | None) -> None:
+        """Judge the wrapped ranking until ``upto`` is read (``None``: all of it)."""
+        base = self._base
+        while not self._done and (upto is None or len(self._order) <= upto):
+            if self._next < self._total:
+                index = self._next
+                self._next += 1
+                node = base[index]
+                why = self.judge.violation(node)
+                if why is None:
+                    self._order.append(node)
+                    self._bytes.append(base.colocated(index))
+                elif self._hard:
+                    self.excluded[node] = why
+                else:
+                    self.demoted[node] = why
+                    self._deferred.append(index)
+            else:
+                for index in self._deferred:
+                    self._order.append(base[index])
+                    self._bytes.append(base.colocated(index))
+                self._deferred.clear()
+                self._done = True
+
+    def __len__(self) -> int:
+        self._fill(None)
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice) or index < 0:
+            self._fill(None)
+        else:
+            self._fill(index)
+        return self._order[index]
+
+    def __iter__(self) -> Iterator[str]:
+        for index in itertools.count():
+            self._fill(index)
+            if index >= len(self._order):
+                return
+            yield self._order[index]
+
+    def colocated(self, index: int) -> int:
+        self._fill(None if index < 0 else index)
+        return self._bytes[index]
+
+    def ordered(self) -> int:
+        return len(self._order)
+
+
+@dataclass
+class _Entry:
+    function: Function
+    expires_at: float | None  # None once bound: the lease lives as long as its workload
+
+
+class Replicas:
+    """The replicas of each function this scheduler knows of, per node (module docstring).
+
+    A placement is *held* while its node is asked, *confirmed* with its reservation id (an
+    unbound lease, dropped after ``lease_ttl_s`` unless :meth:`bound`), and gone when
+    :meth:`ended` or its node is dropped.  Not thread-safe: a scheduler calls it from its own
+    event loop.
+    """
+
+    def __init__(self, lease_ttl_s: float = 30.0, *, clock: Clock = time.monotonic) -> None:
+        self.lease_ttl_s = float(lease_ttl_s)
+        self._clock = clock
+        self._counts: dict[Function, Counter[str]] = {}
+        self._entries: dict[tuple[str, str], _Entry] = {}
+        self._holds: dict[int, tuple[Function, str]] = {}
+        self._tokens = itertools.count(1)
+        self._deadlines: deque[tuple[float, str, str]] = deque()
+
+    # -- reading -----------------------------------------------------------------------------
+    def counts(self, function: Function) -> Mapping[str, int]:
+        """Node → replicas of ``function`` (live: copy it to keep it)."""
+        self.expire()
+        return self._counts.get(function, _EMPTY)
+
+    def where(self, function: Function) -> dict[str, int]:
+        """A copy of :meth:`counts`."""
+        return dict(self.counts(function))
+
+    def __len__(self) -> int:
+        """Replicas known: confirmed placements plus those being confirmed."""
+        return len(self._entries) + len(self._holds)
+
+    # -- a placement's life ------------------------------------------------------------------
+    def hold(self, function: Function, node: str) -> int:
+        """Count one replica of ``function`` on ``node`` while the node is asked; a token."""
+        token = next(self._tokens)
+        self._holds[token] = (function, node)
+        self._bump(function, node, 1)
+        return token
+
+    def drop(self, token: int) -> None:
+        """The node refused (or the placement holds nothing): forget the hold."""
+        held = self._holds.pop(token, None)
+        if held is not None:
+            self._bump(*held, -1)
+
+    def confirm(self, token: int, reservation_id: str) -> None:
+        """The node admitted under ``reservation_id``: the hold becomes an unbound lease."""
+        held = self._holds.pop(token, None)
+        if held is None:
+            return
+        function, node = held
+        self._bump(function, node, -1)
+        self.add(function, node, reservation_id, bound=False)
+
+    def add(self, function: Function, node: str, reservation_id: str, *, bound: bool) -> None:
+        """Record a replica under its reservation (idempotent; also for replicas learned
+        elsewhere, such as the routing registry)."""
+        key = (node, reservation_id)
+        entry = self._entries.get(key)
+        if entry is not None:
+            if bound:
+                entry.expires_at = None
+            return
+        expires_at = None if bound else self._clock() + self.lease_ttl_s
+        self._entries[key] = _Entry(function, expires_at)
+        self._bump(function, node, 1)
+        if expires_at is not None:
+            self._deadlines.append((expires_at, node, reservation_id))
+
+    def bound(self, node: str, reservation_id: str) -> bool:
+        """The lease was bound to its workload: the replica lives until :meth:`ended`."""
+        entry = self._entries.get((node, reservation_id))
+        if entry is None:
+            return False
+        entry.expires_at = None
+        return True
+
+    def ended(self, node: str, reservation_id: str) -> bool:
+        """The replica's reservation was released or its workload ended; True if known."""
+        entry = self._entries.pop((node, reservation_id), None)
+        if entry is None:
+            return False
+        self._bump(entry.function, node, -1)
+        return True
+
+    def drop_node(self, node: str) -> None:
+        """Forget every replica on a node that left the cluster."""
+        for key in [key for key in self._entries if key[0] == node]:
+            self.ended(*key)
+
+    def expire(self) -> None:
+        """Drop unbound leases past their time to live (the node has freed them too)."""
+        deadlines = self._deadlines
+        if not deadlines:
+            return
+        now = self._clock()
+        while deadlines and deadlines[0][0] <= now:
+            _, node, reservation_id = deadlines.popleft()
+            entry = self._entries.get((node, reservation_id))
+            if entry is not None and entry.expires_at is not None and entry.expires_at <= now:
+                self.ended(node, reservation_id)
+
+    def _bump(self, function: Function, node: str, delta: int) -> None:
+        counts = self._counts.setdefault(function, Counter())
+        counts[node] += delta
+        if counts[node] <= 0:
+            del counts[node]
+            if not counts:
+                del self._counts[function]
+
+
+_EMPTY: Mapping[str, int] = {}
+
+
+def spread_for(
+    spread: Spread | None,
+    function: Function,
+    states: Callable[[], Iterable[NodeState]],
+    platforms: Sequence[Platform],
+) -> SpreadRule | None:
+    """The rule for a request (``None`` without a spread); ``states`` is read only if needed."""
+    if spread is None:
+        return None
+    return SpreadRule(spread, function, states() if spread.label is not None else (), platforms)

@@ -45,6 +45,7 @@ PLATFORM_IDS = {platform: index for index, platform in enumerate(PLATFORMS)}
 
 def test_the_table_order_and_codes() -> None:
     assert [check.code for check in CHECKS] == [
+        "cordoned",
         "platform_mismatch",
         "mem_exhausted",
         "disk_exhausted",
@@ -56,8 +57,8 @@ def test_the_table_order_and_codes() -> None:
         "net_bw_saturated",
     ]
     stages = [check.stage for check in CHECKS]
-    assert stages == sorted(stages, key=list(Stage).index)  # platform, hard, β_max, soft
-    assert [check.code for check in CHECKS if not check.sized] == ["platform_mismatch"]
+    assert stages == sorted(stages, key=list(Stage).index)  # cordon, platform, hard, β_max, soft
+    assert [check.code for check in CHECKS if not check.sized] == ["cordoned", "platform_mismatch"]
     assert describe_reason("mem_exhausted") == "insufficient memory"
     assert describe_reason("cpu_saturated") == "cpu saturated"
     assert describe_reason("boot_failed") == "boot_failed"  # not a check: as it is
@@ -88,6 +89,7 @@ figures = st.builds(
     oc_disk_bw_ceiling=ceilings,
     oc_net_bw_reserved=reserved,
     oc_net_bw_ceiling=ceilings,
+    cordoned=st.booleans(),
 )
 specs = st.none() | st.builds(
     Spec,
@@ -107,6 +109,8 @@ def columns_of(views: Sequence[NodeFigures]) -> tuple[NodeColumns, Scratch]:
 
     def column(name: str) -> npt.NDArray[Any]:
         values = [getattr(view, name) for view in views]
+        if name == "cordoned":
+            return np.array(values, dtype=bool)
         return np.array(values, dtype=np.int64 if name.endswith("_free") else np.float64)
 
     platform_id = [PLATFORM_IDS[view.platform] for view in views if view.platform is not None]

@@ -13,6 +13,9 @@ slot) and a detail message for refusals.  The two tests evaluate the same float6
 expression in the same order, so they agree bit for bit (property tests hold the engine
 equal to the reference); ``<=`` everywhere, so an exact fill fits.  In table order:
 
+* **cordoned** — an operator marked the node as taking no new workloads (node maintenance:
+  ``berth cordon``, a drain); unsized, so it judges every request, with or without a spec.
+  Workloads already running are not affected: the check is about *new* admissions;
 * **platform** — the node runs one of the demand's platforms (none asked: any);
 * **hard** — ``mem <= mem_free``, ``disk <= disk_free``;
 * **over-commit** (the β_max stage, only on nodes that run it; an absent ceiling is
@@ -21,7 +24,7 @@ equal to the reference); ``<=`` everywhere, so an exact fill fits.  In table ord
   ``disk_bw_load + disk_bw <= disk_bw_ceiling``, ``net_bw_load + net_bw <= net_bw_ceiling``.
 
 The first failing check is the verdict.  A :class:`Demand` without a size (a request with no
-spec) is judged on the unsized checks only (the platform).
+spec) is judged on the unsized checks only (the cordon and the platform).
 
 What this module is not: it holds no node state and decides nothing about ranking.  Each
 stage brings its own view — a snapshot is approximate, the budget's live view is
@@ -46,6 +49,8 @@ from berth.platform import Platform, matches_any
 __all__ = [
     "CHECKS",
     "COLUMN_FIELDS",
+    "CORDONED",
+    "CORDONED_DETAIL",
     "HELD_STAGES",
     "Check",
     "Demand",
@@ -67,6 +72,7 @@ IntArray = npt.NDArray[np.int64]
 class Stage(Enum):
     """Which budget a check guards (admission's ``reserve`` runs only the held stages)."""
 
+    CORDON = "cordon"
     PLATFORM = "platform"
     HARD = "hard"
     OVERCOMMIT = "overcommit"
@@ -88,6 +94,8 @@ class NodeView(Protocol):
 
     @property
     def platform(self) -> Platform | None: ...
+    @property
+    def cordoned(self) -> bool: ...
     @property
     def mem_free(self) -> int: ...
     @property
@@ -139,6 +147,7 @@ class NodeFigures(NamedTuple):
     oc_disk_bw_ceiling: float = math.inf
     oc_net_bw_reserved: float = 0.0
     oc_net_bw_ceiling: float = math.inf
+    cordoned: bool = False
 
 
 @dataclass(slots=True)
@@ -167,6 +176,7 @@ class NodeColumns:
     disk_bw_ceiling: FloatArray
     net_bw_load: FloatArray
     net_bw_ceiling: FloatArray
+    cordoned: BoolArray
     overcommitting: bool = field(default=True, init=False)
 
 
@@ -278,6 +288,26 @@ PLATFORM = Check(
 )
 
 
+# -- cordon ----------------------------------------------------------------------------------
+CORDONED_DETAIL = "the node is cordoned: it takes no new workloads"
+
+
+def _cordon_narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+    np.logical_not(columns.cordoned, out=scratch.mask)
+    fit &= scratch.mask
+
+
+CORDONED = Check(
+    code="cordoned",
+    phrase="node cordoned",
+    stage=Stage.CORDON,
+    test=lambda view, demand: not view.cordoned,
+    narrow=_cordon_narrow,
+    detail=lambda view, demand: CORDONED_DETAIL,
+    sized=False,
+)
+
+
 # -- hard, over-commit and bandwidth checks ------------------------------------------------
 # Each factory derives the vectorised test and the detail from field names; the scalar test is
 # written out in the table below, so each rule reads as its formula (and stays fast in the
@@ -355,6 +385,7 @@ def _cpu_detail(view: NodeView, demand: Demand) -> str:
 
 
 CHECKS: tuple[Check, ...] = (
+    CORDONED,
     PLATFORM,
     _hard(
         "mem", "mem_exhausted", "insufficient memory",

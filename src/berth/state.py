@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Annotated
 
-from pydantic import Field, Strict, StrictInt
+from pydantic import Field, Strict, StrictBool, StrictInt
 
 from berth.checks import CHECKS, Check, Demand, first_failed
 from berth.model import (
@@ -93,6 +93,8 @@ class NodeState(BerthModel):
     ``Admission.seq <= admitted`` is accounted for by this snapshot).  ``layers`` are the ids of
     mounted image layers; ``cached_layers`` those recently unmounted but still on local disk.
     ``mem_max``/``disk_max`` are the hard budget totals (for utilisation-aware policies).
+    ``cordoned`` says an operator cordoned the node: it admits no new workloads (its own
+    admission refuses them, ``cordoned``; the checks filter it out), running ones go on.
     """
 
     node: Name
@@ -115,6 +117,7 @@ class NodeState(BerthModel):
     layers: LayerIds = frozenset()
     cached_layers: LayerIds = frozenset()
     overcommit: Overcommit | None = None
+    cordoned: StrictBool = False
 
     @property
     def mem_total(self) -> int:

@@ -9,7 +9,12 @@ the simulator runs the very same code.  The agent owns what touches the outside 
 * the *advertiser*: it publishes the core's snapshot through the state store port whenever
   the budget or the layers change, and on a heartbeat (``heartbeat_s``, wall-clock time) so a
   store with liveness by expiry keeps the node alive; each beat also reaps unbound leases,
-* joining and leaving the cluster (first publication, removal on ``stop``).
+* joining and leaving the cluster (first publication, removal on ``stop``);
+* the node's maintenance state: a cordon (:meth:`Agent.cordon`) is kept in the core's budget
+  (admission refuses ``cordoned``, snapshots say ``cordoned=True``) and, with a ``state_dir``,
+  persisted as the file ``<state_dir>/cordoned`` — written before the cordon is
+  acknowledged, removed on uncordon, read when the agent is built — so a cordon survives an
+  agent restart (the node never advertises itself uncordoned in between).
 
 ``try_run``, ``admit``, ``bind``, ``release``, ``stop_workload``, ``workloads`` and
 ``snapshot`` are the core's (see :mod:`berth.node.core` for the try-run order: mount, start,
@@ -25,12 +30,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from berth.errors import Invalid
 from berth.model import Interval, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
-from berth.node.core import NodeCore
+from berth.node.core import NodeCore, WorkloadStatus
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
@@ -63,6 +69,7 @@ class Agent:
         labels: dict[str, str] | None = None,
         heartbeat_s: float = 5.0,
         wall_clock: Callable[[], float] = time.time,
+        state_dir: Path | None = None,
     ) -> None:
         heartbeat_s = _INTERVAL(heartbeat_s, "heartbeat_s")
         if not callable(getattr(store, "publish", None)):
@@ -70,7 +77,13 @@ class Agent:
         if not callable(wall_clock):
             raise Invalid(f"expected a function returning seconds, got {shown(wall_clock)}",
                           field="wall_clock")  # fmt: skip
+        if state_dir is not None and not isinstance(state_dir, Path):
+            raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
         self.core = NodeCore(name, platform, budget, runtime, layers=layers, labels=labels)
+        self.state_dir = state_dir
+        if state_dir is not None and self._cordon_file(state_dir).exists():
+            self.core.cordon(True)
+            log.info("node %s starts cordoned (%s)", self.core.name, self._cordon_file(state_dir))
         self.store = store
         self.monitor = monitor
         self.heartbeat_s = heartbeat_s
@@ -115,6 +128,7 @@ class Agent:
         *,
         runtime: Runtime | None = None,
         readings: LoadReadings | None = None,
+        state_dir: Path | None = None,
     ) -> Agent:
         """Build an agent from a validated configuration (live monitors unless ``readings``)."""
         if not isinstance(config, AgentConfig):
@@ -140,6 +154,7 @@ class Agent:
             monitor=monitor,
             labels=config.node.labels,
             heartbeat_s=options.heartbeat_s,
+            state_dir=state_dir,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,6 +257,34 @@ class Agent:
     def workloads(self) -> dict[str, Workload]:
         """The running workloads by id."""
         return self.core.workloads()
+
+    def status(self, workload_id: str) -> WorkloadStatus:
+        """Whether a workload runs here, ended (and how), or is unknown to this node."""
+        return self.core.status(workload_id)
+
+    # -- node maintenance ----------------------------------------------------------------------
+    @property
+    def cordoned(self) -> bool:
+        return self.core.cordoned
+
+    def cordon(self, cordoned: bool = True) -> bool:
+        """Cordon (``False``: uncordon) the node, persisted in ``state_dir`` when there is one
+        (written before the budget changes, so an acknowledged cordon survives a restart).
+        Whether it changed anything."""
+        if not isinstance(cordoned, bool):
+            raise Invalid(f"expected true or false, got {shown(cordoned)}", field="cordoned")
+        if self.state_dir is not None:
+            path = self._cordon_file(self.state_dir)
+            if cordoned:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(f"cordoned at {self._wall_clock():.3f}\n")
+            else:
+                path.unlink(missing_ok=True)
+        return self.core.cordon(cordoned)
+
+    @staticmethod
+    def _cordon_file(state_dir: Path) -> Path:
+        return state_dir / "cordoned"
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, {self.platform}, {len(self.core.workloads())} workloads)"

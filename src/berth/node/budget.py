@@ -16,7 +16,7 @@ refused.  Two kinds of budget per workload (DESIGN.md §1.3):
   ``Σ reserved β + spec.β <= k_max * total``.
 
 ``admit(spec, owner, platforms)`` walks the one table of checks (:data:`berth.checks.CHECKS`
-— platform, hard, β_max, soft, in that order; the snapshot filter walks the same table) on a
+— cordon, platform, hard, β_max, soft, in that order; the snapshot filter walks the same table) on a
 *live view* built under the lock — free amounts from the reserved sums, the readings as they
 are now — and reserves in the same step, so check and reservation are atomic.  A refusal
 raises :class:`Refused` with the failed check's reason code (``platform_mismatch``,
@@ -200,10 +200,27 @@ class NodeBudget:
         self._disk_bw_reserved = 0
         self._net_bw_reserved = 0
         self._admitted = 0  # reservations taken so far: the next one's seq is this + 1
+        self._cordoned = False  # node maintenance: no new admissions (the ``cordoned`` check)
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Also call ``listener()`` after every change of reservations (e.g. an advertiser)."""
         self._listeners.append(listener)
+
+    @property
+    def cordoned(self) -> bool:
+        """Whether the node is cordoned: every admission is refused ``cordoned`` (the check of
+        :data:`berth.checks.CHECKS`); reservations already held are untouched."""
+        return self._cordoned
+
+    def set_cordoned(self, cordoned: bool) -> bool:
+        """Cordon (``True``) or uncordon the node; whether that changed anything."""
+        if not isinstance(cordoned, bool):
+            raise Invalid(f"expected true or false, got {shown(cordoned)}", field="cordoned")
+        with self._lock:
+            changed, self._cordoned = self._cordoned != cordoned, cordoned
+        if changed:
+            self._changed()
+        return changed
 
     # -- admission ---------------------------------------------------------------------------
     def admit(self, spec: Spec, owner: Owner, platforms: Sequence[Platform] = ()) -> Reservation:
@@ -399,6 +416,7 @@ class NodeBudget:
             disk_bw_ceiling=limits.disk_bw_ceiling,
             net_bw_load=load.net_bw_load,
             net_bw_ceiling=limits.net_bw_ceiling,
+            cordoned=self._cordoned,
             oc_vcpus_reserved=max(self._vcpus_reserved, 0.0),
             oc_vcpus_ceiling=_unbounded(_ceiling(limits.cpu_overcommit, limits.cpu_capacity)),
             oc_disk_bw_reserved=self._disk_bw_reserved,

@@ -24,7 +24,9 @@ neither re-implements them.
 
 0. *platform* — a node that runs none of the artifact's platforms refuses
    (``platform_mismatch``) before touching anything; it is a static fact, so it costs nothing
-   to check first.  With a ``reservation`` the lease must still be held (``lease_expired``).
+   to check first.  So is a cordon: a cordoned node refuses a try-run (``cordoned``) before
+   mounting (the budget's admission refuses it too: the check is in the one table).
+   With a ``reservation`` the lease must still be held (``lease_expired``).
 1. *mount* the image's layers — the workload boots from them, so they come first; each mount
    reports whether it needed a pull (``PULLED`` / ``FROM_CACHE`` / ``ALREADY_MOUNTED``),
    which is what the simulator times pulls from;
@@ -56,9 +58,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from berth.checks import CORDONED, CORDONED_DETAIL
 from berth.errors import BerthError, Invalid
 from berth.model import (
     Interval,
@@ -73,14 +77,56 @@ from berth.model import (
 from berth.node.budget import NodeBudget
 from berth.node.layers import LayerRegistry, MountResult
 from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
 from berth.state import NodeState
 from berth.validation import Rule, shown
 
-__all__ = ["Booted", "NodeCore"]
+__all__ = ["ENDED_MEMORY", "Booted", "NodeCore", "WorkloadStatus"]
 
 log = logging.getLogger("berth.node")
+
+ENDED_MEMORY = 4096
+"""How many ended workloads a node remembers (with how each ended) for status queries."""
+
+
+@dataclass(frozen=True)
+class WorkloadStatus:
+    """What a node knows of one workload id: ``running``, ``ended`` (with how: its exit code,
+    or the signal's ``reason``, and whether a stop ended it) or ``unknown`` (never ran here,
+    or ended longer ago than the node remembers — :data:`ENDED_MEMORY` ends — or before the
+    agent restarted)."""
+
+    state: str
+    exit_code: int | None = None
+    reason: str | None = None
+    stopped: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "stopped": self.stopped,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> WorkloadStatus:
+        """A status read back from the wire (``Invalid`` naming the field when malformed)."""
+        if not isinstance(value, dict):
+            raise Invalid(f"expected an object, got {shown(value)}", field="status")
+        state, code = value.get("state"), value.get("exit_code")
+        reason, stopped = value.get("reason"), value.get("stopped", False)
+        if state not in ("running", "ended", "unknown"):
+            raise Invalid(f"unknown state {shown(state)}", field="status.state")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise Invalid(f"expected an integer, got {shown(code)}", field="status.exit_code")
+        if reason is not None and not isinstance(reason, str):
+            raise Invalid(f"expected a string, got {shown(reason)}", field="status.reason")
+        if not isinstance(stopped, bool):
+            raise Invalid(f"expected true or false, got {shown(stopped)}", field="status.stopped")
+        return cls(state, code, reason, stopped)
 
 
 @dataclass(frozen=True)
@@ -144,6 +190,7 @@ class NodeCore:
         """Bookkeeping errors met when a workload ended (a runtime only logs a failing
         callback, so they are kept here for :meth:`problems` to report)."""
         self._running: dict[str, tuple[Workload, tuple[str, ...]]] = {}
+        self._ended_recently: OrderedDict[str, WorkloadStatus] = OrderedDict()
         self._generation = 0
         self._generation_lock = threading.Lock()
 
@@ -176,8 +223,11 @@ class NodeCore:
         if reservation is not None and not isinstance(reservation, str):
             raise Invalid(f"expected a reservation id, got {shown(reservation)}",
                           field="reservation")  # fmt: skip
-        with refused_by(self.name):
+        attributes = {"berth.node": self.name, "berth.leased": reservation is not None}
+        with refused_by(self.name), tracing.span("berth.node.boot", attributes=attributes) as span:
             self._check_platforms(platforms)
+            if reservation is None and self.budget.cordoned:  # before mounting anything
+                raise Refused(CORDONED.code, CORDONED_DETAIL)
             if reservation is not None and not self.budget.holds(reservation):
                 raise Refused("lease_expired", f"reservation {reservation} is gone")
             mounts = self._mount(layers)
@@ -194,6 +244,7 @@ class NodeCore:
                     raise Refused("boot_failed", error.reason) from None
                 raise
             self._running[workload.id] = (workload, layer_ids)
+            span.set_attribute("berth.workload", workload.id)
             workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
             try:
                 admission = self._own(spec, workload, reservation, platforms)
@@ -242,6 +293,15 @@ class NodeCore:
         # are ours to unmount.
         if self._running.pop(workload.id, None) is None:
             self.end_errors.append(f"unknown workload {workload.id} ended")
+        ended = workload.exit
+        self._ended_recently[workload.id] = WorkloadStatus(
+            "ended",
+            None if ended is None else ended.code,
+            None if ended is None else ended.reason,
+            ended is not None and ended.stopped,
+        )
+        while len(self._ended_recently) > ENDED_MEMORY:
+            self._ended_recently.popitem(last=False)
         try:
             self._unmount(layer_ids)
         except BerthError as error:
@@ -301,6 +361,23 @@ class NodeCore:
         """The running workloads by id."""
         return {workload_id: entry[0] for workload_id, entry in self._running.items()}
 
+    def status(self, workload_id: str) -> WorkloadStatus:
+        """Whether ``workload_id`` runs here, ended (and how), or is unknown to this node."""
+        if workload_id in self._running:
+            return WorkloadStatus("running")
+        return self._ended_recently.get(workload_id, WorkloadStatus("unknown"))
+
+    # -- node maintenance ----------------------------------------------------------------------
+    @property
+    def cordoned(self) -> bool:
+        """Whether the node is cordoned (no new admissions; see :meth:`cordon`)."""
+        return self.budget.cordoned
+
+    def cordon(self, cordoned: bool = True) -> bool:
+        """Cordon the node (``False``: uncordon): admission then refuses every new workload
+        (``cordoned``) and snapshots say so; running workloads go on.  Whether it changed."""
+        return self.budget.set_cordoned(cordoned)
+
     def workload_layers(self) -> dict[str, tuple[str, ...]]:
         """The layer ids each running workload holds mounted, by workload id."""
         return {workload_id: entry[1] for workload_id, entry in self._running.items()}
@@ -338,6 +415,7 @@ class NodeCore:
             layers=self.layers.mounted(),
             cached_layers=self.layers.cached(),
             overcommit=self.budget.overcommit(),
+            cordoned=self.budget.cordoned,
         )
 
     @property

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from berth.errors import Unavailable
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
+from berth.node.core import WorkloadStatus
 from berth.node.runtime.port import BootSpec
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
@@ -66,3 +67,12 @@ class AgentNodes:
 
     async def stop(self, node: str, workload_id: str) -> None:
         await self.agent(node).stop_workload(workload_id)
+
+    async def status(self, node: str, workload_id: str) -> WorkloadStatus:
+        return self.agent(node).status(workload_id)
+
+    async def cordon(self, node: str) -> bool:
+        return self.agent(node).cordon(True)
+
+    async def uncordon(self, node: str) -> bool:
+        return self.agent(node).cordon(False)

@@ -3,6 +3,7 @@
 For tests, benchmarks and the simulator, where nodes are budgets and nothing boots.  A
 budget-only node runs no workloads, so ``bind`` takes owner objects only; a workload id is
 refused as ``unknown_workload`` (after the likelier ``lease_expired``, as an agent would).
+``cordon``/``uncordon`` set the budget's cordon, which its admission judges.
 """
 
 from __future__ import annotations
@@ -70,3 +71,9 @@ class LocalNodes:
 
     async def release(self, node: str, reservation_id: str) -> bool:
         return self.budget(node).release(reservation_id)
+
+    async def cordon(self, node: str) -> bool:
+        return self.budget(node).set_cordoned(True)
+
+    async def uncordon(self, node: str) -> bool:
+        return self.budget(node).set_cordoned(False)

@@ -41,6 +41,7 @@ from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
 from berth.model import Layer, Spec
+from berth.node.core import WorkloadStatus
 from berth.node.runtime.port import BootSpec
 from berth.nodeclient.nats_wire import (
     IDEMPOTENCY_HEADER,
@@ -51,6 +52,7 @@ from berth.nodeclient.nats_wire import (
     encode,
     subject,
 )
+from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
 from berth.store.nats_connection import request
@@ -160,6 +162,20 @@ class NatsNodes:
         document = {"v": SCHEMA_VERSION, "workload_id": workload_id}
         await self._call(node, "stop", document, timeout_s=self.run_timeout_s)
 
+    async def status(self, node: str, workload_id: str) -> WorkloadStatus:
+        document = {"v": SCHEMA_VERSION, "workload_id": workload_id}
+        value = await self._call(node, "status", document)
+        try:
+            return WorkloadStatus.from_dict(value)
+        except Invalid as error:
+            raise BadReply(f"node {node} answered status with {value!r}: {error}") from None
+
+    async def cordon(self, node: str) -> bool:
+        return bool(await self._call(node, "cordon", {"v": SCHEMA_VERSION}))
+
+    async def uncordon(self, node: str) -> bool:
+        return bool(await self._call(node, "uncordon", {"v": SCHEMA_VERSION}))
+
     # -- transport ---------------------------------------------------------------------------
     async def _call(
         self,
@@ -184,6 +200,22 @@ class NatsNodes:
     ) -> Any:
         where = subject(node, operation, self.prefix)
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        # A CLIENT span per request; the trace context travels in the headers to the node.
+        with tracing.span(
+            f"berth.nodeclient.{operation}", tracing.SpanKind.CLIENT, {"berth.node": node}
+        ):
+            return await self._exchange(node, operation, where, document, headers, timeout)
+
+    async def _exchange(
+        self,
+        node: str,
+        operation: str,
+        where: str,
+        document: dict[str, Any],
+        headers: dict[str, str] | None,
+        timeout: float,
+    ) -> Any:
+        headers = tracing.headers(headers)
         try:
             reply = await request(self.client, where, encode(document), timeout, headers=headers)
         except nats.errors.NoRespondersError:

@@ -1,6 +1,7 @@
 """The node's side of admission over NATS: one agent's responder on its own subjects.
 
-A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop``
+A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop`` (and
+``status``, ``cordon``, ``uncordon``)
 (:mod:`berth.nodeclient.nats_wire`) by calling the agent's own methods — ``admit``,
 ``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the in-process driver
 calls, so the network adds transport and nothing else.  It owns three things the agent
@@ -50,6 +51,7 @@ from berth.nodeclient.nats_wire import (
     field_of,
     ok_reply,
 )
+from berth.observability import tracing
 from berth.ownership import Admission, Refused
 from berth.platform import Platform
 from berth.store.nats import MalformedMessage, node_token
@@ -143,7 +145,11 @@ class NodeServer:
             return
         try:
             document = decode_request(msg.data, source=source)
-            value = await self._handle(operation, document, msg)
+            # the scheduler's trace continues here (its context is in the message's headers)
+            name = f"berth.node.{operation}" if operation.isalpha() else "berth.node.unknown"
+            attributes = {"berth.node": self.agent.name}
+            with tracing.server_span(name, msg.headers, attributes):
+                value = await self._handle(operation, document, msg)
             reply = ok_reply(value)
         except MalformedMessage as error:
             self.rejected += 1
@@ -192,6 +198,11 @@ class NodeServer:
         if operation == "stop":
             await self.agent.stop_workload(field_of(document, "workload_id", str, source=source))
             return None
+        if operation == "status":
+            workload_id = field_of(document, "workload_id", str, source=source)
+            return self.agent.status(workload_id).to_dict()
+        if operation in ("cordon", "uncordon"):
+            return self.agent.cordon(operation == "cordon")
         raise MalformedMessage(f"unknown operation {operation!r}", source=source)
 
     def _admit(self, document: dict[str, Any], msg: Msg) -> dict[str, Any]:

@@ -49,7 +49,7 @@ __all__ = [
 PREFIX = "berth.node"
 SCHEMA_VERSION = 1
 IDEMPOTENCY_HEADER = "Berth-Idempotency-Key"
-OPERATIONS = ("admit", "bind", "release", "run", "stop")
+OPERATIONS = ("admit", "bind", "release", "run", "stop", "status", "cordon", "uncordon")
 
 
 class BadReply(Unavailable):

@@ -3,8 +3,12 @@
 A scheduler that has ranked the candidates confirms on the chosen node.  Over a network it
 cannot hand the node a live owner object, so confirmation is two steps: ``admit`` reserves
 under a *lease* that expires unless it is ``bind``-ed to the workload (or ``release``-d) in
-time; an unbound lease simply runs out and frees what it held.  ``try_run`` and ``stop`` (the
-node agent's part) extend this port as :class:`AgentClient`.  Messages are plain serialisable
+time; an unbound lease simply runs out and frees what it held.  ``try_run``, ``stop`` and
+``status`` (the node agent's part) extend this port as :class:`AgentClient`.  Node
+maintenance — ``cordon`` and ``uncordon`` — is :class:`NodeMaintenance`, which every driver
+in this repository implements (an agent client always does): a cordoned node refuses every
+new admission (``cordoned``, the check of :data:`berth.checks.CHECKS`), advertises
+``cordoned=True``, and keeps what it already holds.  Messages are plain serialisable
 data (a ``Spec``, platforms, ids, reason codes), so a network driver can carry them unchanged.
 
 The node is the authority for everything it is asked to hold: capacity *and* platform — a
@@ -20,14 +24,15 @@ driver passes is :mod:`berth.testing.nodeclient_contract`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from berth.model import Layer, Spec
+from berth.node.core import WorkloadStatus
 from berth.node.runtime.port import BootSpec
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 
-__all__ = ["AgentClient", "NodeClient"]
+__all__ = ["AgentClient", "NodeClient", "NodeMaintenance"]
 
 
 class NodeClient(Protocol):
@@ -60,7 +65,22 @@ class NodeClient(Protocol):
         ...
 
 
-class AgentClient(NodeClient, Protocol):
+@runtime_checkable
+class NodeMaintenance(Protocol):
+    """Cordon and uncordon a named node."""
+
+    async def cordon(self, node: str) -> bool:
+        """Cordon ``node``: it admits nothing new until uncordoned (running workloads and held
+        reservations stay).  Whether it changed anything (``False``: already cordoned).
+        ``Unavailable`` when the node cannot be reached."""
+        ...
+
+    async def uncordon(self, node: str) -> bool:
+        """Lift ``node``'s cordon; whether it changed anything."""
+        ...
+
+
+class AgentClient(NodeClient, NodeMaintenance, Protocol):
     """Admission plus the agent's workload operations."""
 
     async def try_run(
@@ -81,4 +101,8 @@ class AgentClient(NodeClient, Protocol):
 
     async def stop(self, node: str, workload_id: str) -> None:
         """Stop a workload; unknown or already stopped ids are harmless."""
+        ...
+
+    async def status(self, node: str, workload_id: str) -> WorkloadStatus:
+        """Whether ``workload_id`` runs on ``node``, ended there (and how), or is unknown."""
         ...

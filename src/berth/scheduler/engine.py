@@ -351,6 +351,7 @@ _FLOAT_COLUMNS = (
     "oc_net_bw_ceiling",
 )
 _INT_COLUMNS = ("generation", "mem_free", "disk_free", "mem_max", "disk_max")
+_BOOL_COLUMNS = ("cordoned",)
 
 
 class Engine:
@@ -385,6 +386,7 @@ class Engine:
         self.columns: dict[str, npt.NDArray[Any]] = {
             **{name: np.zeros(self._capacity, dtype=np.float64) for name in _FLOAT_COLUMNS},
             **{name: np.zeros(self._capacity, dtype=np.int64) for name in _INT_COLUMNS},
+            **{name: np.zeros(self._capacity, dtype=bool) for name in _BOOL_COLUMNS},
         }
         self._platforms: list[Platform] = []
         self._platform_ids: dict[Platform, int] = {}
@@ -553,6 +555,7 @@ class Engine:
         c["disk_bw_ceiling"][slot] = state.disk_bw_ceiling
         c["net_bw_load"][slot] = state.net_bw_load
         c["net_bw_ceiling"][slot] = state.net_bw_ceiling
+        c["cordoned"][slot] = state.cordoned
         if state.overcommit is not None:
             self._overcommitting.add(slot)
         # Written for every node (0 and +inf without the stage): a reused slot must not keep

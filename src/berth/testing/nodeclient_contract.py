@@ -34,7 +34,12 @@ port alone (room on a node is probed by admitting a spec that fills it):
   node does not run, ``unknown_workload`` (and the reservation is kept);
 * a node the client cannot reach is ``Unavailable`` for ``admit``, ``bind`` and ``release``;
 * a malformed call (``lease_ttl_s`` zero, negative or NaN) is ``Invalid`` naming
-  ``lease_ttl_s``, and reserves nothing.
+  ``lease_ttl_s``, and reserves nothing;
+* node maintenance (drivers implementing :class:`~berth.nodeclient.port.NodeMaintenance`;
+  skipped for the others): a cordoned node refuses every new admission ``cordoned`` (naming
+  the node) while a reservation taken before the cordon can still be bound and released;
+  ``cordon``/``uncordon`` say whether they changed anything; a cordon is per node; an
+  unknown node is ``Unavailable``.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import pytest
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.node.budget import BudgetLimits, NodeBudget
-from berth.nodeclient.port import NodeClient
+from berth.nodeclient.port import NodeClient, NodeMaintenance
 from berth.ownership import Admission, Clock, Refused
 from berth.platform import Platform
 
@@ -383,3 +388,52 @@ class NodeClientContract:
             await self._assert_free(nodes, shape)
 
         self._run([shape], check)
+
+    # -- node maintenance (drivers that implement NodeMaintenance) ----------------------------
+    def _maintenance(self, nodes: NodeClient) -> NodeMaintenance:
+        if not isinstance(nodes, NodeMaintenance):
+            pytest.skip("the driver does not implement NodeMaintenance (cordon/uncordon)")
+        return nodes
+
+    def test_cordon_refuses_new_admissions_and_keeps_what_is_held(self) -> None:
+        shape = NodeShape("n1", mem=256 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            maintenance = self._maintenance(nodes)
+            held = await self._admit(nodes, "n1", 128 * MiB)
+            assert await maintenance.cordon("n1") is True
+            assert await maintenance.cordon("n1") is False  # already cordoned
+            refused = await self._refusal(self._admit(nodes, "n1", MiB))
+            assert (refused.reason, refused.node) == ("cordoned", "n1"), refused
+            owner = ManualOwner()  # a reservation taken before the cordon is still bound
+            await nodes.bind("n1", held.reservation_id, owner)
+            assert await maintenance.uncordon("n1") is True
+            assert await maintenance.uncordon("n1") is False
+            second = await self._admit(nodes, "n1", 128 * MiB)  # exactly the rest: fits
+            await self._assert_full(nodes, "n1")
+            assert await nodes.release("n1", second.reservation_id) is True
+            owner.end()
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_cordon_is_per_node(self) -> None:
+        shapes = [NodeShape("n1"), NodeShape("n2")]
+
+        async def check(nodes: NodeClient) -> None:
+            maintenance = self._maintenance(nodes)
+            await maintenance.cordon("n1")
+            admission = await self._admit(nodes, "n2", MiB)
+            assert await nodes.release("n2", admission.reservation_id) is True
+            assert (await self._refusal(self._admit(nodes, "n1", MiB))).reason == "cordoned"
+
+        self._run(shapes, check)
+
+    def test_cordon_of_an_unknown_node_is_unavailable(self) -> None:
+        async def check(nodes: NodeClient) -> None:
+            maintenance = self._maintenance(nodes)
+            for call in (maintenance.cordon("ghost"), maintenance.uncordon("ghost")):
+                with pytest.raises(Unavailable):
+                    await call
+
+        self._run([NodeShape("n1")], check)

@@ -146,7 +146,11 @@ class NodeServer:
         try:
             document = decode_request(msg.data, source=source)
             # the scheduler's trace continues here (its context is in the message's headers)
-            name = f"berth.node.{operation}" if operation.isalpha() else "berth.node.unknown"
+            name = (
+                f"berth.node.{operation}"
+                if operation.isalpha() and len(operation) <= 16
+                else "berth.node.unknown"
+            )
             attributes = {"berth.node": self.agent.name}
             with tracing.server_span(name, msg.headers, attributes):
                 value = await self._handle(operation, document, msg)

@@ -166,6 +166,10 @@ class Metrics:
         if attempts:
             self.attempts.observe(attempts)
 
+    def rejected(self) -> None:
+        """A placement request refused as malformed before any decision (``invalid``)."""
+        self._outcomes["invalid"].inc()
+
     def ranked(self, seconds: float, rerank: bool) -> None:
         """One ranking took ``seconds``; ``rerank`` when it was not the decision's first."""
         self.ranking_seconds.observe(seconds)
@@ -209,7 +213,8 @@ class Metrics:
 
 
 class _Pending(Protocol):
-    spec: Spec
+    @property
+    def spec(self) -> Spec: ...
 
 
 class AssumedSource(Protocol):
@@ -273,7 +278,7 @@ class ClusterCollector(Collector):
         for node, state in (snapshots or {}).items():
             if now - state.published_at > self.stale_after_s:
                 states["stale"] += 1
-            elif getattr(state, "cordoned", False):
+            elif state.cordoned:
                 states["cordoned"] += 1
             else:
                 states["ready"] += 1

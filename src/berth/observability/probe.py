@@ -134,10 +134,11 @@ class PlacementProbe(Probe):
                 attributes = {"berth.pass": self.passes}
                 stack.enter_context(tracing.span("berth.scheduler.rank", attributes=attributes))
             started = time.perf_counter()
-            yield
-            seconds = time.perf_counter() - started
-        if self.metrics is not None:
-            self.metrics.ranked(seconds, rerank)
+            try:
+                yield
+            finally:  # a ranking that fails (no node runs the platform) is timed too
+                if self.metrics is not None:
+                    self.metrics.ranked(time.perf_counter() - started, rerank)
 
     def ranking(self) -> AbstractContextManager[Any]:
         return self._ranking()

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry import context, propagate
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Tracer, TracerProvider
 
 from berth.errors import Invalid
@@ -46,6 +46,7 @@ __all__ = [
     "ENDPOINT_ENV",
     "TRACES_ENDPOINT_ENV",
     "SpanKind",
+    "annotate",
     "configure",
     "enabled",
     "headers",
@@ -89,6 +90,13 @@ def span(
         return
     with tracer.start_as_current_span(name, kind=kind, attributes=attributes) as current:
         yield current
+
+
+def annotate(attributes: Mapping[str, Any]) -> None:
+    """Set ``attributes`` on the current span (nothing when it does not record)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(attributes)
 
 
 def headers(base: Mapping[str, str] | None = None) -> dict[str, str] | None:

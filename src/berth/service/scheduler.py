@@ -54,6 +54,8 @@ from berth.nodeclient.nats_wire import (
     ok_reply,
     raise_error,
 )
+from berth.observability import tracing
+from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
@@ -219,6 +221,13 @@ class SchedulerService:
             log.warning("ignored a message without a reply subject on %s", msg.subject)
             return
         operation = msg.subject.rsplit(".", 1)[-1]
+        # the caller's trace continues here: its context is in the message's headers
+        with tracing.server_span(f"berth.scheduler.{operation}", msg.headers):
+            reply = await self._reply(msg, operation)
+        with contextlib.suppress(Exception):
+            await msg.respond(reply)
+
+    async def _reply(self, msg: Msg, operation: str) -> bytes:
         try:
             document = decode_request(msg.data, source=msg.subject)
             if operation == "schedule":
@@ -232,17 +241,19 @@ class SchedulerService:
         except MalformedMessage as error:
             self.rejected += 1
             log.warning("rejected: %s", error)
+            if operation == "schedule" and self.scheduler.metrics is not None:
+                self.scheduler.metrics.rejected()
             reply = error_reply(error)
         except (Invalid, NoCapacity, Unavailable, Refused) as error:
             reply = _placement_error(error)
         except Exception as error:
             log.exception("the scheduler failed on %s", msg.subject)
             reply = error_reply(error)
-        with contextlib.suppress(Exception):
-            await msg.respond(reply)
+        return reply
 
     async def _schedule(self, document: dict[str, Any], source: str) -> Any:
         request = _model(Request, document, "request", source)
+        tracing.annotate({"berth.workload": request.key})
         placement = await self.scheduler.schedule(request)
         self.placed += 1
         if self.routes is not None and placement.reservation_id is not None:
@@ -334,19 +345,23 @@ class NatsScheduler:
 
     async def _call(self, operation: str, document: dict[str, Any]) -> Any:
         where = f"{self.prefix}.{operation}"
-        try:
-            reply = await request(
-                self.client, where, encode({"v": SCHEMA_VERSION, **document}), self.timeout_s
-            )
-        except nats.errors.NoRespondersError:
-            raise Unavailable(f"no scheduler answers {where}") from None
-        except nats.errors.TimeoutError:
-            raise Unavailable(
-                f"no scheduler answered {operation} within {self.timeout_s:g}s (outcome unknown)"
-            ) from None
-        except nats.errors.Error as error:
-            raise Unavailable(f"cannot reach the schedulers: {error}") from None
-        return _decode(reply.data, where)
+        payload = encode({"v": SCHEMA_VERSION, **document})
+        # a CLIENT span; the trace context travels to the scheduler in the message's headers
+        with tracing.span(f"berth.client.{operation}", tracing.SpanKind.CLIENT):
+            try:
+                reply = await request(
+                    self.client, where, payload, self.timeout_s, headers=tracing.headers()
+                )
+            except nats.errors.NoRespondersError:
+                raise Unavailable(f"no scheduler answers {where}") from None
+            except nats.errors.TimeoutError:
+                raise Unavailable(
+                    f"no scheduler answered {operation} within {self.timeout_s:g}s "
+                    "(outcome unknown)"
+                ) from None
+            except nats.errors.Error as error:
+                raise Unavailable(f"cannot reach the schedulers: {error}") from None
+            return _decode(reply.data, where)
 
 
 def _decode(data: bytes, source: str) -> Any:
@@ -392,16 +407,24 @@ async def scheduler_service(
     policy: Policy | None = None,
     node_timeout_s: float = 2.0,
     grace_s: float = 5.0,
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[SchedulerService]:
     """A whole scheduler on ``client``: its replica, its node client, its service; stopped
-    gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them)."""
+    gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them).
+    ``metrics`` (a new :class:`~berth.observability.metrics.Metrics` when not given; one per
+    scheduler) counts its decisions and reports its view, a node stale after two heartbeats
+    without a snapshot: ``service.scheduler.metrics``."""
     # the watch's idle heartbeat: half a node heartbeat (at most 1 s), so after a server
     # restart the replica resumes within about one node heartbeat (two missed idle beats)
     idle_s = min(1.0, heartbeat_s / 2)
     ttl_s = bucket_ttl_s(heartbeat_s)
     async with NatsStore(client, bucket=bucket, ttl_s=ttl_s, idle_heartbeat_s=idle_s) as store:
         nodes = NatsNodes(client, prefix=node_prefix, timeout_s=node_timeout_s)
-        scheduler = ClusterScheduler(store, nodes, lease_ttl_s=lease_ttl_s, policy=policy)
+        metrics = metrics if metrics is not None else Metrics()
+        scheduler = ClusterScheduler(
+            store, nodes, lease_ttl_s=lease_ttl_s, policy=policy, metrics=metrics
+        )
+        metrics.watch(scheduler, stale_after_s=2 * heartbeat_s)
         service = SchedulerService(client, scheduler, store=store, routes=routes, prefix=prefix)
         await service.start()
         try:

@@ -34,6 +34,7 @@ from berth.model import Interval, Layer, Name, Request
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
 from berth.service.commands import register as register_service
+from berth.service.operator import register as register_operator
 from berth.sim.commands import register as register_sim
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, one_line, shown
@@ -352,6 +353,7 @@ def _human(key: str, value: object) -> str:
 
 register_sim(app)
 register_service(app)
+register_operator(app)
 
 
 def main() -> None:

@@ -1,0 +1,352 @@
+"""A synchronous client of berth's HTTP API, for the operator CLI and scripts.
+
+What it owns: finding the API (:func:`locate`: ``--api``/``$BERTH_API`` and
+``--token``/``$BERTH_TOKEN``, else the ``$BERTH_HOME/api.json`` that ``berth up`` writes), one
+method per route (:class:`ApiClient`), parsing every answer with the API's own pydantic
+schemas (:mod:`berth.service.http.schemas`), and turning every failure into one of berth's
+errors, so the command line prints it as its usual one line:
+
+* an ``application/problem+json`` answer → ``Invalid`` (400, with the problem's ``field``),
+  ``NoCapacity`` (409, the per-reason counts kept in ``reasons``), ``Unavailable`` (503), or
+  :class:`ApiError` (401, 404 and anything else, with the status);
+* connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL;
+* an answer that does not match the schema → :class:`ApiError` — never a traceback.
+
+What it is not: a second definition of the API's types or rules.  Requests are sent as the
+JSON the API documents and validated by the server; the answers are the server's models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
+from berth.service.http import schemas
+from berth.validation import one_line, shown
+
+__all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]
+
+API_FILE = "api.json"
+"""The file under ``$BERTH_HOME`` (default ``~/.berth``) where ``berth up`` puts its API."""
+MAX_API_FILE_BYTES = 64 * 1024
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(BerthError):
+    """An answer of the API that is none of berth's own error kinds (401, 404, 5xx, garbage).
+
+    ``status`` is the HTTP status (0 when the answer could not be read at all).
+    """
+
+    def __init__(self, message: str, *, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+def api_file(environ: dict[str, str] | None = None) -> Path:
+    """``$BERTH_HOME/api.json``, ``~/.berth/api.json`` without ``$BERTH_HOME``."""
+    env = os.environ if environ is None else environ
+    home = env.get("BERTH_HOME") or str(Path.home() / ".berth")
+    return Path(home) / API_FILE
+
+
+@dataclass(frozen=True)
+class ApiLocation:
+    """Where the API is, the token to show it, and where that came from (for error messages)."""
+
+    url: str
+    token: str | None
+    source: str
+
+
+def _checked_url(url: str, field: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise Invalid(f"expected an http:// or https:// URL, got {shown(url)}", field=field)
+    if parts.query or parts.fragment:
+        raise Invalid(f"expected a URL without a query, got {shown(url)}", field=field)
+    return url.rstrip("/")
+
+
+def _read_api_file(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_API_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise Invalid(f"cannot read it: {error.strerror or error}", field=str(path)) from None
+    if len(raw) > MAX_API_FILE_BYTES:
+        raise Invalid(f"larger than {MAX_API_FILE_BYTES} bytes", field=str(path))
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise Invalid(f"not a JSON document: {error}", field=str(path)) from None
+    if not isinstance(document, dict) or not isinstance(document.get("url"), str):
+        raise Invalid('expected {"url": ..., "token": ...}', field=str(path))
+    token = document.get("token")
+    if token is not None and not isinstance(token, str):
+        raise Invalid(f"token: expected a string, got {shown(token)}", field=str(path))
+    return document
+
+
+def locate(
+    api: str | None, token: str | None, *, environ: dict[str, str] | None = None
+) -> ApiLocation:
+    """The API to talk to: ``api``/``token`` (the flags, or their environment variables),
+    else ``$BERTH_HOME/api.json``.  The file's token is used with the file's URL, or with an
+    ``api`` equal to it; a token given explicitly always wins."""
+    path = api_file(environ)
+    if api is not None:
+        url = _checked_url(api, "--api")
+        if token is None:
+            written = _read_api_file(path)
+            if written is not None and written["url"].rstrip("/") == url:
+                token = written.get("token")
+        return ApiLocation(url, token, "--api")
+    written = _read_api_file(path)
+    if written is None:
+        raise Invalid(
+            f"no API to talk to: pass --api URL or set BERTH_API, or start a cluster with "
+            f"`berth up` (it writes {path})",
+            field="--api",
+        )
+    url = _checked_url(written["url"], str(path))
+    return ApiLocation(url, token if token is not None else written.get("token"), str(path))
+
+
+def _problem(response: httpx.Response) -> dict[str, Any]:
+    try:
+        document = response.json()
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"detail": one_line(response.text[:200]) or response.reason_phrase}
+    return document if isinstance(document, dict) else {"detail": shown(document)}
+
+
+def _counts(reasons: object) -> str:
+    if not isinstance(reasons, dict) or not reasons:
+        return ""
+    return ", ".join(f"{count} {reason}" for reason, count in reasons.items())
+
+
+class ApiClient:
+    """One method per route of the API (see ``docs/openapi.json``); a context manager.
+
+    ``transport`` is httpx's port: tests and callers may pass another driver (an
+    ``httpx.ASGITransport`` over an app in this process) instead of a socket.
+    """
+
+    def __init__(
+        self,
+        location: ApiLocation,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.location = location
+        self.timeout_s = timeout_s
+        headers = {"Accept": "application/json", "User-Agent": "berth-cli"}
+        if location.token:
+            headers["Authorization"] = f"Bearer {location.token}"
+        self._http = httpx.Client(
+            base_url=location.url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- the transport and the error mapping -------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        params: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Send one request; the decoded JSON answer, or one of berth's errors."""
+        url = self.location.url + path
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            response = self._http.request(
+                method, path, json=body, params=params or None, timeout=timeout
+            )
+        except httpx.ConnectError as error:
+            raise Unavailable(f"cannot reach the berth API at {url}: {_reason(error)}") from None
+        except httpx.TimeoutException:
+            raise Unavailable(
+                f"the berth API at {url} did not answer within {timeout:g}s"
+            ) from None
+        except httpx.HTTPError as error:
+            raise Unavailable(
+                f"talking to the berth API at {url} failed: {_reason(error)}"
+            ) from None
+        if response.status_code >= 400:
+            raise self._error(response, method, path)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ApiError(
+                f"{method} {url}: the answer is not JSON: {shown(response.text[:100])}",
+                status=response.status_code,
+            ) from None
+
+    def _error(self, response: httpx.Response, method: str, path: str) -> BerthError:
+        status = response.status_code
+        problem = _problem(response)
+        detail = str(problem.get("detail") or problem.get("title") or response.reason_phrase)
+        if status == 400 or status == 422:
+            field = _field(problem.get("field"))
+            if field and detail.startswith(f"{problem.get('field')}: "):  # said twice otherwise
+                detail = detail.split(": ", 1)[1]
+            return Invalid(detail, field=field)
+        if status == 409:
+            error = NoCapacity(detail)
+            error.reasons = {
+                str(reason): str(count)
+                for reason, count in dict(problem.get("reasons") or {}).items()
+            }
+            return error
+        if status == 503:
+            return Unavailable(detail)
+        if status == 401:
+            return ApiError(
+                f"the berth API at {self.location.url} refused the token ({detail}): pass "
+                f"--token or set BERTH_TOKEN (berth up writes it to {api_file()})",
+                status=status,
+            )
+        if status == 404:
+            return ApiError(f"not found: {detail}", status=status)
+        return ApiError(
+            f"{method} {self.location.url}{path} failed with HTTP {status}: {detail}", status=status
+        )
+
+    def _parsed(self, model: type[M], document: Any, what: str) -> M:
+        try:
+            return model.model_validate(document)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(map(str, first.get("loc", ()))) or "the document"
+            raise ApiError(
+                f"the API's answer to {what} does not match its schema: {where}: {first['msg']}"
+            ) from None
+
+    # -- routes ------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        document = self.request("GET", "/healthz")
+        return document if isinstance(document, dict) else {}
+
+    def create_workload(self, body: dict[str, Any]) -> schemas.Workload:
+        return self._parsed(
+            schemas.Workload, self.request("POST", "/v1/workloads", body=body), "run"
+        )
+
+    def workloads(
+        self, *, namespace: str | None = None, node: str | None = None, state: str | None = None
+    ) -> schemas.WorkloadList:
+        params = {
+            key: value
+            for key, value in (("namespace", namespace), ("node", node), ("state", state))
+            if value is not None
+        }
+        document = self.request("GET", "/v1/workloads", params=params)
+        return self._parsed(schemas.WorkloadList, document, "ps")
+
+    def workload(self, workload_id: str) -> schemas.Workload:
+        document = self.request("GET", f"/v1/workloads/{_segment(workload_id)}")
+        return self._parsed(schemas.Workload, document, "get workload")
+
+    def stop(self, workload_id: str, *, grace_s: float | None = None) -> schemas.Workload:
+        body = {} if grace_s is None else {"grace_s": grace_s}
+        timeout = self.timeout_s + (grace_s or 0.0)
+        document = self.request(
+            "POST", f"/v1/workloads/{_segment(workload_id)}/stop", body=body, timeout_s=timeout
+        )
+        return self._parsed(schemas.Workload, document, "stop")
+
+    def explain(self, body: dict[str, Any]) -> schemas.Explanation:
+        document = self.request("POST", "/v1/explain", body=body)
+        return self._parsed(schemas.Explanation, document, "explain")
+
+    def recent_placements(self, limit: int = 50) -> schemas.RecentPlacements:
+        document = self.request("GET", "/v1/placements/recent", params={"limit": str(limit)})
+        return self._parsed(schemas.RecentPlacements, document, "recent placements")
+
+    def nodes(self) -> schemas.NodeList:
+        return self._parsed(schemas.NodeList, self.request("GET", "/v1/nodes"), "nodes")
+
+    def node(self, name: str) -> schemas.NodeInfo:
+        document = self.request("GET", f"/v1/nodes/{_segment(name)}")
+        return self._parsed(schemas.NodeInfo, document, "node")
+
+    def cordon(self, name: str) -> schemas.NodeInfo:
+        document = self.request("POST", f"/v1/nodes/{_segment(name)}/cordon")
+        return self._parsed(schemas.NodeInfo, document, "cordon")
+
+    def uncordon(self, name: str) -> schemas.NodeInfo:
+        document = self.request("POST", f"/v1/nodes/{_segment(name)}/uncordon")
+        return self._parsed(schemas.NodeInfo, document, "uncordon")
+
+    def drain(self, name: str, *, grace_s: float, timeout_s: float) -> schemas.DrainReport:
+        document = self.request(
+            "POST",
+            f"/v1/nodes/{_segment(name)}/drain",
+            body={"grace_s": grace_s},
+            timeout_s=timeout_s,
+        )
+        return self._parsed(schemas.DrainReport, document, "drain")
+
+    def images(self) -> schemas.ImageList:
+        return self._parsed(schemas.ImageList, self.request("GET", "/v1/images"), "images")
+
+    def add_image(self, body: dict[str, Any]) -> schemas.Image:
+        return self._parsed(
+            schemas.Image, self.request("POST", "/v1/images", body=body), "images add"
+        )
+
+    def import_oci(self, path: str, name: str | None = None) -> schemas.Image:
+        body: dict[str, Any] = {"path": path}
+        if name is not None:
+            body["name"] = name
+        document = self.request("POST", "/v1/images/oci", body=body)
+        return self._parsed(schemas.Image, document, "images import-oci")
+
+
+def _field(field: object) -> str | None:
+    """A problem's ``field`` as the request's own: ``query.state`` → ``state``."""
+    if not isinstance(field, str) or not field:
+        return None
+    head, _, rest = field.partition(".")
+    return rest if head in ("query", "path", "body") and rest else field
+
+
+def _segment(value: str) -> str:
+    """``value`` as one path segment (a node named ``a/b`` stays one segment)."""
+    return quote(value, safe="")
+
+
+def _reason(error: httpx.HTTPError) -> str:
+    """The innermost cause's words: ``[Errno 111] Connection refused`` → ``connection refused``."""
+    cause: BaseException = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+    text = getattr(cause, "strerror", None) or str(cause) or type(cause).__name__
+    return one_line(str(text)).lower() if isinstance(text, str) else type(cause).__name__

@@ -1,0 +1,554 @@
+"""The operator's commands: ``berth run / ps / stop / nodes / explain / cordon / uncordon /
+drain / images``, each one call (or a few) to the HTTP API through :mod:`berth.service.client`.
+
+:func:`register` adds them to a typer app (berth's own in :mod:`berth.cli`).  They are the
+kubectl/nomad side of berth: lists are rich tables, a drain shows its progress while the
+server stops the node's workloads and then a table of what happened to each, and ``--json``
+on every command prints the API's answer as one JSON document on stdout instead (for
+scripts; errors still go to stderr).  The API is found as :func:`berth.service.client.locate`
+says: ``--api``/``$BERTH_API``, ``--token``/``$BERTH_TOKEN``, else the ``$BERTH_HOME/api.json``
+that ``berth up`` writes.
+
+What they are not: a second scheduler or validator.  The server checks every request and
+answers ``application/problem+json``; these commands only rename a problem's field to the flag
+the user typed (``type`` → ``--type``) and let berth's command group print it as its one
+``error:`` line.  Only what never reaches the server is checked here (``--layer ID:SIZE``,
+``--env KEY=VALUE``, ``--grace``, a missing command).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from berth.errors import Invalid
+from berth.model import Layer, Seconds
+from berth.service.client import ApiClient, locate
+from berth.units import format_bandwidth, format_information
+from berth.validation import Rule, fields_as, shown
+
+__all__ = ["register"]
+
+console = Console()
+progress_console = Console(stderr=True)
+
+T = TypeVar("T")
+
+_SECONDS: Rule[float] = Rule(Seconds)
+DRAIN_POLL_S = 0.5
+"""How often ``berth drain`` looks at the node's workloads while the server drains it."""
+DRAIN_MARGIN_S = 60.0
+"""A drain may take its grace period per workload; this much more before giving up."""
+
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api", envvar="BERTH_API", help="The API's URL (default: $BERTH_HOME/api.json)."
+    ),
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="BERTH_TOKEN", help="The API's bearer token.")
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the API's answer as one JSON document.")
+]
+GraceOption = Annotated[
+    float, typer.Option("--grace", help="Seconds a workload gets between SIGTERM and SIGKILL.")
+]
+
+# What the API calls a field → what the user typed.
+_RUN_FLAGS = {
+    "namespace": "--namespace",
+    "name": "--name",
+    "replica": "--replica",
+    "image": "IMAGE",
+    "type": "--type",
+    "spec": "--type",
+    "platforms": "--platform",
+    "command": "CMD",
+    "env": "--env",
+    "layers": "IMAGE",
+}
+_PS_FLAGS = {"namespace": "--namespace", "node": "--node", "state": "--state"}
+_IMAGE_FLAGS = {"name": "NAME", "platform": "--platform", "layers": "--layer", "path": "PATH"}
+
+
+@contextmanager
+def _client(api: str | None, token: str | None) -> Iterator[ApiClient]:
+    with ApiClient(locate(api, token)) as client:
+        yield client
+
+
+def _print_json(document: BaseModel | Mapping[str, Any]) -> None:
+    data = document.model_dump(mode="json") if isinstance(document, BaseModel) else document
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _size(value: int | None) -> str:
+    return "-" if value is None else format_information(value)
+
+
+def _parse_layer(text: str) -> dict[str, Any]:
+    """``ID:SIZE`` (the size after the last colon: ``sha256:ab…:12MiB``)."""
+    layer_id, sep, size = text.rpartition(":")
+    if not sep:
+        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
+    with fields_as({"id": "--layer", "size": "--layer"}):
+        layer = Layer(id=layer_id, size=size)
+    return {"id": layer.id, "size": layer.size}
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise Invalid(f"expected KEY=VALUE, got {shown(item)}", field="--env")
+        env[key] = value
+    return env
+
+
+def _default_name(image: str) -> str:
+    """A workload name from an image reference: ``docker.io/library/redis:7`` → ``redis``."""
+    last = image.rsplit("/", 1)[-1]
+    return last.split("@", 1)[0].split(":", 1)[0] or image
+
+
+def _pct(used: float, total: float) -> str:
+    return f"{100 * used / total:.0f}%" if total > 0 else "-"
+
+
+# -- workloads -------------------------------------------------------------------------------
+def run(
+    image: Annotated[str, typer.Argument(help="A registered image (see `berth images`).")],
+    command: Annotated[
+        list[str] | None, typer.Argument(help="The workload's command, after --.")
+    ] = None,
+    type_: Annotated[
+        str, typer.Option("--type", help="Instance type: micro, milli, centi, deci, base, …")
+    ] = "micro",
+    platform: Annotated[
+        list[str] | None,
+        typer.Option(help="A platform the image provides (repeatable; default: the image's)."),
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="The workload's namespace.")] = "default",
+    name: Annotated[
+        str | None, typer.Option(help="The workload's name (default: from the image).")
+    ] = None,
+    replica: Annotated[int, typer.Option(help="The replica index (>= 0).")] = 0,
+    env: Annotated[
+        list[str] | None, typer.Option(help="An environment variable KEY=VALUE (repeatable).")
+    ] = None,
+    restartable: Annotated[
+        bool,
+        typer.Option("--restartable", help="Place it again elsewhere when its node is drained."),
+    ] = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Place a workload and boot it on the chosen node."""
+    if not command:
+        raise Invalid("give the workload's command after --, e.g. -- sleep 60", field="CMD")
+    body: dict[str, Any] = {
+        "namespace": namespace,
+        "name": name or _default_name(image),
+        "replica": replica,
+        "image": image,
+        "type": type_,
+        "command": list(command),
+        "restartable": restartable,
+    }
+    if platform:
+        body["platforms"] = list(platform)
+    if env:
+        body["env"] = _parse_env(env)
+    with _client(api, token) as client, fields_as(_RUN_FLAGS):
+        workload = client.create_workload(body)
+    if as_json:
+        _print_json(workload)
+        return
+    key = f"{workload.namespace}/{workload.name}/{workload.replica}"
+    console.print(
+        f"{workload.id} {workload.state} on {workload.node}: {key}, rank {workload.rank}, "
+        f"{_size(workload.colocated_bytes)} of its layers already there, "
+        f"reservation {workload.reservation_id}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def ps(
+    namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
+    node: Annotated[str | None, typer.Option(help="Only workloads on this node.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Only this state: running, exited, stopped or failed.")
+    ] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List workloads."""
+    with _client(api, token) as client, fields_as(_PS_FLAGS):
+        found = client.workloads(namespace=namespace, node=node, state=state)
+    if as_json:
+        _print_json(found)
+        return
+    items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))
+    table = Table(title=f"{len(items)} workload{'s' if len(items) != 1 else ''}")
+    for column in ("id", "workload", "node", "state", "image", "command", "age"):
+        table.add_column(column, no_wrap=column in ("id", "node", "state"))
+    now = time.time()
+    for workload in items:
+        state_text: str = workload.state
+        if workload.exit_code is not None:
+            state_text += f" ({workload.exit_code})"
+        if workload.replaced_by:
+            state_text += f" → {workload.replaced_by}"
+        table.add_row(
+            workload.id,
+            f"{workload.namespace}/{workload.name}/{workload.replica}",
+            workload.node,
+            state_text,
+            workload.image or "-",
+            shlex.join(workload.command),
+            _age(now - workload.created_at),
+        )
+    console.print(table)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def stop(
+    workload_id: Annotated[str, typer.Argument(metavar="ID", help="The workload's id.")],
+    grace: GraceOption = 10.0,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
+    grace = _SECONDS(grace, "--grace")
+    with _client(api, token) as client, fields_as({"grace_s": "--grace", "id": "ID"}):
+        workload = client.stop(workload_id, grace_s=grace)
+    if as_json:
+        _print_json(workload)
+        return
+    console.print(
+        f"{workload.id} {workload.state}: {workload.namespace}/{workload.name}/"
+        f"{workload.replica} on {workload.node}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+# -- placement questions ---------------------------------------------------------------------
+def explain(
+    image: Annotated[str, typer.Argument(help="A registered image (see `berth images`).")],
+    type_: Annotated[str, typer.Option("--type", help="Instance type, e.g. micro.")] = "micro",
+    platform: Annotated[
+        list[str] | None, typer.Option(help="A platform the image provides (repeatable).")
+    ] = None,
+    namespace: Annotated[str, typer.Option(help="The workload's namespace.")] = "default",
+    name: Annotated[str | None, typer.Option(help="The workload's name.")] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Every node's verdict for a workload, without placing it."""
+    body: dict[str, Any] = {
+        "namespace": namespace,
+        "name": name or _default_name(image),
+        "image": image,
+        "type": type_,
+    }
+    if platform:
+        body["platforms"] = list(platform)
+    with _client(api, token) as client, fields_as(_RUN_FLAGS):
+        explanation = client.explain(body)
+    if as_json:
+        _print_json(explanation)
+        return
+    table = Table(title=f"where {body['namespace']}/{body['name']} ({image}, {type_}) could go")
+    for column in ("node", "verdict", "rank", "colocated", "detail"):
+        table.add_column(column, no_wrap=column != "detail")
+    verdicts = sorted(
+        explanation.verdicts,
+        key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node),
+    )
+    for verdict in verdicts:
+        fits = verdict.verdict == "fits"
+        table.add_row(
+            verdict.node,
+            f"[green]{verdict.verdict}[/]" if fits else f"[red]{verdict.verdict}[/]",
+            "-" if verdict.rank is None else str(verdict.rank),
+            _size(verdict.colocated_bytes),
+            verdict.detail or "",
+        )
+    console.print(table)
+    console.print(explanation.summary, highlight=False, soft_wrap=True)
+
+
+# -- nodes -----------------------------------------------------------------------------------
+def nodes(
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the cluster's nodes: platform, reservations, live load, cordon state."""
+    with _client(api, token) as client:
+        found = client.nodes()
+    if as_json:
+        _print_json(found)
+        return
+    items = sorted(found.items, key=lambda n: n.name)
+    table = Table(title=f"{len(items)} node{'s' if len(items) != 1 else ''}")
+    for column in ("node", "platform", "state", "memory", "disk", "cpu", "disk bw", "net bw"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("workloads", justify="right")
+    table.add_column("layers", justify="right")
+    for node in items:
+        table.add_row(
+            node.name,
+            node.platform,
+            "[yellow]cordoned[/]" if node.cordoned else "[green]ready[/]",
+            f"{_size(node.mem_reserved)} / {_size(node.mem_max)}"
+            f" ({_pct(node.mem_reserved, node.mem_max)})",
+            f"{_size(node.disk_reserved)} / {_size(node.disk_max)}"
+            f" ({_pct(node.disk_reserved, node.disk_max)})",
+            f"{100 * node.cpu_load:.0f}% of {node.cpu_capacity:g}",
+            f"{format_bandwidth(int(node.disk_bw_load))} / "
+            f"{format_bandwidth(int(node.disk_bw_ceiling))}",
+            f"{format_bandwidth(int(node.net_bw_load))} / "
+            f"{format_bandwidth(int(node.net_bw_ceiling))}",
+            str(node.workloads),
+            str(node.layers),
+        )
+    console.print(table)
+
+
+def cordon(
+    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Mark a node unschedulable: it gets no new placements; its workloads keep running."""
+    with _client(api, token) as client:
+        info = client.cordon(node)
+    if as_json:
+        _print_json(info)
+        return
+    console.print(
+        f"{info.name} cordoned: no new placements; {info.workloads} workload"
+        f"{'s' if info.workloads != 1 else ''} keep running (berth drain {info.name} stops them)",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def uncordon(
+    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Make a cordoned node schedulable again."""
+    with _client(api, token) as client:
+        info = client.uncordon(node)
+    if as_json:
+        _print_json(info)
+        return
+    console.print(f"{info.name} uncordoned: it takes placements again", highlight=False)
+
+
+def drain(
+    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    grace: GraceOption = 10.0,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cordon a node, then stop its workloads (restartable ones are placed again elsewhere)."""
+    grace = _SECONDS(grace, "--grace")
+    location = locate(api, token)
+    with ApiClient(location) as client:
+        info = client.node(node)  # an unknown node is a 404 before anything changes
+        before = client.workloads(node=info.name, state="running").items
+        timeout = DRAIN_MARGIN_S + grace * (len(before) + 1)
+
+        def call() -> Any:
+            with ApiClient(location) as own, fields_as({"grace_s": "--grace"}):
+                # its own connection: the poll below runs beside it
+                return own.drain(info.name, grace_s=grace, timeout_s=timeout)
+
+        def remaining() -> int:
+            return len(client.workloads(node=info.name, state="running").items)
+
+        report = call() if as_json else _with_progress(call, remaining, info.name, len(before))
+    if as_json:
+        _print_json(report)
+        return
+    table = Table(title=f"drained {report.node}: {len(report.items)} workload"
+                  f"{'s' if len(report.items) != 1 else ''}")  # fmt: skip
+    for column in ("workload", "outcome", "replacement", "detail"):
+        table.add_column(column, no_wrap=column != "detail")
+    colours = {"stopped": "green", "replaced": "cyan", "failed": "red"}
+    for item in report.items:
+        replacement = "-"
+        if item.new_workload_id:
+            replacement = f"{item.new_workload_id} on {item.new_node or '?'}"
+        colour = colours.get(item.outcome, "white")
+        table.add_row(item.workload_id, f"[{colour}]{item.outcome}[/]", replacement, item.detail)
+    console.print(table)
+    failed = sum(1 for item in report.items if item.outcome == "failed")
+    console.print(
+        f"{report.node} is cordoned and drained"
+        + (f"; {failed} workload{'s' if failed != 1 else ''} failed to stop" if failed else ""),
+        highlight=False,
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
+def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: str, total: int) -> T:
+    """Run ``call`` in a thread; meanwhile show how many of ``total`` workloads are gone."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=target, name=f"drain-{node}", daemon=True)
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} stopped"),
+        TimeElapsedColumn(),
+        console=progress_console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"draining {node}", total=max(total, 1))
+        worker.start()
+        while worker.is_alive():
+            worker.join(DRAIN_POLL_S)
+            if worker.is_alive():
+                try:
+                    left = remaining()
+                except Exception:  # the poll is cosmetic; the drain's own answer decides
+                    continue
+                progress.update(task, completed=min(max(total - left, 0), total))
+        progress.update(task, completed=max(total, 1))
+    if "error" in outcome:
+        raise outcome["error"]
+    value: T = outcome["value"]
+    return value
+
+
+# -- images ----------------------------------------------------------------------------------
+images_app = typer.Typer(help="Registered images: list, add one, import an OCI layout.")
+
+
+@images_app.callback(invoke_without_command=True)
+def images(
+    context: typer.Context,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List registered images (or: berth images add / import-oci)."""
+    if context.invoked_subcommand is not None:
+        return
+    with _client(api, token) as client:
+        found = client.images()
+    if as_json:
+        _print_json(found)
+        return
+    items = sorted(found.items, key=lambda image: image.name)
+    table = Table(title=f"{len(items)} image{'s' if len(items) != 1 else ''}")
+    for column in ("image", "platform", "layers", "size"):
+        table.add_column(column, no_wrap=column != "image")
+    for image in items:
+        table.add_row(image.name, image.platform or "any", str(len(image.layers)),
+                      _size(image.size))  # fmt: skip
+    console.print(table)
+
+
+def _print_image(image: Any, verb: str) -> None:
+    console.print(
+        f"{verb} {image.name}: {len(image.layers)} layer{'s' if len(image.layers) != 1 else ''}"
+        f", {_size(image.size)}, platform {image.platform or 'any'}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@images_app.command("add")
+def images_add(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The image's name.")],
+    layer: Annotated[
+        list[str], typer.Option(help="A layer ID:SIZE, base layer first (repeatable).")
+    ],
+    platform: Annotated[str | None, typer.Option(help="The platform it was built for.")] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register an image as its chain of layers with sizes."""
+    body: dict[str, Any] = {"name": name, "layers": [_parse_layer(text) for text in layer]}
+    if platform is not None:
+        body["platform"] = platform
+    with _client(api, token) as client, fields_as(_IMAGE_FLAGS):
+        image = client.add_image(body)
+    if as_json:
+        _print_json(image)
+        return
+    _print_image(image, "registered")
+
+
+@images_app.command("import-oci")
+def images_import_oci(
+    path: Annotated[
+        Path, typer.Argument(metavar="PATH", help="An OCI image layout directory (index.json…).")
+    ],
+    name: Annotated[str | None, typer.Option(help="The name to register it under.")] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register an image read from a local OCI image layout (on the API's machine)."""
+    with _client(api, token) as client, fields_as(_IMAGE_FLAGS):
+        image = client.import_oci(str(path.absolute()), name)
+    if as_json:
+        _print_json(image)
+        return
+    _print_image(image, "imported")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator's commands to ``app``."""
+    for command in (run, ps, stop, nodes, explain, cordon, uncordon, drain):
+        app.command(command.__name__)(command)
+    app.add_typer(images_app, name="images")

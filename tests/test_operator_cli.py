@@ -1,0 +1,166 @@
+"""The operator commands' edges, without a cluster: finding the API (flags, environment,
+``$BERTH_HOME/api.json``), an API that is not there (connection refused, a server that never
+answers) and flags that never reach the server — each one ``error:`` line naming the URL or
+the flag, a non-zero exit status, no traceback, nothing sent.
+
+The commands against a real ``berth up`` cluster are in ``test_operator_cli_walkthrough.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from berth.cli import app
+from berth.errors import Invalid, Unavailable
+from berth.service.client import ApiClient, ApiLocation, api_file, locate
+
+
+def berth(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args), env=env)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def one_line(args: tuple[str, ...], expected: str, env: dict[str, str] | None = None) -> str:
+    code, out, err = berth(*args, env=env)
+    lines = err.strip().splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("error:") and expected in lines[0], err
+    assert "Traceback" not in err and out == ""
+    return lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # closed again: a connection to it is refused
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A server that accepts connections and never answers."""
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        server.close()
+
+
+# -- finding the API -------------------------------------------------------------------------
+def test_the_api_file_lives_under_berth_home(tmp_path: Path) -> None:
+    assert api_file({"BERTH_HOME": str(tmp_path)}) == tmp_path / "api.json"
+    assert api_file({"HOME": str(tmp_path)}).name == "api.json"
+
+
+def test_flags_win_and_the_file_fills_in(tmp_path: Path) -> None:
+    env = {"BERTH_HOME": str(tmp_path)}
+    (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:8080/", "token": "t"}))
+    assert locate(None, None, environ=env) == ApiLocation(
+        "http://127.0.0.1:8080", "t", str(tmp_path / "api.json")
+    )
+    # the file's token goes with the file's URL only
+    assert locate("http://127.0.0.1:8080", None, environ=env).token == "t"
+    assert locate("http://10.0.0.5:8080", None, environ=env).token is None
+    assert locate("http://10.0.0.5:8080", "mine", environ=env).token == "mine"
+    assert locate(None, "mine", environ=env).token == "mine"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("not json", "not a JSON document"),
+        ('["http://x"]', '{"url": ..., "token": ...}'),
+        ('{"url": "http://127.0.0.1:1", "token": 5}', "token: expected a string"),
+        ('{"url": "ftp://x"}', "expected an http:// or https:// URL"),
+    ],
+)
+def test_a_bad_api_file_is_named(tmp_path: Path, content: str, expected: str) -> None:
+    (tmp_path / "api.json").write_text(content)
+    with pytest.raises(Invalid) as caught:
+        locate(None, None, environ={"BERTH_HOME": str(tmp_path)})
+    assert caught.value.field == str(tmp_path / "api.json") and expected in str(caught.value)
+
+
+def test_no_api_anywhere_says_how_to_get_one(tmp_path: Path) -> None:
+    line = one_line(("nodes",), "--api", env={"BERTH_HOME": str(tmp_path), "BERTH_API": ""})
+    assert "berth up" in line and str(tmp_path / "api.json") in line
+
+
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:8080", "nats://127.0.0.1:4222", "http://", "http://h/?a=1"]
+)
+def test_a_bad_api_url_is_named(url: str) -> None:
+    one_line(("ps", "--api", url), "--api")
+
+
+# -- an API that is not there ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("ps",),
+        ("nodes",),
+        ("stop", "w-1"),
+        ("cordon", "node-00"),
+        ("drain", "node-00"),
+        ("images",),
+        ("run", "busybox", "--", "true"),
+        ("explain", "busybox"),
+    ],
+)
+def test_connection_refused_is_one_line_naming_the_url(args: tuple[str, ...]) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    line = one_line((args[0], "--api", url, *args[1:]), f"cannot reach the berth API at {url}/")
+    assert "refused" in line
+
+
+def test_a_server_that_never_answers_times_out(silent_server: str) -> None:
+    location = ApiLocation(silent_server, None, "--api")
+    expected = f"{silent_server}/v1/nodes did not answer within 0.3s"
+    with ApiClient(location, timeout_s=0.3) as client, pytest.raises(Unavailable, match=expected):
+        client.nodes()
+
+
+# -- flags that never reach a server ---------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("run", "busybox"), "CMD"),
+        (("run", "busybox", "--env", "NOEQUALS", "--", "true"), "--env"),
+        (("stop", "w-1", "--grace", "-1"), "--grace"),
+        (("stop", "w-1", "--grace", "nan"), "--grace"),
+        (("drain", "node-00", "--grace", "inf"), "--grace"),
+        (("images", "add", "img", "--layer", "nocolon"), "--layer"),
+        (("images", "add", "img", "--layer", "sha256:ab:-1GiB"), "--layer"),
+        (("images", "add", "img", "--layer", "sha256:ab:8 GiBs"), "--layer"),
+    ],
+)
+def test_bad_flags_are_one_line_and_send_nothing(args: tuple[str, ...], flag: str) -> None:
+    # the API is a closed port: had anything been sent, the error would be "cannot reach"
+    url = f"http://127.0.0.1:{closed_port()}"
+    one_line(
+        (*args[:-2], "--api", url, *args[-2:]) if "--" in args else (*args, "--api", url), flag
+    )

@@ -1,0 +1,140 @@
+"""Where the microVM runtime keeps its files, and what is missing from them.
+
+This module owns the layout of berth's microVM data directory (``~/.local/share/berth/microvm``
+unless the node config's ``[microvm] data_dir`` or ``berth microvm setup --data-dir`` names
+another)::
+
+    <data_dir>/
+      kernel/<version>/vmlinuz            the guest kernel (from Debian's cloud kernel package)
+      kernel/<version>/modules/*.ko       the modules the init loads
+      kernel/current                      the version in use (one line)
+      initramfs.img                       busybox + modules + berth's /init
+      accel.json                          what the acceleration probe found
+      layers/                             the node's layers as erofs images
+
+and :func:`problems`: what a node needs before it can boot a guest (QEMU, the kernel, the
+initramfs, ``mkfs.ext4``), each with the command that fixes it — ``berth agent --check``
+prints them.  Nothing here downloads or builds (that is :mod:`berth.node.microvm.setup`),
+reads environment variables, or touches the host's ``/boot``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from berth.errors import Invalid
+from berth.validation import shown
+
+__all__ = [
+    "DEFAULT_QEMU",
+    "Accel",
+    "GuestFiles",
+    "default_data_dir",
+    "problems",
+]
+
+DEFAULT_QEMU = "qemu-system-x86_64"
+Accel = Literal["kvm", "tcg"]
+
+
+def default_data_dir() -> Path:
+    """``~/.local/share/berth/microvm`` — the XDG data location, without reading the environment."""
+    return Path.home() / ".local" / "share" / "berth" / "microvm"
+
+
+@dataclass(frozen=True, slots=True)
+class GuestFiles:
+    """The files of one data directory (see the module docstring)."""
+
+    data_dir: Path
+
+    @classmethod
+    def at(cls, data_dir: str | Path | None) -> GuestFiles:
+        """The files under ``data_dir`` (default :func:`default_data_dir`), made absolute."""
+        if data_dir is None:
+            return cls(default_data_dir())
+        if isinstance(data_dir, bytes) or not isinstance(data_dir, str | Path):
+            raise Invalid(f"expected a directory path, got {shown(data_dir)}", field="data_dir")
+        if not str(data_dir).strip() or "\0" in str(data_dir):
+            raise Invalid(f"not a directory path: {shown(data_dir)}", field="data_dir")
+        return cls(Path(data_dir).expanduser().absolute())
+
+    @property
+    def kernel_root(self) -> Path:
+        return self.data_dir / "kernel"
+
+    def kernel_version(self) -> str | None:
+        """The kernel version set up here, or ``None``."""
+        try:
+            version = (self.kernel_root / "current").read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        return version if version and "/" not in version and version not in (".", "..") else None
+
+    def kernel_dir(self, version: str | None = None) -> Path | None:
+        version = version or self.kernel_version()
+        return None if version is None else self.kernel_root / version
+
+    @property
+    def kernel(self) -> Path | None:
+        """The guest kernel image, or ``None`` when none is set up."""
+        directory = self.kernel_dir()
+        return None if directory is None else directory / "vmlinuz"
+
+    @property
+    def modules_dir(self) -> Path | None:
+        directory = self.kernel_dir()
+        return None if directory is None else directory / "modules"
+
+    @property
+    def initramfs(self) -> Path:
+        return self.data_dir / "initramfs.img"
+
+    @property
+    def accel_file(self) -> Path:
+        return self.data_dir / "accel.json"
+
+    @property
+    def layers_dir(self) -> Path:
+        """Where the node keeps its layers as erofs images."""
+        return self.data_dir / "layers"
+
+    def probed_accel(self) -> tuple[Accel, str] | None:
+        """What ``berth microvm setup`` found (``("tcg", "kvm: …")``), or ``None``."""
+        try:
+            found = json.loads(self.accel_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(found, dict) or found.get("accel") not in ("kvm", "tcg"):
+            return None
+        return found["accel"], str(found.get("detail", ""))
+
+    def record_accel(self, accel: Accel, detail: str) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        partial = self.accel_file.with_name("accel.json.partial")
+        partial.write_text(json.dumps({"accel": accel, "detail": detail}) + "\n", encoding="utf-8")
+        partial.replace(self.accel_file)
+
+
+def problems(files: GuestFiles, qemu: str = DEFAULT_QEMU) -> list[str]:
+    """What this host lacks to boot microVMs from ``files``, each with its fix; ``[]`` if ready."""
+    found: list[str] = []
+    setup = "berth microvm setup" + (
+        "" if files.data_dir == default_data_dir() else f" --data-dir {files.data_dir}"
+    )
+    if shutil.which(qemu) is None:
+        found.append(f"QEMU ({qemu}) is not installed: apt-get install qemu-system-x86")
+    if shutil.which("mkfs.ext4") is None:
+        found.append("mkfs.ext4 is not installed: apt-get install e2fsprogs")
+    if shutil.which("mkfs.erofs") is None:
+        found.append("mkfs.erofs is not installed: apt-get install erofs-utils")
+    kernel = files.kernel
+    if kernel is None or not kernel.is_file():
+        found.append(f"no guest kernel in {files.kernel_root}: {setup}")
+    if not files.initramfs.is_file():
+        found.append(f"no initramfs at {files.initramfs}: {setup}")
+    return found

@@ -1,0 +1,320 @@
+"""One running guest seen from the host: a QEMU process, its console, its protocol lines.
+
+This module owns the host side of a microVM's life: starting QEMU (in its own session, and
+killed by the kernel if the process that started it dies — ``PR_SET_PDEATHSIG`` — so no guest
+outlives its node), reading the serial console without ever letting it block the guest,
+recognising the init's protocol lines (``berth:<nonce>:<event>``, see
+:mod:`berth.node.microvm.initramfs`), asking the init to stop (a ``berth-stop`` line on the
+console) and killing QEMU when asked.  What it reports is raw: the exit status the init
+printed, the OOM kills it counted, the reason a boot failed, how QEMU ended.  Turning that
+into a workload's end is the runtime driver's job (:mod:`berth.node.runtime.microvm`).
+
+:func:`probe` boots a guest that only says hello: ``berth microvm setup`` and the runtime use
+it to find out whether KVM can run the guest kernel on this host (a nested hypervisor may
+accept ``/dev/kvm`` and still fail every guest), falling back to software emulation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from berth.node.microvm.initramfs import GuestConfig, config_archive
+from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
+from berth.node.microvm.qemu import host_tsc_khz, kernel_cmdline, qemu_argv, vm_size
+
+__all__ = ["GuestEnd", "MicroVM", "new_nonce", "probe", "write_initrd"]
+
+log = logging.getLogger("berth.microvm")
+
+MAX_LINE = 4096
+"""Console lines longer than this are cut into pieces (a guest could print without newlines)."""
+OUTPUT_LINES = 1000
+"""How many lines of a workload's console output a guest keeps for its caller."""
+_KERNEL_LINE = re.compile(r"\[\s*\d+\.\d+\] ")
+_PR_SET_PDEATHSIG = 1
+
+
+def new_nonce() -> str:
+    """A fresh random tag for one boot's protocol lines."""
+    return secrets.token_hex(8)
+
+
+def write_initrd(base: Path, config: GuestConfig, target: Path) -> None:
+    """``target`` = the base initramfs followed by this boot's config archive."""
+    with open(target, "wb") as out, open(base, "rb") as source:
+        shutil.copyfileobj(source, out, 1 << 20)
+        out.write(config_archive(config))
+
+
+@dataclass(frozen=True, slots=True)
+class GuestEnd:
+    """How a guest ended, as the host saw it.
+
+    ``status`` is the exit status the init reported for the workload (the shell's: 128 + N
+    for a workload killed by signal N), ``None`` when the guest never reported one (it was
+    killed, crashed, or failed to boot — then ``boot_failed`` says why); ``oom_kills`` is the
+    guest kernel's OOM-kill count; ``returncode`` is QEMU's own; ``killed`` says the host
+    killed QEMU.
+    """
+
+    status: int | None
+    oom_kills: int
+    boot_failed: str | None
+    returncode: int
+    killed: bool
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def apply() -> None:  # in the child between fork and exec: one call, nothing else
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return apply
+
+
+class MicroVM:
+    """A QEMU guest started by :meth:`launch`.
+
+    ``running`` completes when the init reports the workload started (or fails with the boot
+    failure's reason); ``output`` holds the workload's last :data:`OUTPUT_LINES` console lines
+    (kernel messages included, protocol lines not), ``first_output_at`` the monotonic time of
+    its first line.  ``console_log`` — a file receiving every console line, if given.
+    """
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        nonce: str,
+        console_log: IO[str] | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> None:
+        self.process = process
+        self.pid = process.pid
+        self.nonce = nonce
+        self.launched_at = time.monotonic()
+        self.running_at: float | None = None
+        self.first_output_at: float | None = None
+        self.output: deque[str] = deque(maxlen=OUTPUT_LINES)
+        self.status: int | None = None
+        self.oom_kills = 0
+        self.boot_failed: str | None = None
+        self.probe_ok = False
+        self.killed = False
+        self._console_log = console_log
+        self._on_output = on_output
+        self._prefix = f"berth:{nonce}:"
+        self._stderr: deque[str] = deque(maxlen=20)
+        loop = asyncio.get_running_loop()
+        self.running: asyncio.Future[None] = loop.create_future()
+        self._end: asyncio.Future[GuestEnd] = loop.create_future()
+        self._reader = loop.create_task(self._read(), name=f"berth-microvm-{self.pid}")
+
+    @classmethod
+    async def launch(
+        cls,
+        argv: Sequence[str],
+        nonce: str,
+        *,
+        console_log: IO[str] | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> MicroVM:
+        """Start QEMU with ``argv``; ``OSError`` when it cannot be executed."""
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_pdeathsig(),
+        )
+        return cls(process, nonce, console_log, on_output)
+
+    # -- the console ------------------------------------------------------------------------
+    async def _read(self) -> None:
+        assert self.process.stdout is not None and self.process.stderr is not None
+        errors = asyncio.get_running_loop().create_task(self._read_stderr(self.process.stderr))
+        pending = b""
+        try:
+            while chunk := await self.process.stdout.read(65536):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    self._line(raw)
+                while len(pending) > MAX_LINE:
+                    self._line(pending[:MAX_LINE])
+                    pending = pending[MAX_LINE:]
+            if pending:
+                self._line(pending)
+            await errors
+            returncode = await self.process.wait()
+        except BaseException as error:
+            if not self.running.done():
+                self.running.set_exception(error)
+                self.running.exception()  # retrieved: the end reports it
+            if not self._end.done():
+                self._end.set_exception(error)
+            raise
+        finally:
+            if self._console_log is not None:
+                with contextlib.suppress(OSError):
+                    self._console_log.close()
+        if not self.running.done():
+            reason = self.boot_failed or self._qemu_failure(returncode)
+            self.running.set_exception(_BootError(reason))
+            self.running.exception()
+        self._end.set_result(
+            GuestEnd(self.status, self.oom_kills, self.boot_failed, returncode, self.killed)
+        )
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self._stderr.append(line[:MAX_LINE].decode("utf-8", "replace").rstrip())
+
+    def _qemu_failure(self, returncode: int) -> str:
+        said = "; ".join(line for line in self._stderr if line)
+        if said:
+            return f"qemu: {said}"
+        if self.killed:
+            return "the guest was killed before its workload started"
+        return f"the guest ended before its workload started (qemu exit status {returncode})"
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if self._console_log is not None:
+            with contextlib.suppress(OSError):
+                self._console_log.write(line + "\n")
+                self._console_log.flush()
+        if line.startswith(self._prefix):
+            self._event(line[len(self._prefix) :].split())
+            return
+        if self.running_at is None or self.status is not None:
+            return  # boot chatter before the workload, or after it ended
+        self.output.append(line)
+        if self.first_output_at is None and not _KERNEL_LINE.match(line):
+            self.first_output_at = time.monotonic()
+        if self._on_output is not None:
+            self._on_output(line)
+
+    def _event(self, words: list[str]) -> None:
+        if not words:
+            return
+        event, args = words[0], words[1:]
+        if event == "running" and not self.running.done():
+            self.running_at = time.monotonic()
+            self.running.set_result(None)
+        elif event == "probe-ok":
+            self.probe_ok = True
+        elif event == "boot-failed":
+            self.boot_failed = " ".join(args) or "unknown"
+        elif event == "exit" and args:
+            with contextlib.suppress(ValueError):
+                self.status = int(args[0])
+                self.oom_kills = int(args[1]) if len(args) > 1 else 0
+
+    # -- control ----------------------------------------------------------------------------
+    async def _send(self, line: bytes) -> None:
+        stdin = self.process.stdin
+        if stdin is None or stdin.is_closing():
+            return
+        with contextlib.suppress(OSError, RuntimeError):
+            stdin.write(line)
+            await stdin.drain()
+
+    async def request_stop(self) -> None:
+        """Ask the init to ``SIGTERM`` the workload (it reports the exit and powers off)."""
+        await self._send(b"berth-stop\n")
+
+    async def request_kill(self) -> None:
+        """Ask the init to ``SIGKILL`` the workload."""
+        await self._send(b"berth-kill\n")
+
+    def kill(self) -> None:
+        """Kill QEMU at once."""
+        if self.process.returncode is None:
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    @property
+    def ended(self) -> bool:
+        return self._end.done()
+
+    async def wait(self) -> GuestEnd:
+        """How the guest ended, once QEMU has exited and its console is read to the end."""
+        return await asyncio.shield(self._end)
+
+
+class _BootError(Exception):
+    """The guest ended (or QEMU failed) before its workload started; ``str`` is the reason."""
+
+
+def boot_failure(error: BaseException) -> str | None:
+    """The reason of a failed :attr:`MicroVM.running`, ``None`` for any other error."""
+    return str(error) if isinstance(error, _BootError) else None
+
+
+async def probe(
+    files: GuestFiles,
+    accel: Accel,
+    *,
+    qemu: str = DEFAULT_QEMU,
+    timeout_s: float = 60.0,
+    work_dir: Path | None = None,
+) -> tuple[bool, str]:
+    """Boot a guest that only reports in, under ``accel``: ``(True, "booted in 1.9 s")`` or
+    ``(False, why)``.  Leaves no process or file behind."""
+    kernel = files.kernel
+    if kernel is None or not kernel.is_file() or not files.initramfs.is_file():
+        return False, "no guest kernel or initramfs: berth microvm setup"
+    if accel == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False, "no usable /dev/kvm"
+    nonce = new_nonce()
+    with tempfile.TemporaryDirectory(prefix="berth-probe-", dir=work_dir) as scratch:
+        initrd = Path(scratch) / "initrd"
+        write_initrd(files.initramfs, GuestConfig(nonce=nonce, probe=True), initrd)
+        argv = qemu_argv(
+            qemu,
+            kernel=kernel,
+            initrd=initrd,
+            accel=accel,
+            size=vm_size(1, None),
+            cmdline=kernel_cmdline(host_tsc_khz()),
+        )
+        started = time.monotonic()
+        try:
+            vm = await MicroVM.launch(argv, nonce)
+        except OSError as error:
+            return False, f"cannot run {qemu}: {error.strerror or error}"
+        try:
+            end = await asyncio.wait_for(vm.wait(), timeout_s)
+        except TimeoutError:
+            vm.kill()
+            await vm.wait()
+            return False, f"no answer from the guest within {timeout_s:g} s"
+        finally:
+            vm.kill()
+        elapsed = time.monotonic() - started
+        if end.boot_failed is not None:
+            return False, f"the guest's init failed: {end.boot_failed}"
+        if vm.probe_ok and end.returncode == 0:
+            return True, f"booted in {elapsed:.1f} s"
+        return False, vm._qemu_failure(end.returncode)

@@ -137,7 +137,7 @@ def test_sim_flag_defaults_are_simconfigs() -> None:
     defaults = {
         name: param.default
         for name, param in inspect.signature(sim).parameters.items()
-        if name not in ("policy", "out", "quiet")
+        if name not in ("policy", "out", "quiet", "scenario_name", "quick")
     }
     assert sim_config(**defaults) == SimConfig()
-    assert defaults["cache"] == "8GiB" and defaults["pull_bandwidth"] == "125MBps"
+    assert defaults["cache"] == "auto" and defaults["pull_bandwidth"] == "125MBps"

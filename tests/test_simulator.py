@@ -111,7 +111,7 @@ def test_budgets_hold_at_every_event_and_everything_is_released(policy: str) -> 
         assert node.budget.reservations() == []
         assert node.layers.mounted() == frozenset()
         assert node.runtime.list() == ()
-        assert node.layers.cached_bytes <= config.cache_bytes
+        assert node.layers.cached_bytes <= simulation.info[node.name].cache_bytes
     placed = [d for d in result.decisions if d.placed]
     assert placed and all(d.ends_at is not None and d.ends_at <= result.end_time for d in placed)
     peak = result.utilisation.max()
@@ -263,7 +263,10 @@ def test_pulls_add_up_and_respect_the_lower_bound() -> None:
 
 
 def test_pull_time_is_bytes_over_bandwidth() -> None:
-    config = small(pull_bandwidth=10_000_000, boot_seconds=0.5)
+    config = small(  # only the node's link limits: no latency, registry and unpacking free
+        pull_bandwidth=10_000_000, boot_seconds=0.5, layer_latency=0.0,
+        registry_bandwidth=10**15, unpack_bandwidth=10**15,
+    )  # fmt: skip
     result, _ = run(config, "seed")
     first = result.decisions[0]
     assert first.placed and first.local_bytes == 0  # an empty cluster pulls everything
@@ -328,6 +331,8 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     report = write_outputs(results, tmp_path)
     document = json.loads((tmp_path / "report.json").read_text())
     assert list(document) == [
+        "scenario",
+        "regime",
         "config",
         "definitions",
         "unserved_platforms",
@@ -348,7 +353,11 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
         metrics["bytes_pulled"] / metrics["lower_bound_bytes"]
     )
     assert document["config"]["nodes"] == 12
-    assert document["goals"]["regime"] == "moderate"
+    assert document["regime"]["name"] == "moderate"
+    assert metrics["pull_ratio_capacity"] == pytest.approx(
+        metrics["bytes_pulled"] / metrics["capacity_bound_bytes"]
+    )
+    assert all("met" in goal and "missed_by" in goal for goal in document["goals"].values())
     for name in ("bytes_pulled.png", "utilisation.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert report.metrics["seed"].placed == metrics["placed"]

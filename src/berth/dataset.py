@@ -22,6 +22,13 @@ Two rules are applied while reading, because the raw data needs them:
 * a digest must have **the same size in every image** that lists it; otherwise the file is
   rejected, since colocation scores would depend on which image was read first.
 
+**Synthetic platform variants.**  Every image in the data is built for one platform, while a
+multi-arch image's per-platform variants have *different* layer digests of similar sizes.
+:func:`synthetic_variant` derives such a variant for a simulation: same name, same sizes,
+each layer id rewritten to ``synthetic:<os>-<arch>[-<variant>]:<original id>`` — a new
+digest per platform that says plainly it is not real data, and the same rewrite for the same
+layer in every image, so base layers stay shared *within* a platform as they are in the data.
+
 Image names must be unique.  Every problem raises :class:`~berth.errors.Invalid` whose message
 names the image and whose ``field`` locates the value (``images.3.layers.0.size``).
 """
@@ -43,10 +50,20 @@ from berth.model import Layer, Name, unique_layers
 from berth.platform import Platform
 from berth.validation import BerthModel
 
-__all__ = ["DOCKERHUB_RESOURCE", "Dataset", "Image", "load_dockerhub"]
+__all__ = [
+    "DOCKERHUB_RESOURCE",
+    "SYNTHETIC_PREFIX",
+    "Dataset",
+    "Image",
+    "load_dockerhub",
+    "synthetic_layer_id",
+    "synthetic_variant",
+]
 
 DOCKERHUB_RESOURCE = "data/dockerhub_top_images.json"
 """Where the bundled Docker Hub dataset lives inside the ``berth`` package."""
+SYNTHETIC_PREFIX = "synthetic:"
+"""Every synthetic layer id starts with this (see :func:`synthetic_variant`)."""
 
 
 def _pair(value: Any) -> Any:
@@ -253,6 +270,25 @@ def _file_field(field: str | None, positions: list[int]) -> str | None:
     position = positions[position] if position < len(positions) else position
     suffix = {".id": ".digest", ".size": ".size", None: ""}[match.group(2)]
     return f"layers.{position}{suffix}"
+
+
+def synthetic_layer_id(layer_id: str, platform: Platform) -> str:
+    """The id of ``layer_id``'s synthetic variant for ``platform`` (module docstring)."""
+    tag = "-".join(part for part in (platform.os, platform.arch, platform.variant) if part)
+    return f"{SYNTHETIC_PREFIX}{tag}:{layer_id}"
+
+
+def synthetic_variant(image: Image, platform: Platform) -> Image:
+    """``image`` as if also built for ``platform``: new layer ids, the same sizes.
+
+    The image's own platform returns it unchanged (its real digests).
+    """
+    if image.platform == platform:
+        return image
+    layers = tuple(
+        Layer(id=synthetic_layer_id(layer.id, platform), size=layer.size) for layer in image.layers
+    )
+    return Image(name=image.name, pull_count=image.pull_count, platform=platform, layers=layers)
 
 
 @cache

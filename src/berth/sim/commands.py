@@ -7,6 +7,12 @@ simulation is :mod:`berth.sim.simulator`, the figures :mod:`berth.sim.report`.  
 
 * ``berth sim`` runs one or all policies on the same seeded workload, with a progress bar,
   prints the comparison table and writes ``report.json`` and the plots to ``--out``.
+  ``--scenario NAME`` runs a scenario of the suite (:mod:`berth.sim.scenarios`) instead of
+  the flags' configuration; ``--scenario all`` runs every one, writing
+  ``--out/<scenario>/report.json`` (and plots), then ``--out/suite.md`` and
+  ``--out/suite.json`` with every scenario × policy; ``--quick`` runs the scenarios at a
+  tenth of their size.  The configuration flags (``--nodes`` …) cannot be combined with
+  ``--scenario``: a scenario *is* a configuration.
 * ``berth demo`` is the short fixed scenario the README starts with (50 nodes, 500
   placements): a few placements with every node's verdict, then the comparison table and where
   the plots went.
@@ -28,9 +34,11 @@ second, not a simulation.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,7 +53,14 @@ from berth.errors import BerthError, Invalid
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import POLICIES
 from berth.scheduler.policy import policy as make_policy
-from berth.sim.report import Report, comparison_table, write_outputs
+from berth.sim.report import (
+    Report,
+    comparison_table,
+    suite_markdown,
+    suite_table,
+    write_outputs,
+)
+from berth.sim.scenarios import SCENARIOS, Scenario, run_scenario, scenario
 from berth.sim.simulator import Decision, SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.units import INFORMATION_UNITS, format_information
@@ -75,6 +90,10 @@ _FLAGS = {
     "seed": "--seed",
     "cache_bytes": "--cache",
     "pull_bandwidth": "--pull-bandwidth",
+    "registry_bandwidth": "--registry-bandwidth",
+    "preseed_layers": "--preseed",
+    "max_refusals": "--max-refusals",
+    "scenario": "--scenario",
     "boot_seconds": "--boot",
     "assume": "--assume",
     "policy": "--policy",
@@ -173,8 +192,14 @@ def sim_config(
     pull_bandwidth: str,
     boot: float,
     assume: bool = SIM_DEFAULTS.assume,
+    registry_bandwidth: str | None = None,
+    preseed: int = SIM_DEFAULTS.preseed_layers,
+    max_refusals: int = SIM_DEFAULTS.max_refusals,
 ) -> SimConfig:
-    """A validated ``SimConfig`` from flag values (``Invalid`` names the offending field)."""
+    """A validated ``SimConfig`` from flag values (``Invalid`` names the offending field).
+
+    ``cache`` ``auto`` (or empty) sizes each node's cache from its disk.
+    """
     workload = WorkloadConfig(
         requests=requests,
         rate=rate,
@@ -189,8 +214,13 @@ def sim_config(
         staleness=staleness,
         assume=assume,
         seed=seed,
-        cache_bytes=cache,  # unit strings are parsed by the model
+        cache_bytes=None if cache.strip() in ("", "auto") else cache,  # parsed by the model
         pull_bandwidth=pull_bandwidth,
+        registry_bandwidth=(
+            SIM_DEFAULTS.registry_bandwidth if registry_bandwidth is None else registry_bandwidth
+        ),
+        preseed_layers=preseed,
+        max_refusals=max_refusals,
         boot_seconds=boot,
         workload=workload,
     )
@@ -231,16 +261,21 @@ def _print_summary(report: Report, out: Path) -> None:
         )
     goals = report.goals
     if goals:
-        console.print(f"goals for the berth policy (regime: {goals['regime']}):")
+        regime = report.regime
+        load = (
+            ""
+            if regime is None
+            else f"{regime.name}: offered load {regime.offered_load:.2f}, "
+            f"peak {regime.peak_offered_load:.2f}"
+        )
+        console.print(f"goals for the berth policy ({load}):")
         for name, value in goals.items():
-            if isinstance(value, dict):
-                figures = ", ".join(
-                    f"{key}={item:.3g}" if isinstance(item, float) else f"{key}={item}"
-                    for key, item in value.items()
-                    if key != "met"
-                )
-                mark = "[green]met[/]" if value["met"] else "[red]not met[/]"
-                console.print(f"  {name}: {mark} ({figures})")
+            mark = "[green]met[/]" if value["met"] else "[red]not met[/]"
+            missed = "" if value["met"] else f", missed by {value['missed_by']:.3g}"
+            console.print(
+                f"  {name}: {mark} ({value['figure']:.4g} {value['unit']}, target "
+                f"{value['target']:.4g}{missed})"
+            )
     console.print(f"report: {out / 'report.json'}")
     for path in report.plots.values():
         console.print(f"plot:   {path}")
@@ -285,33 +320,132 @@ def sim(
         int, typer.Option(help="Seed of the workload, node layout, policies.")
     ] = SIM_DEFAULTS.seed,
     cache: Annotated[
-        str, typer.Option(help="Per-node layer cache budget.")
-    ] = _quantity(SIM_DEFAULTS.cache_bytes),
+        str, typer.Option(help="Per-node layer cache; auto: a share of the node's disk.")
+    ] = "auto",
     pull_bandwidth: Annotated[
-        str, typer.Option(help="Layer pull bandwidth.")
+        str, typer.Option(help="A node's pull bandwidth, shared by its concurrent pulls.")
     ] = _quantity(SIM_DEFAULTS.pull_bandwidth, "ps"),
+    registry_bandwidth: Annotated[
+        str, typer.Option(help="The registry's bandwidth, shared by every node.")
+    ] = _quantity(SIM_DEFAULTS.registry_bandwidth, "ps"),
+    preseed: Annotated[
+        int, typer.Option(help="Layers every node starts with (its platform's most used).")
+    ] = SIM_DEFAULTS.preseed_layers,
+    max_refusals: Annotated[
+        int, typer.Option(help="A placement gives up at this many refusals.")
+    ] = SIM_DEFAULTS.max_refusals,
     boot: Annotated[
         float, typer.Option(help="Fixed boot time added to starts (s).")
     ] = SIM_DEFAULTS.boot_seconds,
+    scenario_name: Annotated[
+        str | None,
+        typer.Option(
+            "--scenario",
+            help=f"Run a scenario of the suite instead: {', '.join(SCENARIOS)}, or all.",
+        ),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="With --scenario: a tenth of each scenario's size.")
+    ] = False,
     out: Annotated[
         str, typer.Option(help="Directory for report.json and plots.")
     ] = "berth-sim-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:  # fmt: skip
     """Compare placement policies on a simulated cluster fed by Docker Hub image layers."""
+    given: dict[str, Any] = {
+        "nodes": nodes, "requests": requests, "rate": rate, "lifetime": lifetime,
+        "arrival": arrival, "flatten": flatten, "concurrency": concurrency,
+        "staleness": staleness, "seed": seed, "cache": cache, "pull_bandwidth": pull_bandwidth,
+        "boot": boot, "assume": assume, "registry_bandwidth": registry_bandwidth,
+        "preseed": preseed, "max_refusals": max_refusals,
+    }  # fmt: skip
     with _clean_errors():
         names = parse_policies(policy)
-        config = sim_config(
-            nodes=nodes, requests=requests, rate=rate, lifetime=lifetime, arrival=arrival,
-            flatten=flatten, concurrency=concurrency, staleness=staleness, seed=seed,
-            cache=cache, pull_bandwidth=pull_bandwidth, boot=boot, assume=assume,
-        )  # fmt: skip
+        if scenario_name is not None:
+            _run_scenarios(scenario_name, quick, given, names, out, quiet)
+            return
+        if quick:
+            raise Invalid("only applies with --scenario", field="quick")
+        config = sim_config(**given)
         directory = output_directory(out)
         arrivals = generate_workload(config.workload)
         results = _run_all(config, names, arrivals, quiet)
         report = write_outputs(results, directory)
     console.print(comparison_table(report, title=_title(config)))
     _print_summary(report, directory)
+
+
+_DEFAULT_FLAGS = {
+    name: param.default
+    for name, param in inspect.signature(sim).parameters.items()
+    if name not in ("policy", "scenario_name", "quick", "out", "quiet")
+}
+
+
+def _run_scenarios(
+    name: str,
+    quick: bool,
+    given: dict[str, Any],
+    policies: list[str],
+    out: str,
+    quiet: bool,
+) -> None:
+    """``berth sim --scenario NAME|all``: one scenario, or the suite and its summary table."""
+    for flag, value in given.items():
+        if value != _DEFAULT_FLAGS[flag]:
+            option = "--" + flag.replace("_", "-")
+            if flag == "assume":
+                option = "--no-assume"
+            raise Invalid(f"{option} cannot be combined with --scenario", field="scenario")
+    text = name.strip()
+    chosen: list[Scenario] = (
+        [scenario(each, quick=quick) for each in SCENARIOS]
+        if text == "all"
+        else [scenario(text, quick=quick)]
+    )
+    directory = output_directory(out)
+    reports: dict[str, Report] = {}
+    for each in chosen:
+        target = directory if len(chosen) == 1 else directory / each.name
+        console.rule(f"[bold]{each.name}[/]: {each.summary}")
+        with _progress(quiet) as progress:
+            step = _stepper(progress)
+            _, report = run_scenario(each, policies, out=target, progress=step)
+        reports[each.name] = report
+        console.print(comparison_table(report, title=_title(each.config)))
+        _print_summary(report, target)
+    if len(chosen) > 1:
+        console.print(suite_table(reports))
+        (directory / "suite.md").write_text(suite_markdown(reports))
+        summary = {name: report.to_dict() for name, report in reports.items()}
+        (directory / "suite.json").write_text(json.dumps(summary, indent=2) + "\n")
+        console.print(f"suite: {directory / 'suite.md'}, {directory / 'suite.json'}")
+
+
+def _stepper(progress: Progress) -> Callable[[str, int, int], None]:
+    """A ``progress(policy, done, total)`` callback drawing one bar per policy."""
+    tasks: dict[str, Any] = {}
+
+    def step(policy: str, done: int, total: int) -> None:
+        if policy not in tasks:
+            tasks[policy] = progress.add_task(policy, total=total)
+        if done % 50 == 0 or done == total:
+            progress.update(tasks[policy], completed=done)
+
+    return step
+
+
+def _progress(quiet: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
+    )
 
 
 def _title(config: SimConfig) -> str:

@@ -4,19 +4,27 @@ This module owns turning :class:`~berth.sim.simulator.SimResult` values into wha
 compare policies by — it runs nothing and decides nothing.  Every figure is defined here, next
 to the code that computes it:
 
-* **placed / refused_no_capacity / no_matching_platform** — arrivals by outcome.  A request
-  refused for capacity is dropped (never retried); ``no_matching_platform`` counts requests
-  for platforms no node runs, the same for every policy on the same cluster.
+* **placed / refused_no_capacity / gave_up / no_matching_platform** — arrivals by outcome.
+  A request refused for capacity (the scheduler's view had no node, or every node it tried
+  refused) or given up (``max_refusals`` refusals) is dropped, never retried; ``refused`` is
+  the two together; ``no_matching_platform`` counts requests for platforms no node runs, the
+  same for every policy on the same cluster.  ``avoidable_refusals`` counts refused requests
+  that a node could have held right then without displacing anything (the simulator's
+  counterfactual against the nodes' true state).
 * **refused_at_confirmation** — node refusals during the walk of the candidates (a stale
   snapshot said the node fitted; its budget said no), whether or not another node then
   accepted; ``requests_with_refusals`` counts the decisions that saw at least one.
-* **bytes_pulled** against **lower_bound_bytes** = Σ sizes of the distinct layers among the
-  policy's placed requests: every node starts empty, so each such layer is pulled at least
-  once somewhere, whatever the policy.  ``pull_ratio = bytes_pulled / lower_bound_bytes``
-  (1.0 is perfect).  ``bytes_pulled_per_placed`` compares runs that placed different counts.
+* **bytes_pulled** against two lower bounds of the same run (:mod:`berth.sim.bounds`):
+  ``lower_bound_bytes`` — every distinct layer pulled once — and ``capacity_bound_bytes`` —
+  a layer in use at once by requests holding M bytes of memory is on at least
+  ⌈M / largest node memory⌉ nodes of that platform.  ``pull_ratio`` divides by the first,
+  ``pull_ratio_capacity`` by the second (1.0 is the best possible; the capacity bound is the
+  tighter, so its ratio is the smaller and the fairer).  ``bytes_pulled_per_placed``
+  compares runs that placed different counts.
 * **start latency** p50/p99 — modelled: time from arrival until the layers the workload needs
-  are on the node (its own pulls at the configured bandwidth, or another workload's pull still
-  in flight) plus the fixed boot time; placed requests only.
+  are unpacked on the node (refusal round trips, pulls through the node's and the registry's
+  shared bandwidth, unpacking, or another workload's pull still in flight) plus the fixed
+  boot time; placed requests only.
 * **utilisation** — memory reserved / memory total, sampled at evenly spaced times over the
   arrival window: ``cluster_utilisation`` is the cluster-wide fraction (Σ reserved / Σ total)
   averaged over samples; ``node_utilisation_std`` and ``node_utilisation_cv`` (std / mean) are
@@ -25,8 +33,9 @@ to the code that computes it:
 * **decision latency** p50/p99 — wall-clock time of the real ``ClusterScheduler.schedule``
   call (ranking, policy, walk and in-process admission), measured with ``perf_counter``.
 
-Outputs: a rich table, ``report.json`` (stable keys: ``config``, ``definitions``,
-``policies`` → metrics, ``goals``, ``plots``) and two PNGs drawn with matplotlib's Agg backend:
+Outputs: a rich table, ``report.json`` (stable keys: ``scenario``, ``regime``, ``config``,
+``definitions``, ``policies`` → metrics, ``goals`` — see :mod:`berth.sim.goals` — and
+``plots``) and two PNGs drawn with matplotlib's Agg backend:
 ``bytes_pulled.png`` (cumulative bytes pulled over simulated time, per policy, with the lower
 bound) and ``utilisation.png`` (distribution of node memory utilisation, per policy).
 """
@@ -44,6 +53,7 @@ import numpy as np
 from rich import box
 from rich.table import Table
 
+from berth.sim.goals import GOALS, Regime, check_goals, regime_of
 from berth.sim.simulator import SimConfig, SimResult
 
 __all__ = [
@@ -54,20 +64,36 @@ __all__ = [
     "comparison_table",
     "plot_bytes_pulled",
     "plot_utilisation",
+    "suite_markdown",
+    "suite_table",
     "write_outputs",
 ]
 
 DEFINITIONS: Mapping[str, str] = {
     "lower_bound_bytes": (
-        "sum of sizes of the distinct layers among the policy's placed requests: every node "
-        "starts empty, so each is pulled at least once"
+        "every distinct layer once: sum of sizes of the distinct layers the policy's placed "
+        "requests mounted, less those some node of the platform started with"
     ),
-    "pull_ratio": "bytes_pulled / lower_bound_bytes (1.0 is optimal)",
+    "capacity_bound_bytes": (
+        "capacity-aware: per layer and platform, size x max over time of ceil(memory held at "
+        "once by placed requests using it / largest node memory of the platform)"
+    ),
+    "pull_ratio": "bytes_pulled / lower_bound_bytes (the every-distinct-layer-once bound)",
+    "pull_ratio_capacity": "bytes_pulled / capacity_bound_bytes (the capacity-aware bound)",
+    "refused": "refused_no_capacity + gave_up: requests not placed for lack of capacity",
+    "gave_up": "placements abandoned at the max_refusals-th refusal at confirmation",
+    "avoidable_refusals": (
+        "refused requests that a node could have held at that moment without displacing "
+        "anything (every fit check passed on its true state)"
+    ),
     "refused_at_confirmation": (
         "node refusals during candidate walks (stale snapshot said it fits, the node's budget "
         "refused), whether or not the request was then placed elsewhere"
     ),
-    "start_latency": "modelled: wait for the needed layers (pull at pull_bandwidth) + boot",
+    "start_latency": (
+        "modelled: refusal round trips + pulls (node and registry bandwidth shared, per-layer "
+        "latency) + unpacking + boot"
+    ),
     "cluster_utilisation": "time-averaged sum of reserved memory / sum of memory",
     "node_utilisation_std": "time-averaged std-dev across nodes of reserved/total memory",
     "node_utilisation_cv": "time-averaged (std / mean) across nodes of reserved/total memory",
@@ -91,13 +117,18 @@ class PolicyMetrics:
     requests: int
     placed: int
     refused_no_capacity: int
+    gave_up: int
+    refused: int
+    avoidable_refusals: int
     no_matching_platform: int
     refused_at_confirmation: int
     requests_with_refusals: int
     refused_but_placed_by_another: int
     bytes_pulled: int
     lower_bound_bytes: int
+    capacity_bound_bytes: int
     pull_ratio: float | None
+    pull_ratio_capacity: float | None
     bytes_pulled_per_placed: float | None
     start_latency_p50_s: float | None
     start_latency_p99_s: float | None
@@ -126,18 +157,24 @@ class PolicyMetrics:
         else:
             cluster = node_std = node_cv = 0.0
         pulled, bound = result.pulled_bytes, result.lower_bound_bytes
+        capacity = result.capacity_bound_bytes
         return cls(
             policy=result.policy,
             requests=len(decisions),
             placed=len(placed),
             refused_no_capacity=sum(d.outcome == "no_capacity" for d in decisions),
+            gave_up=sum(d.outcome == "gave_up" for d in decisions),
+            refused=sum(d.refused for d in decisions),
+            avoidable_refusals=sum(d.refused and d.could_hold is not None for d in decisions),
             no_matching_platform=sum(d.outcome == "no_matching_platform" for d in decisions),
             refused_at_confirmation=sum(len(d.refusals) for d in decisions),
             requests_with_refusals=sum(bool(d.refusals) for d in decisions),
             refused_but_placed_by_another=refused_but_placed_by_another,
             bytes_pulled=pulled,
             lower_bound_bytes=bound,
+            capacity_bound_bytes=capacity,
             pull_ratio=pulled / bound if bound else None,
+            pull_ratio_capacity=pulled / capacity if capacity else None,
             bytes_pulled_per_placed=pulled / len(placed) if placed else None,
             start_latency_p50_s=_percentile(latencies, 50),
             start_latency_p99_s=_percentile(latencies, 99),
@@ -153,18 +190,32 @@ class PolicyMetrics:
 
 @dataclass(frozen=True)
 class Report:
-    """Per-policy metrics of runs on the same workload, the goals checked, the config."""
+    """Per-policy metrics of runs on the same workload, the goals checked, the config.
+
+    ``scenario`` names the scenario (:mod:`berth.sim.scenarios`) and says what it is for;
+    ``regime`` is judged from the offered load (:func:`berth.sim.goals.regime_of`).
+    """
 
     config: SimConfig
     metrics: dict[str, PolicyMetrics]
     unserved_platforms: dict[str, int]
     goals: dict[str, Any]
     plots: dict[str, str]
+    regime: Regime | None = None
+    scenario: dict[str, str] | None = None
+
+    @property
+    def goals_met(self) -> tuple[int, int]:
+        """(goals met, goals checked)."""
+        checked = [goal for goal in self.goals.values() if isinstance(goal, dict)]
+        return sum(bool(goal["met"]) for goal in checked), len(checked)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "scenario": self.scenario,
+            "regime": None if self.regime is None else self.regime.to_dict(),
             "config": self.config.model_dump(mode="json"),
-            "definitions": dict(DEFINITIONS),
+            "definitions": dict(DEFINITIONS) | {f"goal.{k}": v for k, v in GOALS.items()},
             "unserved_platforms": dict(sorted(self.unserved_platforms.items())),
             "policies": {name: asdict(metrics) for name, metrics in self.metrics.items()},
             "goals": self.goals,
@@ -172,51 +223,13 @@ class Report:
         }
 
 
-def _goals(metrics: Mapping[str, PolicyMetrics]) -> dict[str, Any]:
-    """The issue's goals for the ``berth`` policy, each with its figures and verdict."""
-    berth = metrics.get("berth")
-    if berth is None or berth.requests == 0:
-        return {}
-    refused = [m.refused_no_capacity / m.requests for m in metrics.values() if m.requests]
-    regime = (
-        "moderate"
-        if max(refused) == 0
-        else "overload"
-        if sum(refused) / len(refused) >= 0.3
-        else "loaded"
-    )
-    goals: dict[str, Any] = {"regime": regime}
-    seed, kube = metrics.get("seed"), metrics.get("kube")
-    if seed is not None and seed.bytes_pulled:
-        share = berth.bytes_pulled / seed.bytes_pulled
-        if regime == "overload":
-            goals["fewer_bytes_than_seed"] = {"berth_over_seed": share, "met": share < 1}
-        else:
-            goals["at_most_half_of_seed"] = {"berth_over_seed": share, "met": share <= 0.5}
-    if berth.pull_ratio is not None and regime != "overload":
-        goals["within_1_5x_lower_bound"] = {
-            "pull_ratio": berth.pull_ratio,
-            "met": berth.pull_ratio <= 1.5,
-        }
-    if regime == "overload":
-        if kube is not None:
-            goals["refuses_no_more_than_kube"] = {
-                "berth": berth.refused_no_capacity,
-                "kube": kube.refused_no_capacity,
-                "met": berth.refused_no_capacity <= kube.refused_no_capacity,
-            }
-    elif len(metrics) > 1:
-        goals["refuses_nothing_another_places"] = {
-            "count": berth.refused_but_placed_by_another,
-            "met": berth.refused_but_placed_by_another == 0,
-        }
-    return goals
-
-
 def build_report(
-    results: Mapping[str, SimResult], plots: Mapping[str, str] | None = None
+    results: Mapping[str, SimResult],
+    plots: Mapping[str, str] | None = None,
+    scenario: Mapping[str, str] | None = None,
 ) -> Report:
-    """Metrics for every run (same workload), cross-policy refusals and the goals."""
+    """Metrics for every run (same workload), cross-policy refusals, the regime and the goals
+    (:mod:`berth.sim.goals`); ``scenario`` (name, regime statement) is carried into it."""
     placed_by: dict[str, set[int]] = {
         name: {d.index for d in result.decisions if d.placed} for name, result in results.items()
     }
@@ -226,18 +239,22 @@ def build_report(
     for name, result in results.items():
         config = config or result.config
         others: set[int] = set().union(*(s for other, s in placed_by.items() if other != name))
-        refused = {d.index for d in result.decisions if d.outcome == "no_capacity"}
+        refused = {d.index for d in result.decisions if d.refused}
         metrics[name] = PolicyMetrics.of(result, len(refused & others))
         if not unserved:
             for decision in result.decisions:
                 if decision.outcome == "no_matching_platform":
                     unserved[decision.platform] = unserved.get(decision.platform, 0) + 1
+    config = config or SimConfig()
+    regime = regime_of(config)
     return Report(
-        config=config or SimConfig(),
+        config=config,
         metrics=metrics,
         unserved_platforms=unserved,
-        goals=_goals(metrics),
+        goals=check_goals(metrics, regime),
         plots=dict(plots or {}),
+        regime=regime,
+        scenario=dict(scenario) if scenario is not None else None,
     )
 
 
@@ -257,7 +274,7 @@ def comparison_table(report: Report, title: str = "policy comparison") -> Table:
         "placed",
         "refused\ncap/conf",
         "pulled\nGB",
-        "×LB",
+        "×LB\ndist/cap",
         "start s\np50/p99",
         "util\nstd/CV",
         "decide ms\np50/p99",
@@ -267,9 +284,9 @@ def comparison_table(report: Report, title: str = "policy comparison") -> Table:
         table.add_row(
             name,
             str(m.placed),
-            f"{m.refused_no_capacity}/{m.refused_at_confirmation}",
+            f"{m.refused}/{m.refused_at_confirmation}",
             _gb(m.bytes_pulled),
-            _num(m.pull_ratio, ".2f"),
+            f"{_num(m.pull_ratio, '.2f')}/{_num(m.pull_ratio_capacity, '.2f')}",
             f"{_num(m.start_latency_p50_s, '.2f')}/{_num(m.start_latency_p99_s, '.1f')}",
             f"{m.node_utilisation_std:.2f}/{m.node_utilisation_cv:.1f}",
             f"{_num(m.decision_latency_p50_ms, '.2f')}/{_num(m.decision_latency_p99_ms, '.2f')}",
@@ -282,8 +299,9 @@ def comparison_table(report: Report, title: str = "policy comparison") -> Table:
         utilisation = sum(m.cluster_utilisation for m in metrics) / len(metrics)
         table.caption_justify = "left"
         table.caption = (
-            f"refused cap/conf: for lack of capacity / refusals at confirmation.  ×LB: pulled "
-            f"over the lower bound, {span} GB of distinct layers among placed requests.  Memory "
+            f"refused cap/conf: for lack of capacity (incl. gave up) / refusals at "
+            f"confirmation.  ×LB dist/cap: pulled over the every-distinct-layer-once bound "
+            f"({span} GB) / over the capacity-aware bound of the same run.  Memory "
             f"reserved: {utilisation:.0%} on average; util std/CV: its spread across nodes."
         )
     return table
@@ -303,9 +321,10 @@ def plot_bytes_pulled(results: Mapping[str, SimResult], path: Path) -> Path:
             times = [0.0] + [at for at, _ in result.pulls] + [result.end_time]
             totals = [0] + [total for _, total in result.pulls] + [result.pulled_bytes]
             axes.step(times, np.array(totals) / 1e9, where="post", label=name)
-            bound = max(bound, result.lower_bound_bytes)
+            bound = max(bound, result.capacity_bound_bytes)
         if bound:
-            axes.axhline(bound / 1e9, color="grey", linestyle="--", label="lower bound")
+            axes.axhline(bound / 1e9, color="grey", linestyle="--",
+                         label="capacity-aware bound (largest)")  # fmt: skip
         axes.set_xlabel("simulated time (s)")
         axes.set_ylabel("bytes pulled (GB, cumulative)")
         axes.set_title("Layer bytes pulled per policy")
@@ -342,13 +361,90 @@ def plot_utilisation(results: Mapping[str, SimResult], path: Path) -> Path:
     return path
 
 
-def write_outputs(results: Mapping[str, SimResult], out: Path) -> Report:
-    """Write ``report.json``, ``bytes_pulled.png`` and ``utilisation.png`` into ``out``."""
+def write_outputs(
+    results: Mapping[str, SimResult],
+    out: Path,
+    scenario: Mapping[str, str] | None = None,
+    *,
+    plots: bool = True,
+) -> Report:
+    """Write ``report.json`` (and, with ``plots``, ``bytes_pulled.png`` and
+    ``utilisation.png``) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    plots = {
-        "bytes_pulled": str(plot_bytes_pulled(results, out / "bytes_pulled.png")),
-        "utilisation": str(plot_utilisation(results, out / "utilisation.png")),
-    }
-    report = build_report(results, plots)
+    drawn = (
+        {
+            "bytes_pulled": str(plot_bytes_pulled(results, out / "bytes_pulled.png")),
+            "utilisation": str(plot_utilisation(results, out / "utilisation.png")),
+        }
+        if plots
+        else {}
+    )
+    report = build_report(results, drawn, scenario)
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     return report
+
+
+def _suite_rows(reports: Mapping[str, Report]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for name, report in reports.items():
+        met, checked = report.goals_met
+        regime = report.regime.name if report.regime else "–"
+        for policy, m in report.metrics.items():
+            goals = f"{met}/{checked}" if policy == "berth" and checked else ""
+            p99 = m.start_latency_p99_s
+            rows.append(
+                [
+                    name,
+                    regime,
+                    policy,
+                    _gb(m.bytes_pulled),
+                    _num(m.pull_ratio, ".2f"),
+                    _num(m.pull_ratio_capacity, ".2f"),
+                    f"{m.refused} ({m.avoidable_refusals})",
+                    _num(p99, ".2f"),
+                    goals,
+                ]
+            )
+    return rows
+
+
+_SUITE_COLUMNS = (
+    "scenario",
+    "regime",
+    "policy",
+    "pulled GB",
+    "x distinct LB",
+    "x capacity LB",
+    "refused (avoidable)",
+    "start p99 s",
+    "berth goals met",
+)
+
+
+def suite_table(reports: Mapping[str, Report]) -> Table:
+    """Every scenario x policy of a suite run in one rich table."""
+    table = Table(title="scenario suite", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in _SUITE_COLUMNS:
+        table.add_column(column, justify="left" if column in _SUITE_COLUMNS[:3] else "right")
+    for row in _suite_rows(reports):
+        table.add_row(*row)
+    return table
+
+
+def suite_markdown(reports: Mapping[str, Report]) -> str:
+    """The suite table as Markdown, then every missed goal of ``berth`` with its figures."""
+    lines = [
+        "| " + " | ".join(_SUITE_COLUMNS) + " |",
+        "|" + "|".join("---" for _ in _SUITE_COLUMNS) + "|",
+    ]
+    lines += ["| " + " | ".join(row) + " |" for row in _suite_rows(reports)]
+    misses = [
+        f"- {name}: {goal} — {value['figure']:.4g} {value['unit']} against a target of "
+        f"{value['target']:.4g} (missed by {value['missed_by']:.4g})"
+        for name, report in reports.items()
+        for goal, value in report.goals.items()
+        if isinstance(value, dict) and not value["met"]
+    ]
+    if misses:
+        lines += ["", "Goals missed by berth:", "", *misses]
+    return "\n".join(lines) + "\n"

@@ -15,8 +15,18 @@ embedded cluster uses too) and a platform from weighted mixes, shuffled by ``Sim
 so neither correlates with the name order some policies use for ties.  Every node is a
 :class:`~berth.node.core.NodeCore` — the node agent's own core, minus the agent's I/O — with a
 ``NodeBudget`` on the simulated clock, a :class:`~berth.node.layers.LayerRegistry`
-(refcounted mounts, LRU cache of ``cache_bytes``) and a
-:class:`~berth.node.runtime.FakeRuntime`.  The core's wiring is the agent's: a workload's end
+(refcounted mounts, LRU cache) and a :class:`~berth.node.runtime.FakeRuntime`.
+
+**The layer cache is part of the node's disk.**  Each node's cache of unmounted layers is
+sized from its disk — ``cache_fraction`` of it (``cache_bytes``, when set, gives every node
+the same size instead) — and charged against it: the node's hard disk budget, what workloads
+may reserve, is its disk *minus* the cache.  (A mounted image counts inside its workload's
+own disk reservation, as a microVM's root filesystem does.)  So a small node keeps a small
+cache and evicts sooner (least recently unmounted first).  With ``preseed_layers`` = N each
+node starts with the N layers its platform's arrivals use most (the common base images a
+fleet pre-pulls) already in its cache; they can be evicted like any other.
+
+The core's wiring is the agent's: a workload's end
 releases its reservation (the lease is bound to it) and unmounts its layers into the cache,
 and its snapshot is the agent's snapshot.  (:class:`~berth.node.agent.Agent` itself is not
 used: its advertiser is an asyncio heartbeat in wall-clock time, while here snapshots must
@@ -42,15 +52,38 @@ delivered at time 0.
 **A placement's life.**  At ``arrival.at`` the scheduler's ``schedule(request)`` ranks its
 replica and walks the candidates; each node's ``admit`` reserves under a lease or refuses.
 The simulator then hands the placement to the node's core — ``NodeCore.boot`` with the
-lease, the same lifecycle the agent runs: mount the image's layers, start the workload, bind
-the lease to it.  The mounts say what the start waits for: a layer neither mounted nor cached
-is *pulled* (bytes counted, taking ``bytes / pull_bandwidth`` seconds for all of the
-request's missing layers together); a cached layer is re-mounted free; a layer another
-workload is still pulling is waited for.  The workload starts ``boot_seconds`` after its last
-layer is ready — that wait is its modelled start latency — and ends ``lifetime`` seconds after
-starting, when the runtime reports its exit: the reservation is released and its layers
-unmounted into the cache.  A request the scheduler cannot place (``NoCapacity``,
-``NoMatchingPlatform``) is recorded and dropped, never retried.
+lease, the same lifecycle the agent runs: mount the image's layers (for a multi-platform
+request, the variant of the node's platform), start the workload, bind the lease to it.  The
+mounts say what the start waits for: a cached layer is re-mounted free; a layer another
+workload is still pulling is waited for; a layer neither mounted nor cached is *pulled*:
+
+* **Pulls share bandwidth.**  Each node's link (``pull_bandwidth``) and the registry
+  (``registry_bandwidth``, shared by every node) are work-conserving FIFO pipes: a layer's
+  transfer starts ``layer_latency`` after the decision (one registry round trip per layer,
+  issued in parallel) or when the node's link is free, whichever is later, and takes
+  ``size / pull_bandwidth``; the registry serves transfers in order at
+  ``registry_bandwidth``, and a layer is downloaded when both have carried it.  FIFO drains a
+  backlog in the same total time as fair sharing would; only the order of completions
+  differs.  So twenty cold starts on one node, or a burst of cold starts across the fleet,
+  wait for each other — the cold-start hot spots a real fleet sees.
+* **Unpacking costs time.**  A downloaded layer is unpacked at ``unpack_bandwidth`` on its
+  node, one layer at a time (a node's disk is one more FIFO pipe).
+* **Refusals cost a round trip.**  Each refusal at confirmation delays the decision by
+  ``refusal_rtt``, and a placement gives up (outcome ``gave_up``) at the ``max_refusals``-th
+  refusal, as a real scheduler bounds its retries.
+
+The workload starts ``boot_seconds`` after its last layer is unpacked — that wait, from
+arrival, is its modelled start latency — and ends ``lifetime`` seconds after starting, when
+the runtime reports its exit: the reservation is released and its layers unmounted into the
+cache.  A request the scheduler cannot place (``NoCapacity``, ``NoMatchingPlatform``, gave up)
+is recorded and dropped, never retried.
+
+**Refusals judged against the truth.**  When a request is not placed for capacity (including
+giving up), the simulator asks whether some node *could* have held it right then without
+displacing anything: a node of a matching platform whose true current state (its latest
+snapshot, published after every change — not any scheduler's replica) passes every fit
+check.  The first such node is recorded as :attr:`Decision.could_hold`; the report counts
+these *avoidable* refusals.
 
 **Events** are dispatched by kind through a handler table (:attr:`Simulation._handlers`):
 a workload's end, a snapshot's delivery to a replica, a utilisation sample, an arrival.
@@ -78,7 +111,7 @@ from pydantic import Field, Strict, StrictBool, StrictInt, field_validator
 
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
-from berth.model import Bytes, BytesPerSecond
+from berth.model import Bytes, BytesPerSecond, Layer, Request, Spec
 from berth.model import Seconds as Delay
 from berth.node.budget import NodeBudget, StaticLoad
 from berth.node.classes import NodeClass
@@ -87,12 +120,14 @@ from berth.node.layers import LayerRegistry, MountOutcome
 from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.local import LocalNodes
 from berth.nodeclient.recording import RecordingNodes
-from berth.platform import Platform
+from berth.ownership import Admission, Refused
+from berth.platform import Platform, matches_any
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import POLICIES, Policy, SeedLike
 from berth.scheduler.policy import policy as make_policy
+from berth.sim.bounds import LayerUse, capacity_bound, distinct_layer_bound
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
-from berth.state import NodeState
+from berth.state import NodeState, first_failed_check
 from berth.store.memory import MemoryStore
 from berth.validation import BerthModel
 
@@ -102,6 +137,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_SIM_NODES",
     "Decision",
+    "GaveUp",
     "InvariantViolated",
     "NodeClass",
     "NodeInfo",
@@ -153,10 +189,16 @@ DEFAULT_WORKLOAD = WorkloadConfig(requests=2000, rate=2.0, lifetime_mean=300.0)
 class SimConfig(BerthModel):
     """Everything that decides a simulation besides the policy; see the module docstring.
 
-    ``cache_bytes`` is each node's layer-cache budget; ``pull_bandwidth`` the bytes/s at which
-    a node pulls missing layers; ``boot_seconds`` a fixed boot time added to every start;
-    ``samples`` how many evenly spaced utilisation samples cover the arrival window; ``seed``
-    draws the node layout and seeds the policies (the workload has its own seed).
+    ``cache_fraction`` of each node's disk is its layer cache (``cache_bytes``, when set: the
+    same size on every node), charged against the disk workloads may reserve;
+    ``pull_bandwidth`` a node's link, shared by its concurrent pulls; ``registry_bandwidth``
+    the registry's, shared by every node; ``layer_latency`` the round trip before a layer's
+    transfer; ``unpack_bandwidth`` the rate a node unpacks at; ``preseed_layers`` how many of
+    the most used layers every node starts with in its cache; ``refusal_rtt`` what a refusal
+    at confirmation costs and ``max_refusals`` after how many a placement gives up;
+    ``boot_seconds`` a fixed boot time added to every start; ``samples`` how many evenly
+    spaced utilisation samples cover the arrival window; ``seed`` draws the node layout and
+    seeds the policies (the workload has its own seed).
     """
 
     nodes: Annotated[StrictInt, Field(ge=1, le=MAX_SIM_NODES)] = 100
@@ -167,8 +209,15 @@ class SimConfig(BerthModel):
         dict[str, Annotated[float, Strict(), Field(ge=0, le=1e6, allow_inf_nan=False)]],
         Field(max_length=64),
     ] = Field(default_factory=lambda: dict(DEFAULT_NODE_PLATFORMS))
-    cache_bytes: Bytes = 8 * GiB
+    cache_bytes: Bytes | None = None
+    cache_fraction: Annotated[float, Strict(), Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0625
     pull_bandwidth: Annotated[BytesPerSecond, Field(gt=0)] = 125_000_000
+    registry_bandwidth: Annotated[BytesPerSecond, Field(gt=0)] = 2_500_000_000
+    layer_latency: Delay = 0.02
+    unpack_bandwidth: Annotated[BytesPerSecond, Field(gt=0)] = 500_000_000
+    preseed_layers: Annotated[StrictInt, Field(ge=0, le=1024)] = 0
+    refusal_rtt: Delay = 0.002
+    max_refusals: Annotated[StrictInt, Field(ge=1, le=MAX_SIM_NODES)] = 8
     boot_seconds: Delay = 0.125
     concurrency: Annotated[StrictInt, Field(ge=1, le=MAX_CONCURRENCY)] = 1
     staleness: Delay = 0.0
@@ -201,6 +250,12 @@ class SimConfig(BerthModel):
             raise Invalid("node class names must be unique")
         return classes
 
+    def cache_of(self, node_class: NodeClass) -> int:
+        """The layer cache of a node of ``node_class``, in bytes (class docstring)."""
+        if self.cache_bytes is not None:
+            return min(self.cache_bytes, node_class.disk)
+        return int(self.cache_fraction * node_class.disk)
+
 
 class InvariantViolated(RuntimeError):
     """A hard budget, a layer refcount or a release went wrong: a bug, never an outcome."""
@@ -215,10 +270,39 @@ class NodeInfo:
     platform: str
     mem_max: int
     disk_max: int
+    """What workloads may reserve: the class's disk minus the layer cache."""
     cpus: float
+    cache_bytes: int = 0
 
 
-Outcome = Literal["placed", "no_capacity", "no_matching_platform"]
+Outcome = Literal["placed", "no_capacity", "gave_up", "no_matching_platform"]
+
+
+class GaveUp(BerthError):
+    """A placement stopped walking its candidates after ``max_refusals`` refusals."""
+
+
+class _BoundedNodes(RecordingNodes):
+    """The recording client that gives up at the ``limit``-th refusal of one decision."""
+
+    def __init__(self, nodes: LocalNodes, limit: int) -> None:
+        super().__init__(nodes)
+        self.limit = limit
+
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        try:
+            return await super().admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+        except Refused:
+            if len(self.refusals) >= self.limit:
+                raise GaveUp(f"gave up after {len(self.refusals)} refusals") from None
+            raise
 
 
 @dataclass(frozen=True)
@@ -228,8 +312,11 @@ class Decision:
     ``refusals`` are the nodes that refused at confirmation during this decision (whether or
     not another then accepted), as ``(node, reason)``; ``local_bytes`` the request's layer
     bytes already on the chosen node (mounted or cached), ``pulled_bytes`` the rest;
-    ``start_latency`` the modelled wait from arrival to start (pulls + boot);
-    ``decision_seconds`` the wall-clock time of the real ``schedule`` call.
+    ``start_latency`` the modelled wait from arrival to start (refusal round trips, pulls,
+    unpacking, boot); ``decision_seconds`` the wall-clock time of the real ``schedule`` call;
+    ``layers`` what the chosen node mounted (its platform's variant), ``mem`` the memory
+    reserved; ``could_hold`` — for a request not placed for capacity — a node whose true state
+    could have held it at that moment.
     """
 
     index: int
@@ -249,10 +336,19 @@ class Decision:
     pulled_bytes: int = 0
     start_latency: float | None = None
     ends_at: float | None = None
+    node_platform: str | None = None
+    layers: tuple[Layer, ...] = ()
+    mem: int = 0
+    could_hold: str | None = None
 
     @property
     def placed(self) -> bool:
         return self.outcome == "placed"
+
+    @property
+    def refused(self) -> bool:
+        """Not placed for lack of capacity (``no_capacity`` or ``gave_up``)."""
+        return self.outcome in ("no_capacity", "gave_up")
 
 
 @dataclass
@@ -261,8 +357,9 @@ class SimResult:
 
     ``pulls`` is ``(simulated time, cumulative bytes pulled)`` after every placement that
     pulled; ``utilisation[s, n]`` is node ``n``'s reserved memory fraction at
-    ``sample_times[s]``; ``lower_bound_bytes`` the sum of sizes of the distinct layers among
-    placed requests (every node starts empty, so each such layer is pulled at least once).
+    ``sample_times[s]``; ``lower_bound_bytes`` and ``capacity_bound_bytes`` the two lower
+    bounds of :mod:`berth.sim.bounds` on this run's bytes pulled; ``preseeded`` maps a
+    platform to the layers some node of it started with.
     """
 
     config: SimConfig
@@ -275,6 +372,8 @@ class SimResult:
     lower_bound_bytes: int
     end_time: float
     wall_seconds: float
+    capacity_bound_bytes: int = 0
+    preseeded: dict[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def pulled_bytes(self) -> int:
@@ -307,15 +406,15 @@ def _reserved_load(budget: NodeBudget, load: StaticLoad) -> Callable[[], None]:
     return update
 
 
-def _simulated_node(
-    info: NodeInfo, node_class: NodeClass, cache_bytes: int, clock: Callable[[], float]
-) -> NodeCore:
-    """A node core with the simulated load model, on the simulated clock."""
+def _simulated_node(info: NodeInfo, node_class: NodeClass, clock: Callable[[], float]) -> NodeCore:
+    """A node core with the simulated load model, on the simulated clock; its disk budget is
+    the class's disk minus its layer cache (``info.disk_max``)."""
     load = StaticLoad()
-    budget = NodeBudget(node_class.limits(), load, clock=clock)
+    limits = node_class.model_copy(update={"disk": info.disk_max}).limits()
+    budget = NodeBudget(limits, load, clock=clock)
     budget.add_change_listener(_reserved_load(budget, load))
     return NodeCore(
-        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(cache_bytes)
+        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(info.cache_bytes)
     )
 
 
@@ -373,7 +472,6 @@ class _Tally:
     decisions: list[Decision] = field(default_factory=list)
     pulls: list[tuple[float, int]] = field(default_factory=list)
     pulled_total: int = 0
-    distinct: dict[str, int] = field(default_factory=dict)
 
 
 def _counts(weights: Sequence[float], total: int) -> list[int]:
@@ -408,13 +506,15 @@ def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
     out: list[tuple[NodeInfo, NodeClass]] = []
     for i in range(config.nodes):
         node_class = classes[class_of[class_order[i]]]
+        cache = config.cache_of(node_class)
         info = NodeInfo(
             name=f"node-{i:0{width}d}",
             node_class=node_class.name,
             platform=platforms[platform_of[platform_order[i]]],
             mem_max=node_class.mem,
-            disk_max=node_class.disk,
+            disk_max=node_class.disk - cache,
             cpus=node_class.cpus,
+            cache_bytes=cache,
         )
         out.append((info, node_class))
     return out
@@ -458,19 +558,33 @@ class Simulation:
         self.info: dict[str, NodeInfo] = {}
         self.nodes: dict[str, NodeCore] = {}
         for info, node_class in layout(config):
-            node = _simulated_node(info, node_class, config.cache_bytes, self._clock)
-            node.add_change_listener(functools.partial(self._dirty.add, info.name))
+            node = _simulated_node(info, node_class, self._clock)
             self.info[info.name] = info
             self.nodes[info.name] = node
-        # When each layer a node pulled is ready (a later mount of it waits until then).
+        self.preseeded = _preseed(self.nodes, self.info, self.arrivals, config.preseed_layers)
+        for name, node in self.nodes.items():
+            node.add_change_listener(functools.partial(self._dirty.add, name))
+        # When each layer a node pulled is ready (a later mount of it waits until then), and
+        # when each FIFO pipe (module docstring) is next free.
         self._ready_at: dict[str, dict[str, float]] = {name: {} for name in self.nodes}
+        self._link_free = dict.fromkeys(self.nodes, 0.0)
+        self._unpack_free = dict.fromkeys(self.nodes, 0.0)
+        self._registry_free = 0.0
         self._local = LocalNodes({name: node.budget for name, node in self.nodes.items()})
         self.stores = [MemoryStore(clock=self._clock) for _ in range(config.concurrency)]
-        for node in self.nodes.values():
-            state = node.snapshot(0.0)
+        # The truth, for the counterfactual at refusal time: every node's latest snapshot,
+        # and its free memory and disk as arrays in name order.
+        self._names = sorted(self.nodes)
+        self._truth: dict[str, NodeState] = {}
+        self._mem_free = np.zeros(len(self._names), dtype=np.int64)
+        self._disk_free = np.zeros(len(self._names), dtype=np.int64)
+        self._slot = {name: slot for slot, name in enumerate(self._names)}
+        for name in self._names:
+            state = self.nodes[name].snapshot(0.0)
+            self._know(state)
             for store in self.stores:
                 store.publish_now(state)
-        self._clients = [RecordingNodes(self._local) for _ in self.stores]
+        self._clients = [_BoundedNodes(self._local, config.max_refusals) for _ in self.stores]
         seeds = np.random.SeedSequence([config.seed, 0x9011C7]).spawn(config.concurrency)
         self.schedulers = [
             ClusterScheduler(
@@ -528,7 +642,7 @@ class Simulation:
         sample_times = np.linspace(0.0, horizon, self.config.samples, endpoint=False)
         for at in sample_times.tolist():
             self._push(at, _Event.SAMPLE, None)
-        names = sorted(self.nodes)
+        names = self._names
         tally = self._tally = _Tally(
             names=names,
             mem_max=np.array([self.info[name].mem_max for name in names], dtype=np.float64),
@@ -547,6 +661,14 @@ class Simulation:
             check_drained(node)
         for scheduler in self.schedulers:
             scheduler.close()
+        uses = [
+            LayerUse(d.at, d.ends_at, d.mem, d.node_platform, d.layers)
+            for d in tally.decisions
+            if d.placed and d.ends_at is not None and d.node_platform is not None
+        ]
+        largest: dict[str, int] = {}
+        for info in self.info.values():
+            largest[info.platform] = max(largest.get(info.platform, 0), info.mem_max)
         return SimResult(
             config=self.config,
             policy=self.policy_name,
@@ -555,9 +677,11 @@ class Simulation:
             pulls=tally.pulls,
             sample_times=sample_times,
             utilisation=tally.utilisation[: tally.samples],
-            lower_bound_bytes=sum(tally.distinct.values()),
+            lower_bound_bytes=distinct_layer_bound(uses, self.preseeded),
             end_time=self.now,
             wall_seconds=time.perf_counter() - started,
+            capacity_bound_bytes=capacity_bound(uses, largest, self.preseeded),
+            preseeded=self.preseeded,
         )
 
     # -- event handlers ----------------------------------------------------------------------
@@ -576,10 +700,7 @@ class Simulation:
     async def _sample(self, payload: None) -> None:
         """Record every node's reserved memory fraction."""
         tally = self._running_tally()
-        free = np.array(
-            [self.nodes[name].budget.headroom().mem_free for name in tally.names],
-            dtype=np.float64,
-        )
+        free = self._mem_free.astype(np.float64)  # every node's latest snapshot: the truth
         mem_max = tally.mem_max
         tally.utilisation[tally.samples] = 1.0 - np.divide(
             free, mem_max, out=np.ones_like(free), where=mem_max > 0
@@ -592,12 +713,9 @@ class Simulation:
         arrival = self.arrivals[index]
         decision = await self._arrive(index, arrival)
         tally.decisions.append(decision)
-        if decision.placed:
-            for layer in arrival.request.layers:
-                tally.distinct[layer.id] = layer.size
-            if decision.pulled_bytes:
-                tally.pulled_total += decision.pulled_bytes
-                tally.pulls.append((self.now, tally.pulled_total))
+        if decision.placed and decision.pulled_bytes:
+            tally.pulled_total += decision.pulled_bytes
+            tally.pulls.append((self.now, tally.pulled_total))
         if tally.observer is not None:
             tally.observer(decision, arrival, self.schedulers[decision.scheduler])
         if tally.progress is not None:
@@ -630,42 +748,44 @@ class Simulation:
             outcome = "no_matching_platform"
         except NoCapacity:
             outcome = "no_capacity"
+        except GaveUp:
+            outcome = "gave_up"
         elapsed = time.perf_counter() - tick
         refusals = tuple(client.refusals)
         if outcome != "placed":
-            return Decision(**base, outcome=outcome, decision_seconds=elapsed, refusals=refusals)
+            could_hold = None if outcome == "no_matching_platform" else self._could_hold(request)
+            return Decision(**base, outcome=outcome, decision_seconds=elapsed, refusals=refusals,
+                            could_hold=could_hold)  # fmt: skip
 
         name = placement.worker_node
         node = self.nodes[name]
         spec = request.spec
         if placement.reservation_id is None or spec is None:  # pragma: no cover - specs given
             raise InvariantViolated(f"{request.key}: placed without a reservation")
+        platform = self.info[name].platform
+        layers = arrival.layers_on(platform)
         boot = BootSpec(name=request.key, command=("microvm", arrival.image), mem_limit=spec.mem)
         try:
-            booted = await node.boot(
-                spec, request.layers, boot, reservation=placement.reservation_id
-            )
+            booted = await node.boot(spec, layers, boot, reservation=placement.reservation_id)
         except BerthError as error:  # pragma: no cover - leases are bound in the same event
             raise InvariantViolated(f"{request.key}: could not boot on {name}: {error}") from None
 
         now = self.now
+        decided = now + len(refusals) * self.config.refusal_rtt
         ready_at = self._ready_at[name]
         missing = 0
-        pulled_now: list[str] = []
-        waits = now
+        ready = decided
         for mounted in booted.mounts:
             if mounted.outcome is MountOutcome.PULLED:
                 missing += mounted.size
-                pulled_now.append(mounted.layer_id)
+                ready_at[mounted.layer_id] = done = self._pull(name, mounted.size, decided)
+                ready = max(ready, done)
             elif mounted.outcome is MountOutcome.ALREADY_MOUNTED:
-                waits = max(waits, ready_at.get(mounted.layer_id, now))
-        pulled_by = now + missing / self.config.pull_bandwidth
-        for layer_id in pulled_now:
-            ready_at[layer_id] = pulled_by
-        starts = max(waits, pulled_by) + self.config.boot_seconds
+                ready = max(ready, ready_at.get(mounted.layer_id, now))
+        starts = ready + self.config.boot_seconds
         ends = starts + arrival.lifetime
         self._push(ends, _Event.END, (name, booted.workload.id))
-        total_bytes = sum(layer.size for layer in request.layers)
+        total_bytes = sum(layer.size for layer in layers)
         return Decision(
             **base,
             outcome="placed",
@@ -678,7 +798,43 @@ class Simulation:
             pulled_bytes=missing,
             start_latency=starts - now,
             ends_at=ends,
+            node_platform=platform,
+            layers=layers,
+            mem=spec.mem,
         )
+
+    def _pull(self, node: str, size: int, at: float) -> float:
+        """When a layer of ``size`` bytes pulled to ``node`` from ``at`` is unpacked (the
+        FIFO pipes of the module docstring: node link, registry, node unpacking)."""
+        config = self.config
+        start = at + config.layer_latency
+        link = max(start, self._link_free[node]) + size / config.pull_bandwidth
+        registry = max(start, self._registry_free) + size / config.registry_bandwidth
+        self._registry_free = registry
+        downloaded = self._link_free[node] = max(link, registry)
+        unpacked = max(downloaded, self._unpack_free[node]) + size / config.unpack_bandwidth
+        self._unpack_free[node] = unpacked
+        return unpacked
+
+    def _could_hold(self, request: Request) -> str | None:
+        """A node whose true state (latest snapshot) passes every fit check for ``request``
+        now — so refusing it displaced nothing — or ``None``."""
+        spec = request.spec
+        if spec is None:  # pragma: no cover - simulated requests declare resources
+            return None
+        roomy = np.flatnonzero((self._mem_free >= spec.mem) & (self._disk_free >= spec.disk))
+        for slot in roomy.tolist():
+            state = self._truth[self._names[slot]]
+            if first_failed_check(state, spec, request.platforms) is None:
+                return state.node
+        return None
+
+    def _know(self, state: NodeState) -> None:
+        """Record ``state`` as its node's truth."""
+        self._truth[state.node] = state
+        slot = self._slot[state.node]
+        self._mem_free[slot] = state.mem_free
+        self._disk_free[slot] = state.disk_free
 
     def _flush(self) -> None:
         """Every node changed by the last event publishes once, in name order."""
@@ -692,11 +848,49 @@ class Simulation:
             if self.check_invariants:
                 check_node(node)
             state = node.snapshot(self.now)
+            self._know(state)
             for index, store in enumerate(self.stores):
                 if delay == 0:
                     store.publish_now(state)
                 else:
                     self._push(self.now + delay, _Event.DELIVER, (index, state))
+
+
+def _preseed(
+    nodes: Mapping[str, NodeCore],
+    info: Mapping[str, NodeInfo],
+    arrivals: Sequence[Arrival],
+    count: int,
+) -> dict[str, frozenset[str]]:
+    """Put each platform's ``count`` most used layers into every such node's cache.
+
+    "Most used": by the number of arrivals whose layers on that platform include it (ties by
+    id) — the common base images an operator pre-pulls.  A layer larger than a node's cache
+    is not kept there.  Returns platform → the layers seeded on at least one node of it.
+    """
+    if not count:
+        return {}
+    seeded: dict[str, frozenset[str]] = {}
+    for platform in sorted({each.platform for each in info.values()}):
+        wanted = Platform.parse(platform)
+        uses: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for arrival in arrivals:
+            if arrival.request.platforms and not matches_any(wanted, arrival.request.platforms):
+                continue
+            for layer in arrival.layers_on(wanted):
+                uses[layer.id] = uses.get(layer.id, 0) + 1
+                sizes[layer.id] = layer.size
+        top = sorted(uses, key=lambda layer_id: (-uses[layer_id], layer_id))[:count]
+        members = [node for name, node in nodes.items() if info[name].platform == platform]
+        for node in members:
+            for layer_id in reversed(top):  # the most used ends most recently cached
+                node.layers.mount(layer_id, sizes[layer_id])
+                node.layers.unmount(layer_id)
+        seeded[platform] = frozenset(
+            layer_id for layer_id in top if any(node.layers.is_cached(layer_id) for node in members)
+        )
+    return seeded
 
 
 def simulate(

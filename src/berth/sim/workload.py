@@ -41,6 +41,17 @@ Each arrival's :class:`~berth.model.Request` is ``namespace/<image name>/<replic
 ``replica`` counts earlier arrivals of the same image (0, 1, 2, …), ``platforms`` is the
 image's one platform, ``spec`` the instance type's and ``layers`` the image's layers.
 
+**Multi-platform requests.**  With ``multi_platform`` (say ``linux/amd64, linux/arm64/v8``)
+and ``multi_platform_share`` = s, each image built for one of those platforms is, with
+probability s (drawn once per image from a fifth stream, so the other draws do not move),
+treated as a multi-arch image: its request lists every platform of ``multi_platform``, and
+for each platform other than the image's own, a **synthetic** variant with new layer ids
+and the same sizes (:func:`berth.dataset.synthetic_variant`; ids start ``synthetic:``) —
+the data has one platform per image, and a real multi-arch image's variants do not share
+digests.  The request's ``layers`` list every variant's layers (a node of one platform only
+ever holds that platform's, so colocation on it counts exactly its variant's bytes);
+:meth:`Arrival.layers_on` says which layers a node of a given platform mounts.
+
 **Bounds.**  At most :data:`MAX_REQUESTS` arrivals, a rate from :data:`MIN_RATE` to
 :data:`MAX_RATE` per second, lifetimes from 1 ms to a year, finite numbers everywhere and no
 booleans where numbers belong: a config that would take hours or all memory to draw, or
@@ -58,9 +69,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, Strict, StrictInt, field_validator
 
-from berth.dataset import Dataset, Image, load_dockerhub
+from berth.dataset import Dataset, Image, load_dockerhub, synthetic_variant
 from berth.errors import Invalid
-from berth.model import INSTANCE_TYPES, Fraction, Interval, Name, Request
+from berth.model import INSTANCE_TYPES, Fraction, Interval, Layer, Name, Request
 from berth.platform import Platform
 from berth.validation import BerthModel, shown
 
@@ -110,6 +121,8 @@ class WorkloadConfig(BerthModel):
     lifetime_mean: Interval = 300.0
     lifetime_sigma: Annotated[float, Strict(), Field(gt=0, le=5, allow_inf_nan=False)] = 1.0
     platforms: tuple[Platform, ...] = ()
+    multi_platform: Annotated[tuple[Platform, ...], Field(max_length=8)] = ()
+    multi_platform_share: Fraction = 0.0
     namespace: Name = "sim"
     seed: Annotated[StrictInt, Field(ge=0, le=2**64 - 1)] = 0
 
@@ -133,6 +146,8 @@ class Arrival(BerthModel):
     """One request arriving at simulated time ``at`` (seconds) and living ``lifetime`` seconds.
 
     ``image`` and ``instance_type`` name what was drawn; ``request`` is what a scheduler sees.
+    ``variants`` (multi-platform requests only, module docstring) maps each platform to the
+    layers a node of that platform mounts; empty means ``request.layers`` everywhere.
     """
 
     at: Seconds
@@ -140,6 +155,17 @@ class Arrival(BerthModel):
     lifetime: Seconds
     image: Name
     instance_type: Name
+    variants: tuple[tuple[Platform, tuple[Layer, ...]], ...] = ()
+
+    def layers_on(self, platform: Platform | str) -> tuple[Layer, ...]:
+        """The layers a node running ``platform`` mounts for this request."""
+        if not self.variants:
+            return self.request.layers
+        wanted = platform if isinstance(platform, Platform) else Platform.parse(platform)
+        for variant, layers in self.variants:
+            if variant.matches(wanted) or wanted.matches(variant):
+                return layers
+        return self.variants[0][1]
 
     @property
     def departs(self) -> float:
@@ -179,7 +205,9 @@ def generate_workload(
     probabilities = popularity(images, config.flatten)
     type_names = list(config.instance_types)
     type_weights = np.array([config.instance_types[name] for name in type_names])
-    times_rng, images_rng, types_rng, lifetimes_rng = np.random.default_rng(config.seed).spawn(4)
+    streams = np.random.default_rng(config.seed).spawn(5)
+    times_rng, images_rng, types_rng, lifetimes_rng, multi_rng = streams
+    multi = _multi_platform_variants(config, images, multi_rng)
 
     count = config.requests
     times = _arrival_times(config, times_rng)
@@ -199,21 +227,37 @@ def generate_workload(
         type_name = type_names[type_index]
         replica = replicas.get(image.name, 0)
         replicas[image.name] = replica + 1
+        variants = multi.get(image_index, ())
         request = Request(
             namespace=config.namespace,
             name=image.name,
             replica=replica,
-            platforms=(image.platform,),
+            platforms=tuple(p for p, _ in variants) or (image.platform,),
             spec=INSTANCE_TYPES[type_name],
-            layers=image.layers,
+            layers=tuple(layer for _, layers in variants for layer in layers) or image.layers,
         )
         arrivals.append(
             Arrival(
                 at=at, request=request, lifetime=lifetime, image=image.name,
-                instance_type=type_name,
+                instance_type=type_name, variants=variants,
             )
         )  # fmt: skip
     return arrivals
+
+
+def _multi_platform_variants(
+    config: WorkloadConfig, images: Sequence[Image], rng: np.random.Generator
+) -> dict[int, tuple[tuple[Platform, tuple[Layer, ...]], ...]]:
+    """Image index → its per-platform layers, for the images drawn as multi-arch."""
+    platforms = tuple(dict.fromkeys(config.multi_platform))
+    if len(platforms) < 2 or not config.multi_platform_share:
+        return {}
+    chosen = rng.random(len(images)) < config.multi_platform_share
+    return {
+        index: tuple((p, synthetic_variant(image, p).layers) for p in platforms)
+        for index, image in enumerate(images)
+        if chosen[index] and image.platform in platforms
+    }
 
 
 def _arrival_times(config: WorkloadConfig, rng: np.random.Generator) -> npt.NDArray[np.float64]:

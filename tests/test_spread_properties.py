@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
@@ -72,14 +73,16 @@ class World:
 
     def __post_init__(self) -> None:
         for spec in self.nodes:
+            name = spec.name
             limits = BudgetLimits(mem_max=spec.slots * SMALL.mem, disk_max=100 * GiB,
                                   cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
-            self.budgets[spec.name] = NodeBudget(
-                limits, StaticLoad(), on_change=lambda name=spec.name: self.publish(name)
-            )
+            self.budgets[name] = NodeBudget(limits, StaticLoad(), on_change=self._publisher(name))
             self.local.add(spec.name, self.budgets[spec.name])
             self.publish(spec.name)
         self.scheduler = ClusterScheduler(self.store, self.local, ranker=self.ranker)  # type: ignore[arg-type]
+
+    def _publisher(self, name: str) -> Callable[[], None]:
+        return lambda: self.publish(name)
 
     def publish(self, name: str) -> None:
         spec = next(node for node in self.nodes if node.name == name)
@@ -114,13 +117,12 @@ class World:
         counts = self.counts(function)
         if spread.label is None:
             return counts[node] == 0
-        zone_of = {n.name: n.zone for n in self.nodes}
-        if zone_of[node] is None:
+        zone_of = {n.name: n.zone for n in self.nodes if n.zone is not None}
+        if node not in zone_of:
             return False
-        domains = {zone for zone in zone_of.values() if zone is not None}
-        per_zone = Counter({zone: 0 for zone in domains})
+        per_zone = Counter({zone: 0 for zone in zone_of.values()})
         for name, count in counts.items():
-            if zone_of[name] is not None:
+            if name in zone_of:
                 per_zone[zone_of[name]] += count
         least = min(per_zone.values())
         return per_zone[zone_of[node]] + 1 - least <= spread.max_skew

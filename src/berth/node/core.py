@@ -213,7 +213,8 @@ class NodeCore:
 
         Raises ``Refused`` naming this node (``platform_mismatch``, ``lease_expired``,
         ``boot_failed``, ``mem_exhausted`` …); nothing is left mounted, running or reserved
-        by a refused boot.  ``boot.mem_limit`` defaults to ``spec.mem``.
+        by a refused boot.  ``boot.mem_limit``, ``vcpus`` and ``disk_limit`` default to the
+        spec's ``mem``, ``vcpus`` and ``disk``.
         """
         spec = _spec(spec)
         layers = checked_layers(layers)
@@ -232,8 +233,12 @@ class NodeCore:
                 raise Refused("lease_expired", f"reservation {reservation} is gone")
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
-            if boot.mem_limit is None and spec.mem:
-                boot = boot.model_copy(update={"mem_limit": spec.mem})
+            limits = {"mem_limit": spec.mem, "vcpus": spec.vcpus, "disk_limit": spec.disk}
+            unset = {
+                key: value for key, value in limits.items() if value and getattr(boot, key) is None
+            }
+            if unset:
+                boot = boot.model_copy(update=unset)
             try:
                 workload = await self.runtime.start(boot)
             except BaseException as error:

@@ -19,7 +19,6 @@ the command that would fix it (``apt-get install busybox-static``).
 
 from __future__ import annotations
 
-import asyncio
 import lzma
 import shutil
 import subprocess
@@ -177,21 +176,21 @@ def setup(
         fetched = True
     size = build_initramfs(busybox, modules, files.initramfs)
     say(f"initramfs {files.initramfs} ({size / 2**20:.1f} MiB, busybox from {busybox})")
-    accel, detail = asyncio.run(choose_accel(files, qemu, say))
+    accel, detail = choose_accel(files, qemu, say)
     files.record_accel(accel, detail)
     return SetupReport(files.data_dir, version, fetched, size, accel, detail)
 
 
-async def choose_accel(
+def choose_accel(
     files: GuestFiles, qemu: str, say: Callable[[str], None] = lambda _: None
 ) -> tuple[Accel, str]:
     """KVM if a probe guest boots under it, else TCG if one boots under that; the detail says
     what each probe found.  :class:`SetupFailed` when no guest boots at all."""
-    kvm_ok, kvm_detail = await probe(files, "kvm", qemu=qemu, timeout_s=30.0)
+    kvm_ok, kvm_detail = probe(files, "kvm", qemu=qemu, timeout_s=30.0)
     say(f"probe under kvm: {'ok, ' if kvm_ok else ''}{kvm_detail}")
     if kvm_ok:
         return "kvm", f"kvm: {kvm_detail}"
-    tcg_ok, tcg_detail = await probe(files, "tcg", qemu=qemu, timeout_s=120.0)
+    tcg_ok, tcg_detail = probe(files, "tcg", qemu=qemu, timeout_s=120.0)
     say(f"probe under tcg: {'ok, ' if tcg_ok else ''}{tcg_detail}")
     if not tcg_ok:
         raise SetupFailed(f"no guest boots on this host: kvm: {kvm_detail}; tcg: {tcg_detail}")

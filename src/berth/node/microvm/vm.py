@@ -25,6 +25,7 @@ import re
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections import deque
@@ -37,7 +38,7 @@ from berth.node.microvm.initramfs import GuestConfig, config_archive
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
 from berth.node.microvm.qemu import host_tsc_khz, kernel_cmdline, qemu_argv, vm_size
 
-__all__ = ["GuestEnd", "MicroVM", "new_nonce", "probe", "write_initrd"]
+__all__ = ["GuestBootFailed", "GuestEnd", "MicroVM", "new_nonce", "probe", "write_initrd"]
 
 log = logging.getLogger("berth.microvm")
 
@@ -179,7 +180,7 @@ class MicroVM:
                     self._console_log.close()
         if not self.running.done():
             reason = self.boot_failed or self._qemu_failure(returncode)
-            self.running.set_exception(_BootError(reason))
+            self.running.set_exception(GuestBootFailed(reason))
             self.running.exception()
         self._end.set_result(
             GuestEnd(self.status, self.oom_kills, self.boot_failed, returncode, self.killed)
@@ -263,32 +264,35 @@ class MicroVM:
         return await asyncio.shield(self._end)
 
 
-class _BootError(Exception):
-    """The guest ended (or QEMU failed) before its workload started; ``str`` is the reason."""
+class GuestBootFailed(Exception):
+    """The guest ended (or QEMU failed) before its workload started.
+
+    ``reason`` is the init's word for it (``not-found``, ``module erofs``, ``mount layer-2``)
+    or what QEMU said; the runtime turns it into a ``BootFailed`` a person can read.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
-def boot_failure(error: BaseException) -> str | None:
-    """The reason of a failed :attr:`MicroVM.running`, ``None`` for any other error."""
-    return str(error) if isinstance(error, _BootError) else None
-
-
-async def probe(
+def probe(
     files: GuestFiles,
     accel: Accel,
     *,
     qemu: str = DEFAULT_QEMU,
     timeout_s: float = 60.0,
-    work_dir: Path | None = None,
 ) -> tuple[bool, str]:
     """Boot a guest that only reports in, under ``accel``: ``(True, "booted in 1.9 s")`` or
-    ``(False, why)``.  Leaves no process or file behind."""
+    ``(False, why)``.  Blocking (a setup step, or once when a runtime starts without a
+    recorded probe); leaves no process or file behind."""
     kernel = files.kernel
     if kernel is None or not kernel.is_file() or not files.initramfs.is_file():
         return False, "no guest kernel or initramfs: berth microvm setup"
     if accel == "kvm" and not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return False, "no usable /dev/kvm"
     nonce = new_nonce()
-    with tempfile.TemporaryDirectory(prefix="berth-probe-", dir=work_dir) as scratch:
+    with tempfile.TemporaryDirectory(prefix="berth-probe-") as scratch:
         initrd = Path(scratch) / "initrd"
         write_initrd(files.initramfs, GuestConfig(nonce=nonce, probe=True), initrd)
         argv = qemu_argv(
@@ -301,20 +305,27 @@ async def probe(
         )
         started = time.monotonic()
         try:
-            vm = await MicroVM.launch(argv, nonce)
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout_s,
+                start_new_session=True,
+                preexec_fn=_pdeathsig(),
+                check=False,
+            )
         except OSError as error:
             return False, f"cannot run {qemu}: {error.strerror or error}"
-        try:
-            end = await asyncio.wait_for(vm.wait(), timeout_s)
-        except TimeoutError:
-            vm.kill()
-            await vm.wait()
+        except subprocess.TimeoutExpired:  # run() has killed and reaped it
             return False, f"no answer from the guest within {timeout_s:g} s"
-        finally:
-            vm.kill()
-        elapsed = time.monotonic() - started
-        if end.boot_failed is not None:
-            return False, f"the guest's init failed: {end.boot_failed}"
-        if vm.probe_ok and end.returncode == 0:
-            return True, f"booted in {elapsed:.1f} s"
-        return False, vm._qemu_failure(end.returncode)
+    elapsed = time.monotonic() - started
+    console = done.stdout.decode("utf-8", "replace")
+    if f"berth:{nonce}:probe-ok" in console and done.returncode == 0:
+        return True, f"booted in {elapsed:.1f} s"
+    for line in console.splitlines():
+        if line.startswith(f"berth:{nonce}:boot-failed"):
+            return False, f"the guest's init failed: {line.split(maxsplit=1)[-1]}"
+    said = "; ".join(
+        line.strip() for line in done.stderr.decode("utf-8", "replace").splitlines() if line
+    )
+    return False, f"qemu: {said}" if said else f"no answer (qemu exit status {done.returncode})"

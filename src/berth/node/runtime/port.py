@@ -32,6 +32,7 @@ from typing import Annotated, Any, Protocol, runtime_checkable
 from pydantic import BeforeValidator, Field, StrictInt, field_validator
 
 from berth.errors import BerthError, Invalid
+from berth.model import Cores, Name
 from berth.units import parse_information
 from berth.validation import BerthModel
 
@@ -75,12 +76,19 @@ class BootSpec(BerthModel):
     ``name`` — a label (workload ids are derived from it); ``command`` — the program and its
     arguments, never empty; ``env`` — environment variables for the workload; ``mem_limit`` —
     a memory ceiling in bytes (or a unit string such as ``"256MiB"``), ``None`` for none.
+    For runtimes that boot machines (``microvm``): ``image`` — the image to boot (a reference
+    in the node's OCI image layout; ``None``: the layout's only image), ``vcpus`` and
+    ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
+    ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
     """
 
     name: str
     command: Annotated[tuple[str, ...], Field(min_length=1)]
     env: dict[str, str] = Field(default_factory=dict)
     mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
+    image: Name | None = None
+    vcpus: Cores | None = None
+    disk_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
 
     @field_validator("name")
     @classmethod

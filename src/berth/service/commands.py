@@ -37,6 +37,7 @@ from rich.table import Table
 
 from berth.errors import Invalid
 from berth.model import Interval, Layer, Name, Request
+from berth.observability import tracing
 from berth.store.nats_connection import Credentials, connect
 from berth.units import format_information
 from berth.validation import Rule, fields_as
@@ -58,6 +59,14 @@ CredsOption = Annotated[
 ]
 DurationOption = Annotated[
     float | None, typer.Option(help="Stop after this many seconds (default: until ^C).")
+]
+OtlpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp",
+        help="Send traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off).",
+    ),
 ]
 
 
@@ -154,6 +163,7 @@ def _extend_agent(app: typer.Typer) -> None:
                 help="Read idle load instead of this host's (agents sharing one machine).",
             ),
         ] = False,
+        otlp: OtlpOption = None,
     ) -> None:
         """Start node agents from config files: embedded, or on a NATS cluster with --nats."""
         if nats is None or check:
@@ -163,7 +173,7 @@ def _extend_agent(app: typer.Typer) -> None:
                 raise Invalid("the embedded agent command is not available", field="--nats")
             embedded(config=config[0], check=check, duration=duration)
             return
-        _serve_agents(config, nats, creds, creds_dir, idle_load, duration)
+        _serve_agents(config, nats, creds, creds_dir, idle_load, duration, otlp)
 
 
 def _serve_agents(
@@ -173,6 +183,7 @@ def _serve_agents(
     creds_dir: Path | None,
     idle_load: bool,
     duration: float | None,
+    otlp: str | None = None,
 ) -> None:
     from berth.node.budget import IDLE
     from berth.node.config import load_config
@@ -186,6 +197,7 @@ def _serve_agents(
         raise Invalid(f"node names must be unique, got {names}", field="--config")
     if creds is not None and len(configs) > 1:
         raise Invalid("one --creds serves one agent; use --creds-dir", field="--creds")
+    tracing.configure(otlp, service_name="berth-agent")
     _logging()
 
     def credentials_of(node: str) -> Credentials:
@@ -237,6 +249,7 @@ def scheduler(
         float, typer.Option(help="Seconds in-flight requests get to finish on shutdown.")
     ] = 5.0,
     duration: DurationOption = None,
+    otlp: OtlpOption = None,
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group."""
     from berth.service.routes import RouteRegistry
@@ -246,6 +259,7 @@ def scheduler(
         _INTERVAL(value, flag)
     _checked_duration(duration)
     credentials = _credentials(creds)
+    tracing.configure(otlp, service_name="berth-scheduler")
     _logging()
 
     async def serve() -> None:
@@ -282,6 +296,7 @@ def up(
     ] = True,
     runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
     duration: DurationOption = None,
+    otlp: OtlpOption = None,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.service.up import LocalCluster, wait_for_signal
@@ -294,6 +309,9 @@ def up(
     _INTERVAL(heartbeat, "--heartbeat")
     if per_process is not None:
         _UP_NODES(per_process, "--per-process")
+    traces = tracing.configure(otlp, service_name="berth-up")
+    if otlp is not None and traces is not None:  # the agents and schedulers export there too
+        os.environ[tracing.TRACES_ENDPOINT_ENV] = traces
     cluster = LocalCluster(
         nodes,
         schedulers=schedulers,

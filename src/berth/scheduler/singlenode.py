@@ -5,7 +5,10 @@ deterministic and total — the same worker for every request — with one excep
 the placement seed: when the request lists artifact platforms and the node's platform is not
 among them, it raises ``NoMatchingPlatform`` naming the artifact's platforms, the node and the
 node's platform.  It accounts no resources: ``spec`` and ``layers`` are accepted and ignored,
-because on one node there is nothing to choose between.
+because on one node there is nothing to choose between.  So is ``spread``: with one node
+there is nowhere else to put a replica, and a driver that reserves nothing cannot know which
+replicas still run — a hard spread is kept only by drivers that hold reservations (the
+placement contract checks it for those).
 """
 
 from __future__ import annotations

@@ -18,6 +18,13 @@ it lists only platforms that none of the driver's nodes run, which raises
 driver that promises determinism (``deterministic = True``) answers identical requests with
 identical placements.  Drivers that account resources return a small ``Spec`` from
 :meth:`SchedulerContract.valid_spec` and must have room for 100 of them.
+
+Replica spreading (``Request.spread``): every driver places a function's first replica under
+any spread setting it can meet without labels (a soft spread, or a hard one-per-node).  A
+driver that accounts resources (``valid_spec`` not ``None``) keeps a hard one-per-node spread:
+replicas of one function it holds at once land on distinct nodes, and once every node has
+one, the next is refused with ``NoCapacity`` naming the spread.  (A placement without
+resources holds nothing on its node, so there is no replica to spread away from.)
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from typing import ClassVar
 
 import pytest
 
-from berth.errors import Invalid, NoMatchingPlatform
-from berth.model import Placement, Request, Spec
+from berth.errors import Invalid, NoCapacity, NoMatchingPlatform
+from berth.model import Placement, Request, Spec, Spread
 from berth.platform import Platform
 from berth.scheduler.port import Scheduler
 
@@ -93,7 +100,12 @@ class SchedulerContract:
         return foreign
 
     def _request(
-        self, namespace: str, name: str, replica: int, platforms: list[Platform]
+        self,
+        namespace: str,
+        name: str,
+        replica: int,
+        platforms: list[Platform],
+        spread: Spread | None = None,
     ) -> Request:
         return Request(
             namespace=namespace,
@@ -101,6 +113,7 @@ class SchedulerContract:
             replica=replica,
             platforms=tuple(platforms),
             spec=self.valid_spec(),
+            spread=spread,
         )
 
     def _valid_requests(self) -> list[Request]:
@@ -167,9 +180,43 @@ class SchedulerContract:
 
         assert asyncio.run(first_placements()) == asyncio.run(first_placements())
 
+    def test_a_first_replica_is_placed_under_any_spread_it_can_meet(self) -> None:
+        spreads = [Spread(hard=True), Spread(hard=False), Spread(label="zone", hard=False)]
+
+        async def check(scheduler: Scheduler) -> None:
+            for index, spread in enumerate(spreads):
+                request = self._request("default", f"spread-{index}", 0, [], spread)
+                self._assert_placed(await scheduler.schedule(request), request)
+
+        self._run(check)
+
+    def test_a_hard_spread_puts_held_replicas_on_distinct_nodes(self) -> None:
+        if self.valid_spec() is None:
+            pytest.skip("placements without resources hold nothing to spread away from")
+
+        async def check(scheduler: Scheduler) -> None:
+            nodes: list[str] = []
+            for replica in range(17):
+                request = self._request("default", "anti", replica, [], Spread(hard=True))
+                try:
+                    placement = await scheduler.schedule(request)
+                except NoCapacity as error:
+                    assert "spread" in str(error), f"refused without naming the spread: {error}"
+                    break
+                self._assert_placed(placement, request)
+                assert placement.worker_node not in nodes, (
+                    f"{request.key}: a second replica on {placement.worker_node}"
+                )
+                nodes.append(placement.worker_node)
+            else:  # pragma: no cover - a driver with more than 16 nodes
+                pytest.skip("the driver has more nodes than the suite places replicas")
+            assert nodes, "not even a first replica was placed"
+
+        self._run(check)
+
     def test_placements_round_trip_through_json(self) -> None:
         async def check(scheduler: Scheduler) -> None:
-            request = self._request("default", "json", 1, [])
+            request = self._request("default", "json", 1, [], Spread(label="zone", hard=False))
             wire = Request.from_json(request.to_json())
             placement = await scheduler.schedule(wire)
             assert Placement.from_json(placement.to_json()) == placement

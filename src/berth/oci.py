@@ -722,7 +722,7 @@ def _write_layer(
         try:
             compressed = _HashingWriter(raw)
             gz = (
-                gzip.GzipFile(fileobj=compressed, mode="wb", mtime=0)
+                gzip.GzipFile(fileobj=compressed, mode="wb", compresslevel=6, mtime=0)
                 if compression == "gzip"
                 else None
             )

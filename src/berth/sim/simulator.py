@@ -111,7 +111,7 @@ from pydantic import Field, Strict, StrictBool, StrictInt, field_validator
 
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
-from berth.model import Bytes, BytesPerSecond, Layer, Request, Spec
+from berth.model import Bytes, BytesPerSecond, Layer, Placement, Request, Spec
 from berth.model import Seconds as Delay
 from berth.node.budget import NodeBudget, StaticLoad
 from berth.node.classes import NodeClass
@@ -198,7 +198,8 @@ class SimConfig(BerthModel):
     at confirmation costs and ``max_refusals`` after how many a placement gives up;
     ``boot_seconds`` a fixed boot time added to every start; ``samples`` how many evenly
     spaced utilisation samples cover the arrival window; ``seed`` draws the node layout and
-    seeds the policies (the workload has its own seed).
+    seeds the policies (the workload has its own seed); ``zones`` > 0 labels node ``i``
+    ``zone=z<i mod zones>`` (for requests that spread over zones; 0: no label).
     """
 
     nodes: Annotated[StrictInt, Field(ge=1, le=MAX_SIM_NODES)] = 100
@@ -224,6 +225,7 @@ class SimConfig(BerthModel):
     assume: StrictBool = True
     samples: Annotated[StrictInt, Field(ge=1, le=MAX_SAMPLES)] = 200
     seed: Annotated[StrictInt, Field(ge=0, le=2**64 - 1)] = 0
+    zones: Annotated[StrictInt, Field(ge=0, le=MAX_SIM_NODES)] = 0
     workload: WorkloadConfig = DEFAULT_WORKLOAD
 
     @field_validator("node_platforms")
@@ -273,6 +275,7 @@ class NodeInfo:
     """What workloads may reserve: the class's disk minus the layer cache."""
     cpus: float
     cache_bytes: int = 0
+    zone: str | None = None
 
 
 Outcome = Literal["placed", "no_capacity", "gave_up", "no_matching_platform"]
@@ -414,8 +417,9 @@ def _simulated_node(info: NodeInfo, node_class: NodeClass, clock: Callable[[], f
     budget = NodeBudget(limits, load, clock=clock)
     budget.add_change_listener(_reserved_load(budget, load))
     return NodeCore(
-        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(info.cache_bytes)
-    )
+        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(info.cache_bytes),
+        labels=None if info.zone is None else {"zone": info.zone},
+    )  # fmt: skip
 
 
 def check_node(node: NodeCore) -> None:
@@ -515,6 +519,7 @@ def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
             disk_max=node_class.disk - cache,
             cpus=node_class.cpus,
             cache_bytes=cache,
+            zone=f"z{i % config.zones}" if config.zones else None,
         )
         out.append((info, node_class))
     return out
@@ -685,12 +690,14 @@ class Simulation:
         )
 
     # -- event handlers ----------------------------------------------------------------------
-    async def _end(self, payload: tuple[str, str]) -> None:
-        """A workload's lifetime is over: its runtime reports the exit (the core releases)."""
-        node_name, workload_id = payload
+    async def _end(self, payload: tuple[str, str, int, Placement]) -> None:
+        """A workload's lifetime is over: its runtime reports the exit (the core releases),
+        and the scheduler that placed it stops counting the replica (for spreading)."""
+        node_name, workload_id, which, placement = payload
         runtime = self.nodes[node_name].runtime
         assert isinstance(runtime, FakeRuntime)
         runtime.finish(workload_id)
+        self.schedulers[which].ended(placement)
 
     async def _deliver(self, payload: tuple[int, NodeState]) -> None:
         """A snapshot published ``staleness`` seconds ago reaches one scheduler's replica."""
@@ -769,6 +776,7 @@ class Simulation:
             booted = await node.boot(spec, layers, boot, reservation=placement.reservation_id)
         except BerthError as error:  # pragma: no cover - leases are bound in the same event
             raise InvariantViolated(f"{request.key}: could not boot on {name}: {error}") from None
+        scheduler.replicas.bound(name, placement.reservation_id)  # the lease is the workload's
 
         now = self.now
         decided = now + len(refusals) * self.config.refusal_rtt
@@ -784,7 +792,7 @@ class Simulation:
                 ready = max(ready, ready_at.get(mounted.layer_id, now))
         starts = ready + self.config.boot_seconds
         ends = starts + arrival.lifetime
-        self._push(ends, _Event.END, (name, booted.workload.id))
+        self._push(ends, _Event.END, (name, booted.workload.id, which, placement))
         total_bytes = sum(layer.size for layer in layers)
         return Decision(
             **base,

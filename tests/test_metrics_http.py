@@ -1,0 +1,120 @@
+"""``GET /metrics``: the scheduler's metrics in Prometheus' text format, behind the API token.
+
+The route (:mod:`berth.service.http.metrics`) on an application with the API's token rule and
+problem answers, serving the metrics of a real ``ClusterScheduler`` (memory store, in-process
+budgets) after real placements: 401 without the token, the text format with it (bearer or the
+dashboard's cookie), 503 where no scheduler is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from berth import Request, Spec
+from berth.node.budget import BudgetLimits, NodeBudget
+from berth.nodeclient.local import LocalNodes
+from berth.observability.metrics import Metrics
+from berth.scheduler.multinode import ClusterScheduler
+from berth.service.http import metrics as metrics_route
+from berth.service.http.auth import COOKIE
+from berth.service.http.problems import install
+from berth.state import NodeState
+from berth.store.memory import MemoryStore
+
+GiB = 2**30
+TOKEN = "s3cret-token"
+
+
+def app_with(metrics: Metrics | None) -> FastAPI:
+    app = FastAPI()
+    app.state.token = TOKEN
+    if metrics is not None:
+        app.state.metrics = metrics
+    install(app)
+    app.include_router(metrics_route.router)
+    return app
+
+
+def get(
+    app: FastAPI, headers: dict[str, str] | None = None, cookies: dict[str, str] | None = None
+) -> httpx.Response:
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://berth", cookies=cookies
+        ) as client:
+            return await client.get("/metrics", headers=headers)
+
+    return asyncio.run(go())
+
+
+def measured_scheduler() -> tuple[ClusterScheduler, Metrics]:
+    store, nodes, metrics = MemoryStore(), LocalNodes(), Metrics()
+    scheduler = ClusterScheduler(store, nodes, metrics=metrics)
+    metrics.watch(scheduler, stale_after_s=3600)
+    for name in ("n1", "n2"):
+        limits = BudgetLimits(mem_max=4 * GiB, disk_max=10 * GiB, cpu_capacity=4,
+                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        nodes.add(name, NodeBudget(limits, platform="linux/amd64"))
+        store.publish_now(
+            NodeState(
+                node=name,
+                platform="linux/amd64",
+                mem_free=4 * GiB,
+                disk_free=10 * GiB,
+                mem_max=4 * GiB,
+                disk_max=10 * GiB,
+                cpu_capacity=4,
+                disk_bw_ceiling=GiB,
+                net_bw_ceiling=GiB,
+                published_at=9e9,
+            )
+        )
+    return scheduler, metrics
+
+
+def test_metrics_need_the_token() -> None:
+    _, metrics = measured_scheduler()
+    app = app_with(metrics)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        response = get(app, headers=headers)
+        assert response.status_code == 401, headers
+        assert response.headers["content-type"].startswith("application/problem+json")
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert "berth_" not in response.text
+
+
+def test_metrics_are_prometheus_text_after_real_placements() -> None:
+    scheduler, metrics = measured_scheduler()
+    spec = Spec(vcpus=0.1, mem=GiB, disk=GiB)
+    for replica in range(3):
+        request = Request(namespace="m", name="f", replica=replica, spec=spec)
+        asyncio.run(scheduler.schedule(request))
+    response = get(metrics_app := app_with(metrics), headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    assert samples["berth_placements_total", (("outcome", "placed"),)] == 3
+    assert samples["berth_placement_seconds_count", ()] == 3
+    assert samples["berth_nodes", (("state", "ready"),)] == 2
+    assert samples["berth_reservations", (("state", "assumed"),)] == 3
+    assert samples["berth_reserved_bytes", (("resource", "mem"), ("source", "assumed"))] == 3 * GiB
+
+    # the dashboard's cookie is the token too
+    cookie = get(metrics_app, cookies={COOKIE: TOKEN})
+    assert cookie.status_code == 200 and "berth_placements_total" in cookie.text
+
+
+def test_a_server_without_a_measured_scheduler_says_so() -> None:
+    response = get(app_with(None), headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 503
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert "measures no scheduler" in response.json()["detail"]

@@ -1,0 +1,440 @@
+"""The microVM runtime driver: each workload boots in its own QEMU ``microvm`` guest.
+
+A workload's image comes from the node's OCI image layout (``BootSpec.image``, a reference
+in it); its layers are the node's erofs image files (:class:`~berth.node.layers.LayerFiles`:
+converted once from the layer blob, then kept and shared), attached read-only as virtio-blk
+disks and stacked by berth's init with overlayfs, topmost layer first.  The guest gets:
+
+* **vCPUs and memory** from the workload's spec (``vcpus`` rounded up, at most this host's
+  cores; ``mem_limit`` rounded up to MiB, never below the kernel's floor of
+  :data:`~berth.node.microvm.qemu.MIN_GUEST_MEM` — a smaller spec gets the floor, and the
+  log says so).  A workload that outgrows its memory meets the *guest's* OOM killer: it is
+  reported killed (``SIGKILL``) with ``oom_kills`` counted, and the host only ever gave QEMU
+  the memory it was configured with.
+* **its disk budget as the writable upper layer**: a sparse ext4 image of ``disk_limit``
+  bytes made per guest (a ``tmpfs`` of that size, in guest memory, when the budget is under
+  16 MiB or absent) and deleted when the guest ends.
+* **its command as the guest's main process**: with the image's environment overlaid by the
+  spec's ``env``, ``chroot``-ed into the stacked image.  A program the image lacks is a
+  :class:`BootFailed` (``command not found: 'x'``), as with the process runtime.
+
+``start`` returns once the guest's init reports the workload running (a real boot: ~2 s
+under software emulation, more on a loaded host; ``boot_timeout_s`` bounds it).  The exit
+status the init reports becomes the :class:`WorkloadExit` — the shell's 128 + N for a
+workload killed by signal N is reported as that signal — and the console output is kept
+(:attr:`MicrovmWorkload.output`, and ``<log_dir>/<id>.log`` when a log directory is given).
+``stop`` asks the init to ``SIGTERM`` the workload (a line on the serial console), waits
+``stop_grace_s`` for the guest to power off, then kills QEMU.  A guest's scratch directory
+(its initramfs copy and upper disk) is removed when it ends, and its layers are released to
+the node's cache; QEMU dies with the process that started it (``PR_SET_PDEATHSIG``).
+
+Acceleration: ``kvm`` only when a probe guest booted under it (``berth microvm setup``
+records the probe; ``auto`` reads it, or probes once), ``tcg`` otherwise; :attr:`labels`
+states it for the node's snapshot (``microvm.accel``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Literal
+
+from berth.errors import BerthError, Invalid
+from berth.node.layers import LayerFiles
+from berth.node.microvm.initramfs import GuestConfig
+from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
+from berth.node.microvm.qemu import (
+    MAX_LAYERS,
+    MIB,
+    VmSize,
+    host_tsc_khz,
+    kernel_cmdline,
+    qemu_argv,
+    vm_size,
+)
+from berth.node.microvm.vm import GuestBootFailed, GuestEnd, MicroVM, new_nonce, probe, write_initrd
+from berth.node.runtime.port import (
+    BootFailed,
+    BootSpec,
+    ExitListener,
+    ExitListeners,
+    Workload,
+    WorkloadExit,
+    WorkloadIds,
+)
+from berth.oci import OciImage, read_layout
+from berth.validation import shown
+
+__all__ = ["MIN_UPPER_DISK", "MicrovmRuntime", "MicrovmWorkload"]
+
+log = logging.getLogger("berth.microvm")
+
+MIN_UPPER_DISK = 16 * MIB
+"""The smallest disk budget given an ext4 upper disk; below it the upper layer is a tmpfs."""
+AccelChoice = Literal["auto", "kvm", "tcg"]
+
+
+class MicrovmWorkload(Workload):
+    """A workload running in a guest: the port's handle plus what the guest reports.
+
+    ``accel`` and ``size`` say how the guest runs; ``image`` is the image it booted;
+    ``output`` its last console lines; ``first_output_at``/``started_at`` monotonic times
+    (``started_at`` is when ``start`` was called: their difference is the time to first
+    output); ``boot_seconds`` from QEMU's launch to the workload running; ``oom_kills`` the
+    guest kernel's OOM kills; ``console_log`` the log file, if any.
+    """
+
+    def __init__(
+        self,
+        workload_id: str,
+        spec: BootSpec,
+        vm: MicroVM,
+        *,
+        accel: Accel,
+        size: VmSize,
+        image: OciImage,
+        started_at: float,
+        console_log: Path | None,
+    ) -> None:
+        super().__init__(workload_id, spec, pid=vm.pid)
+        self.vm = vm
+        self.accel = accel
+        self.size = size
+        self.image = image
+        self.started_at = started_at
+        self.console_log = console_log
+        self.oom_kills = 0
+
+    @property
+    def output(self) -> tuple[str, ...]:
+        """The workload's last console lines (kernel messages included)."""
+        return tuple(self.vm.output)
+
+    @property
+    def first_output_at(self) -> float | None:
+        return self.vm.first_output_at
+
+    @property
+    def boot_seconds(self) -> float | None:
+        running = self.vm.running_at
+        return None if running is None else running - self.vm.launched_at
+
+    async def first_output(self) -> float:
+        """Wait for the workload's first line of output; its monotonic time (or the end's)."""
+        while self.vm.first_output_at is None and not self.done:
+            await asyncio.sleep(0.01)
+        return self.vm.first_output_at or time.monotonic()
+
+
+@dataclass
+class _Guest:
+    workload: MicrovmWorkload
+    scratch: Path
+    layers: tuple[str, ...]
+    stop_requested: bool = False
+
+
+def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
+    if end.status is not None:
+        signum = end.status - 128
+        if 0 < signum < signal.NSIG and end.status > 128:
+            return WorkloadExit(signal=signum, stopped=stopped)
+        return WorkloadExit(code=end.status, stopped=stopped)
+    if end.killed:
+        return WorkloadExit(signal=signal.SIGKILL, stopped=stopped)
+    if end.returncode < 0:
+        return WorkloadExit(signal=-end.returncode, stopped=stopped)
+    return WorkloadExit(stopped=stopped)
+
+
+def _hostname(workload_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth"
+
+
+class MicrovmRuntime:
+    """Boots each workload in a QEMU ``microvm`` guest (see the module docstring).
+
+    ``layers`` — the node's layer files (give its ``registry`` to the node);  ``images`` —
+    the OCI image layout workloads' images are read from; ``files`` — the data directory
+    ``berth microvm setup`` prepared (default :func:`~berth.node.microvm.paths.GuestFiles.at`
+    ``None``); ``accel`` — ``auto`` (the recorded probe, or one now), ``kvm`` or ``tcg``;
+    ``work_dir`` — where guests' scratch directories go (default ``<data_dir>/run``);
+    ``log_dir`` — where each workload's console goes (``<id>.log``), if anywhere.
+    """
+
+    def __init__(
+        self,
+        layers: LayerFiles,
+        images: str | Path,
+        *,
+        files: GuestFiles | None = None,
+        accel: AccelChoice = "auto",
+        qemu: str = DEFAULT_QEMU,
+        stop_grace_s: float = 5.0,
+        boot_timeout_s: float = 300.0,
+        work_dir: str | Path | None = None,
+        log_dir: str | Path | None = None,
+    ) -> None:
+        if not isinstance(layers, LayerFiles):
+            raise Invalid(f"expected the node's LayerFiles, got {shown(layers)}", field="layers")
+        if isinstance(images, bytes) or not isinstance(images, str | Path) or not str(images):
+            raise Invalid(f"expected an OCI image layout directory, got {shown(images)}",
+                          field="images")  # fmt: skip
+        if accel not in ("auto", "kvm", "tcg"):
+            raise Invalid(f"must be 'auto', 'kvm' or 'tcg', got {shown(accel)}", field="accel")
+        for name, value in (("stop_grace_s", stop_grace_s), ("boot_timeout_s", boot_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise Invalid(f"must be a positive number of seconds, got {shown(value)}",
+                              field=name)  # fmt: skip
+        self.files = files if files is not None else GuestFiles.at(None)
+        self.layer_files = layers
+        self.images = Path(images)
+        self.qemu = qemu
+        self.stop_grace_s = float(stop_grace_s)
+        self.boot_timeout_s = float(boot_timeout_s)
+        self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.accel, self.accel_detail = self._choose_accel(accel)
+        self.cmdline = kernel_cmdline(host_tsc_khz())
+        self._guests: dict[str, _Guest] = {}
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._listeners = ExitListeners()
+        self._ids = WorkloadIds()
+        log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
+
+    def _choose_accel(self, accel: AccelChoice) -> tuple[Accel, str]:
+        if accel != "auto":
+            return accel, "configured"
+        recorded = self.files.probed_accel()
+        if recorded is not None:
+            return recorded
+        if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+            return "tcg", "no usable /dev/kvm"
+        ok, detail = probe(self.files, "kvm", qemu=self.qemu, timeout_s=30.0)
+        chosen: Accel = "kvm" if ok else "tcg"
+        detail = f"kvm probe: {detail}"
+        with contextlib.suppress(OSError):
+            self.files.record_accel(chosen, detail)
+        return chosen, detail
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """What the node states about its guests in its snapshot's labels."""
+        return {"microvm.accel": self.accel}
+
+    def problems(self) -> list[str]:
+        """What this host lacks to boot guests, each with its fix (``[]`` when ready)."""
+        return problems(self.files, self.qemu)
+
+    # -- the port ----------------------------------------------------------------------------
+    def on_exit(self, listener: ExitListener) -> Callable[[], None]:
+        return self._listeners.add(listener)
+
+    def list(self) -> tuple[Workload, ...]:
+        return tuple(guest.workload for guest in self._guests.values())
+
+    async def start(self, spec: BootSpec) -> Workload:
+        """Boot ``spec`` in a new guest; return once its workload runs (``BootFailed`` if not)."""
+        started_at = time.monotonic()
+        if not isinstance(spec, BootSpec):
+            raise Invalid(f"expected a BootSpec, got {shown(spec)}", field="spec")
+        workload_id = self._ids.next(spec)
+        kernel = self.files.kernel
+        if kernel is None or not kernel.is_file() or not self.files.initramfs.is_file():
+            missing = "; ".join(self.problems()) or "no guest kernel"
+            raise BootFailed(f"microVMs are not set up: {missing}")
+        if "=" in spec.command[0]:
+            raise BootFailed(f"a guest cannot run a program named with '=': {spec.command[0]!r}")
+        image = self._image(spec.image)
+        if len(image.layers) > MAX_LAYERS:
+            raise BootFailed(
+                f"image {image.ref or image.digest} has {len(image.layers)} layers; "
+                f"a guest stacks at most {MAX_LAYERS}"
+            )
+        size = vm_size(spec.vcpus, spec.mem_limit)
+        if size.floored:
+            log.info("%s: %s of memory asked, the guest gets the kernel's floor of %d MiB",
+                     workload_id, spec.mem_limit, size.mem_mib)  # fmt: skip
+        try:
+            paths = await self.layer_files.acquire_all(image.layers)
+        except BerthError as error:
+            raise BootFailed(f"layers of {image.ref or image.digest}: {error}") from None
+        digests = tuple(layer.digest for layer in image.layers)
+        scratch: Path | None = None
+        vm: MicroVM | None = None
+        try:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=f"{workload_id[:40]}-", dir=self.work_dir))
+            upper = await self._upper_disk(scratch, spec.disk_limit)
+            nonce = new_nonce()
+            config = GuestConfig(
+                nonce=nonce,
+                command=spec.command,
+                env={**image.config.environment(), **spec.env},
+                layers=len(paths),
+                upper_disk=upper is not None,
+                tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
+                hostname=_hostname(workload_id),
+            )
+            initrd = scratch / "initrd"
+            await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
+            argv = qemu_argv(
+                self.qemu,
+                kernel=kernel,
+                initrd=initrd,
+                accel=self.accel,
+                size=size,
+                cmdline=self.cmdline,
+                layers=paths,
+                upper=upper,
+            )
+            console, console_path = self._console(workload_id)
+            try:
+                vm = await MicroVM.launch(argv, nonce, console_log=console)
+            except OSError as error:
+                if console is not None:
+                    console.close()
+                raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
+            try:
+                await asyncio.wait_for(asyncio.shield(vm.running), self.boot_timeout_s)
+            except GuestBootFailed as failed:
+                raise BootFailed(self._reason(failed.reason, spec, image)) from None
+            except TimeoutError:
+                raise BootFailed(
+                    f"the guest did not start its workload within {self.boot_timeout_s:g} s"
+                ) from None
+        except BaseException:
+            if vm is not None:
+                vm.kill()
+                with contextlib.suppress(Exception):
+                    await vm.wait()
+            self._cleanup(scratch, digests)
+            raise
+        assert scratch is not None
+        workload = MicrovmWorkload(
+            workload_id,
+            spec,
+            vm,
+            accel=self.accel,
+            size=size,
+            image=image,
+            started_at=started_at,
+            console_log=console_path,
+        )
+        guest = _Guest(workload, scratch, digests)
+        self._guests[workload_id] = guest
+        watcher = asyncio.get_running_loop().create_task(
+            self._watch(guest), name=f"berth-microvm-{workload_id}"
+        )
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return workload
+
+    def _image(self, ref: str | None) -> OciImage:
+        try:
+            return read_layout(self.images, ref=ref)
+        except Invalid as error:
+            which = "the only image" if ref is None else f"image {ref!r}"
+            raise BootFailed(f"{which} of {self.images}: {error}") from None
+
+    async def _upper_disk(self, scratch: Path, disk_limit: int | None) -> Path | None:
+        if disk_limit is None or disk_limit < MIN_UPPER_DISK:
+            return None
+        mkfs = shutil.which("mkfs.ext4")
+        if mkfs is None:
+            raise BootFailed("mkfs.ext4 is not installed: apt-get install e2fsprogs")
+        upper = scratch / "upper.img"
+        with open(upper, "wb") as file:
+            file.truncate(disk_limit)
+        process = await asyncio.create_subprocess_exec(
+            mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
+            "-E", "lazy_itable_init=1,nodiscard", str(upper),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        said, _ = await process.communicate()
+        if process.returncode != 0:
+            detail = said.decode("utf-8", "replace").strip().splitlines()
+            raise BootFailed(f"cannot make the upper disk: {detail[-1] if detail else '?'}")
+        return upper
+
+    def _console(self, workload_id: str) -> tuple[IO[str] | None, Path | None]:
+        if self.log_dir is None:
+            return None, None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        path = self.log_dir / f"{workload_id}.log"
+        return open(path, "a", encoding="utf-8"), path  # the guest closes it
+
+    @staticmethod
+    def _reason(said: str, spec: BootSpec, image: OciImage) -> str:
+        word, _, rest = said.partition(" ")
+        if word == "not-found":
+            return f"command not found: {spec.command[0]!r}"
+        if word == "module":
+            return f"the guest kernel could not load module {rest}: berth microvm setup"
+        if word == "mount" and rest.startswith("layer-"):
+            index = int(rest.removeprefix("layer-")) if rest[6:].isdigit() else -1
+            which = image.layers[index].digest if 0 <= index < len(image.layers) else rest
+            return f"the guest could not mount layer {which}"
+        if word == "disks":
+            return f"the guest found only {rest} of its disks"
+        return said
+
+    async def _watch(self, guest: _Guest) -> None:
+        workload = guest.workload
+        try:
+            end = await workload.vm.wait()
+            status = _status(end, guest.stop_requested)
+            workload.oom_kills = end.oom_kills
+        except Exception as error:  # the console could not be read: the guest is lost
+            log.error("microVM %s: %s", workload.id, error)
+            workload.vm.kill()
+            status = WorkloadExit(signal=signal.SIGKILL, stopped=guest.stop_requested)
+        if workload.oom_kills:
+            log.warning("microVM %s: the guest's OOM killer ran %d time(s)",
+                        workload.id, workload.oom_kills)  # fmt: skip
+        self._guests.pop(workload.id, None)
+        self._cleanup(guest.scratch, guest.layers)
+        if workload._end(status):
+            self._listeners.notify(workload)
+
+    def _cleanup(self, scratch: Path | None, digests: tuple[str, ...]) -> None:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        for digest in digests:
+            try:
+                self.layer_files.release(digest)
+            except BerthError as error:
+                log.error("releasing layer %s: %s", digest, error)
+
+    async def stop(self, workload_id: str) -> None:
+        """Ask the guest to stop its workload; kill QEMU after ``stop_grace_s``; wait."""
+        guest = self._guests.get(workload_id)
+        if guest is None or guest.workload.done:
+            return
+        guest.stop_requested = True
+        workload = guest.workload
+        await workload.vm.request_stop()
+        try:
+            await asyncio.wait_for(asyncio.shield(workload.wait()), self.stop_grace_s)
+        except TimeoutError:
+            workload.vm.kill()
+            await workload.wait()
+
+    async def aclose(self) -> None:
+        """Stop every guest."""
+        await asyncio.gather(*(self.stop(workload.id) for workload in self.list()))
+
+    def __repr__(self) -> str:
+        return f"MicrovmRuntime(running={len(self._guests)}, accel={self.accel!r})"

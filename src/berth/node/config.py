@@ -25,8 +25,17 @@ table::
     tau_s = 30.0
     layer_cache = "10GiB"
     lease_ttl_s = 30.0
-    runtime = "process"             # or "fake"
+    runtime = "process"             # or "fake", or "microvm" (then [microvm] applies)
     stop_grace_s = 2.0
+
+    [microvm]                       # optional; defaults shown (berth microvm setup fills data_dir)
+    data_dir = "~/.local/share/berth/microvm"
+    images = "<data_dir>/images"    # the OCI image layout workloads' images are read from
+    accel = "auto"                  # or "kvm", "tcg"; auto = what the setup's probe found
+    qemu = "qemu-system-x86_64"
+    boot_timeout_s = 300.0
+    log_dir = "/var/log/berth"      # each workload's console in <workload id>.log (default: kept
+                                    # in memory only, the last 1,000 lines)
 
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
@@ -48,7 +57,7 @@ import stat
 import tomllib
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict
+from pydantic import AfterValidator, Field, Strict, StrictStr
 
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
@@ -62,6 +71,7 @@ __all__ = [
     "AgentConfig",
     "AgentSection",
     "BudgetSection",
+    "MicrovmSection",
     "NodeSection",
     "load_config",
 ]
@@ -122,8 +132,30 @@ class AgentSection(BerthModel):
     tau_s: Interval = 30.0
     layer_cache: Bytes = 10 * 2**30
     lease_ttl_s: Interval = 30.0
-    runtime: Literal["process", "fake"] = "process"
+    runtime: Literal["process", "fake", "microvm"] = "process"
     stop_grace_s: Interval = 2.0
+
+
+def _path_text(value: str) -> str:
+    if not value.strip():
+        raise Invalid("must not be empty")
+    if len(value) > 4096 or not value.isprintable():
+        raise Invalid(f"not a path: {shown(value)}")
+    return value
+
+
+PathText = Annotated[StrictStr, AfterValidator(_path_text)]
+
+
+class MicrovmSection(BerthModel):
+    """``[microvm]``: where the microVM runtime finds its files (all optional)."""
+
+    data_dir: PathText | None = None
+    images: PathText | None = None
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    qemu: PathText = "qemu-system-x86_64"
+    boot_timeout_s: Interval = 300.0
+    log_dir: PathText | None = None
 
 
 class AgentConfig(BerthModel):
@@ -132,6 +164,7 @@ class AgentConfig(BerthModel):
     node: NodeSection
     budget: BudgetSection
     agent: AgentSection = Field(default_factory=AgentSection)
+    microvm: MicrovmSection = Field(default_factory=MicrovmSection)
 
 
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:

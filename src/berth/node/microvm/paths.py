@@ -10,7 +10,9 @@ another)::
       kernel/current                      the version in use (one line)
       initramfs.img                       busybox + modules + berth's /init
       accel.json                          what the acceleration probe found
-      layers/                             the node's layers as erofs images
+      images/                             the default OCI image layout (index.json, blobs/)
+      nodes/<node>/layers/                a node's layers as erofs images
+      nodes/<node>/run/                   its guests' scratch directories (while they run)
 
 and :func:`problems`: what a node needs before it can boot a guest (QEMU, the kernel, the
 initramfs, ``mkfs.ext4``), each with the command that fixes it — ``berth agent --check``
@@ -98,10 +100,16 @@ class GuestFiles:
     def accel_file(self) -> Path:
         return self.data_dir / "accel.json"
 
+    def node_dir(self, node: str) -> Path:
+        """Where node ``node`` keeps its own files: ``layers/`` (its layers as erofs images)
+        and ``run/`` (its guests' scratch directories).  Per node, so that agents sharing a
+        host (an embedded cluster) each hold exactly the layers they advertise."""
+        return self.data_dir / "nodes" / node
+
     @property
-    def layers_dir(self) -> Path:
-        """Where the node keeps its layers as erofs images."""
-        return self.data_dir / "layers"
+    def images_dir(self) -> Path:
+        """The default OCI image layout workloads' images are read from."""
+        return self.data_dir / "images"
 
     def probed_accel(self) -> tuple[Accel, str] | None:
         """What ``berth microvm setup`` found (``("tcg", "kvm: …")``), or ``None``."""

@@ -1,7 +1,9 @@
 """Running workloads on a node: the runtime port and its drivers.
 
 ``port`` is the protocol (boot, stop, list, exit listeners); ``process`` runs real OS process
-groups, ``fake`` runs nothing (tests, the simulator).  The contract every driver passes is
+groups, ``fake`` runs nothing (tests, the simulator), ``microvm`` boots each workload in a
+QEMU ``microvm`` guest from its image's layers (import it from its module: it brings the layer
+files and OCI reading with it).  The contract every driver passes is
 :mod:`berth.testing.runtime_contract`.
 """
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from berth.errors import BerthError, Invalid
+from berth.node.config import AgentConfig
 from berth.node.layers import LayerFiles
 from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
@@ -168,7 +169,8 @@ class MicrovmRuntime:
     the OCI image layout workloads' images are read from; ``files`` — the data directory
     ``berth microvm setup`` prepared (default :func:`~berth.node.microvm.paths.GuestFiles.at`
     ``None``); ``accel`` — ``auto`` (the recorded probe, or one now), ``kvm`` or ``tcg``;
-    ``work_dir`` — where guests' scratch directories go (default ``<data_dir>/run``);
+    ``work_dir`` — where guests' scratch directories go (default ``<data_dir>/run``; each
+    is removed when its guest ends);
     ``log_dir`` — where each workload's console goes (``<id>.log``), if anywhere.
     """
 
@@ -211,6 +213,26 @@ class MicrovmRuntime:
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
         log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
+
+    @classmethod
+    def from_config(cls, config: AgentConfig) -> MicrovmRuntime:
+        """The runtime an agent's ``[microvm]`` table describes: its layers under
+        ``<data_dir>/nodes/<node>/layers`` with the agent's ``layer_cache`` budget."""
+        section = config.microvm
+        files = GuestFiles.at(section.data_dir)
+        node_dir = files.node_dir(config.node.name)
+        images = Path(section.images).expanduser() if section.images else files.images_dir
+        return cls(
+            LayerFiles(node_dir / "layers", config.agent.layer_cache),
+            images,
+            files=files,
+            accel=section.accel,
+            qemu=section.qemu,
+            stop_grace_s=config.agent.stop_grace_s,
+            boot_timeout_s=section.boot_timeout_s,
+            work_dir=node_dir / "run",
+            log_dir=Path(section.log_dir).expanduser() if section.log_dir else None,
+        )
 
     def _choose_accel(self, accel: AccelChoice) -> tuple[Accel, str]:
         if accel != "auto":

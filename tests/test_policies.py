@@ -484,16 +484,18 @@ def test_berth_prices_room_higher_as_the_cluster_fills() -> None:
     assert order(busy, berth, image)[0] == "roomy"  # room is scarce: keep the holder's gap
 
 
-def test_berth_jitter_is_reproducible_per_request_and_varies_with_the_seed() -> None:
+def test_berth_jitter_is_drawn_per_request_reproducibly_and_varies_with_the_seed() -> None:
     engine = Engine()
     for index in range(20):
         engine.upsert(state(f"n{index:02d}", mem_free=16 * GiB))
     image = [Layer(id="img", size=10 * MiB)]
     berth = BerthPolicy(seed=1)
-    first = order(engine, berth, image)
-    assert order(engine, berth, image) == first  # explain() sees the order placement used
+    replicas = [order(engine, berth, image) for _ in range(3)]  # one image, three requests
+    assert len({tuple(each) for each in replicas}) == 3  # replicas no longer rank alike
+    again = BerthPolicy(seed=1)
+    assert [order(engine, again, image) for _ in range(3)] == replicas  # same seed, same draws
     assert len({tuple(order(engine, BerthPolicy(seed=s), image)) for s in range(5)}) > 1
-    assert order(engine, BerthPolicy(seed=1, jitter=0.0), image) == sorted(first)
+    assert order(engine, BerthPolicy(seed=1, jitter=0.0), image) == sorted(replicas[0])
 
 
 @pytest.mark.parametrize(

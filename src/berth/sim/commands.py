@@ -11,7 +11,7 @@ simulation is :mod:`berth.sim.simulator`, the figures :mod:`berth.sim.report`.  
   the flags' configuration; ``--scenario all`` runs every one, writing
   ``--out/<scenario>/report.json`` (and plots), then ``--out/suite.md`` and
   ``--out/suite.json`` with every scenario × policy; ``--quick`` runs the scenarios at a
-  tenth of their size.  The configuration flags (``--nodes`` …) cannot be combined with
+  fraction of their size.  The configuration flags (``--nodes`` …) cannot be combined with
   ``--scenario``: a scenario *is* a configuration.
 * ``berth demo`` is the short fixed scenario the README starts with (50 nodes, 500
   placements): a few placements with every node's verdict, then the comparison table and where
@@ -94,6 +94,7 @@ _FLAGS = {
     "preseed_layers": "--preseed",
     "max_refusals": "--max-refusals",
     "scenario": "--scenario",
+    "quick": "--quick",
     "boot_seconds": "--boot",
     "assume": "--assume",
     "policy": "--policy",
@@ -345,7 +346,7 @@ def sim(
         ),
     ] = None,
     quick: Annotated[
-        bool, typer.Option(help="With --scenario: a tenth of each scenario's size.")
+        bool, typer.Option(help="With --scenario: each scenario at a fraction of its size.")
     ] = False,
     out: Annotated[
         str, typer.Option(help="Directory for report.json and plots.")

@@ -20,8 +20,8 @@ large          1,000 nodes, 20,000 requests at 25/s, K = 2 schedulers 1 s stale,
 =============  ===================================================================  ==========
 
 **Quick mode** (``quick=True``, ``berth sim --scenario … --quick``) keeps each scenario's
-shape and offered load at a tenth of its size: a tenth of the nodes (at least 10) and of the
-requests (at least 200), the arrival rate scaled with the nodes (and burst lengths, which
+shape and offered load at a fraction of its size: a tenth of the nodes (at least 10), a
+twentieth of the requests (at least 200), the arrival rate scaled with the nodes (and burst lengths, which
 count inter-arrival times, with it, so bursts last as many seconds) — for CI and tests.
 
 Entry points other code relies on (``benchmarks/spread_cost.py`` among them):
@@ -77,19 +77,19 @@ class Scenario:
     config: SimConfig
 
     def quick(self) -> Scenario:
-        """The same shape and offered load at a tenth of the size (module docstring)."""
+        """The same shape and offered load, smaller (module docstring)."""
         config = self.config
         nodes = max(10, config.nodes // 10)
         workload = config.workload.model_copy(
             update={
-                "requests": max(200, config.workload.requests // 10),
+                "requests": max(200, config.workload.requests // 20),
                 "rate": config.workload.rate * nodes / config.nodes,
                 # burst lengths count mean inter-arrival times: keep them as long in seconds
                 "burst_length": max(1.0, config.workload.burst_length * nodes / config.nodes),
             }
         )
         quick = config.model_copy(update={"nodes": nodes, "workload": workload})
-        return Scenario(self.name, f"{self.summary} (quick: a tenth)", self.intent, quick)
+        return Scenario(self.name, f"{self.summary} (quick: smaller)", self.intent, quick)
 
     def describe(self) -> dict[str, str]:
         """What the report says about the scenario."""

@@ -71,11 +71,15 @@ class BerthPolicy:
       concurrent schedulers working from the same stale snapshot then spread over nodes of
       near-equal room instead of all confirming on the same one.  With 4 schedulers 5 s stale
       it cut refusals at confirmation from 16/11/16 to 6/3/6 and bytes by 5–10 %; with one
-      scheduler it costs ≤ 4 % of bytes.  The share is a function of the policy's seed, the
-      request's layer ids and the node's position in name order — not of a stream consumed
-      per call — so asking :meth:`~berth.scheduler.multinode.ClusterScheduler.explain` about a
-      request reproduces the ranking its placement used, and schedulers seeded differently
-      draw differently.
+      scheduler it costs ≤ 4 % of bytes.  **The draw is per request** (issue 12): each call
+      of :meth:`order` draws afresh from a stream fixed by the policy's seed, the request's
+      layer ids and how many rankings this policy has made — so replicas of one image, which
+      have the same layers and spec, no longer rank identically on a given view (they did
+      when the draw depended on the layers alone), and two schedulers seeded differently
+      draw differently.  The same seed and sequence of calls reproduce the same orders; an
+      :meth:`~berth.scheduler.multinode.ClusterScheduler.explain` made after a placement is
+      one more call, so nodes whose discounted room is within the jitter of each other may
+      be listed in another order than the placement tried them.
 
     (These figures predate the request's spec reaching policies; this policy does not use
     the spec, and its orders are unchanged by that move.)
@@ -105,6 +109,7 @@ class BerthPolicy:
         self.tolerance_bytes = tolerance_bytes
         self.jitter = jitter
         self._salt = int(generator(seed).integers(2**63))
+        self._calls = 0
 
     def local_bytes(self, view: ClusterView, request: PlacementRequest) -> Floats:
         """Per slot, mounted bytes plus ``cached_weight`` × cached bytes of the request."""
@@ -123,9 +128,11 @@ class BerthPolicy:
         return self.room_price * used / (1.0 - used)
 
     def _noise(self, view: ClusterView, layers: Sequence[Layer]) -> Floats:
-        """Per slot, a uniform draw in [0, 1) fixed by (seed, layer ids, node's name rank)."""
+        """Per slot, a uniform draw in [0, 1) fixed by (seed, layer ids, rankings made so far,
+        node's name rank): a fresh draw for every request."""
         digest = zlib.crc32("\0".join(layer.id for layer in layers).encode())
-        rng = np.random.default_rng([self._salt, digest])
+        self._calls += 1
+        rng = np.random.default_rng([self._salt, digest, self._calls])
         by_rank = rng.random(view.count)
         if not view.count:
             return np.zeros(view.size)

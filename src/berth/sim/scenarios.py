@@ -21,8 +21,9 @@ large          1,000 nodes, 20,000 requests at 25/s, K = 2 schedulers 1 s stale,
 
 **Quick mode** (``quick=True``, ``berth sim --scenario … --quick``) keeps each scenario's
 shape and offered load at a fraction of its size: a tenth of the nodes (at least 10), a
-twentieth of the requests (at least 200), the arrival rate scaled with the nodes (and burst lengths, which
-count inter-arrival times, with it, so bursts last as many seconds) — for CI and tests.
+twentieth of the requests (at least 200), the arrival rate scaled with the nodes (and burst
+lengths, which count inter-arrival times, with it, so bursts last as many seconds) — for CI
+and tests.
 
 Entry points other code relies on (``benchmarks/spread_cost.py`` among them):
 :data:`SCENARIOS` (name → :class:`Scenario`), :func:`scenario` (by name, quick or not),

@@ -125,23 +125,18 @@ class PlacementProbe(Probe):
             )
             self._span_cm.__exit__(kind, error, trace)
 
-    @contextlib.contextmanager
-    def _ranking(self) -> Any:
+    def ranking(self) -> AbstractContextManager[Any]:
         rerank = self.passes > 0
         self.passes += 1
-        with contextlib.ExitStack() as stack:
-            if self._span_cm is not None:
-                attributes = {"berth.pass": self.passes}
-                stack.enter_context(tracing.span("berth.scheduler.rank", attributes=attributes))
-            started = time.perf_counter()
-            try:
-                yield
-            finally:  # a ranking that fails (no node runs the platform) is timed too
-                if self.metrics is not None:
-                    self.metrics.ranked(time.perf_counter() - started, rerank)
-
-    def ranking(self) -> AbstractContextManager[Any]:
-        return self._ranking()
+        timer = _RankingTimer(self.metrics, rerank)
+        if self._span_cm is None:
+            return timer
+        stack = contextlib.ExitStack()  # the rank span around the timer
+        stack.enter_context(
+            tracing.span("berth.scheduler.rank", attributes={"berth.pass": self.passes})
+        )
+        stack.enter_context(timer)
+        return stack
 
     def confirming(self, node: str) -> AbstractContextManager[Any]:
         self.attempts += 1
@@ -160,6 +155,22 @@ class PlacementProbe(Probe):
             self._span.set_attributes(
                 {"berth.node": node, "berth.rank": rank, "berth.colocated_bytes": colocated_bytes}
             )
+
+
+class _RankingTimer:
+    """Times one ranking into ``metrics`` — a failed one too (no node runs the platform)."""
+
+    __slots__ = ("metrics", "rerank", "started")
+
+    def __init__(self, metrics: Metrics | None, rerank: bool) -> None:
+        self.metrics, self.rerank, self.started = metrics, rerank, 0.0
+
+    def __enter__(self) -> None:
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.metrics is not None:
+            self.metrics.ranked(time.perf_counter() - self.started, self.rerank)
 
 
 def placement_probe(

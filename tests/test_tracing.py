@@ -17,7 +17,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from opentelemetry import context, propagate
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -394,3 +396,36 @@ def test_one_placement_is_one_trace_across_processes(
     admitted = found["berth-agent", "berth.node.admit"]
     asked = found["berth-scheduler", "berth.nodeclient.admit"]
     assert admitted["parent"] == asked["span_id"]  # scheduler process → agent process
+
+
+def test_an_api_request_continues_the_callers_trace(exporter: InMemorySpanExporter) -> None:
+    """``TracingMiddleware`` (on the API): the HTTP caller's ``traceparent`` is the parent of
+    the request's span, and what the route does (a placement) is its child."""
+    app = FastAPI()
+    app.add_middleware(tracing.TracingMiddleware)
+
+    @app.get("/v1/things/{name}")
+    async def thing(name: str) -> dict[str, str]:
+        with tracing.span("berth.scheduler.place"):
+            return {"name": name}
+
+    trace_id, caller_span = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://berth") as client:
+            headers = {"traceparent": f"00-{trace_id}-{caller_span}-01"}
+            return await client.get("/v1/things/a", headers=headers)
+
+    assert asyncio.run(call()).status_code == 200
+    spans = exporter.get_finished_spans()
+    request = _one(spans, "berth.api.request")
+    inner = _one(spans, "berth.scheduler.place")
+    assert request.kind == SpanKind.SERVER and request.context is not None
+    assert f"{request.context.trace_id:032x}" == trace_id
+    assert request.parent is not None and f"{request.parent.span_id:016x}" == caller_span
+    assert _parent_of(inner, request)
+    assert request.attributes is not None
+    assert request.attributes["http.route"] == "/v1/things/{name}"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["http.request.method"] == "GET"

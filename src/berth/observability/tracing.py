@@ -46,6 +46,7 @@ __all__ = [
     "ENDPOINT_ENV",
     "TRACES_ENDPOINT_ENV",
     "SpanKind",
+    "TracingMiddleware",
     "annotate",
     "configure",
     "enabled",
@@ -125,6 +126,43 @@ def server_span(
     finally:
         if token is not None:
             context.detach(token)
+
+
+class TracingMiddleware:
+    """An ASGI middleware: every HTTP request is a ``berth.api.request`` SERVER span that
+    continues the caller's trace (a ``traceparent`` header), so an API call, the placement it
+    asks of the schedulers and the nodes' admission are one trace.  With tracing off it only
+    passes the caller's context through (nothing is recorded)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        received = {
+            key.decode("latin-1").lower(): value.decode("latin-1")
+            for key, value in scope.get("headers") or ()
+        }
+        attributes = {"http.request.method": scope.get("method", ""), "url.path": scope["path"]}
+        with server_span("berth.api.request", received, attributes) as current:
+            status: list[int] = []
+
+            async def sending(message: Any) -> None:
+                if message.get("type") == "http.response.start":
+                    status.append(int(message.get("status", 0)))
+                await send(message)
+
+            try:
+                await self.app(scope, receive, sending)
+            finally:
+                if current.is_recording():
+                    route = getattr(scope.get("route"), "path", None)
+                    if route:
+                        current.set_attribute("http.route", route)
+                    if status:
+                        current.set_attribute("http.response.status_code", status[0])
 
 
 # -- OTLP configuration ----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from berth.node.core import NodeCore, WorkloadStatus
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
+from berth.node.runtime.microvm import MicrovmRuntime
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 from berth.state import NodeState
@@ -139,20 +140,26 @@ class Agent:
             monitor = LoadMonitor(tau_s=options.tau_s, period_s=options.sample_period_s)
             readings = monitor
         if runtime is None:
-            runtime = (
-                ProcessRuntime(stop_grace_s=options.stop_grace_s)
-                if options.runtime == "process"
-                else FakeRuntime()
-            )
+            if options.runtime == "microvm":
+                runtime = MicrovmRuntime.from_config(config)
+            elif options.runtime == "process":
+                runtime = ProcessRuntime(stop_grace_s=options.stop_grace_s)
+            else:
+                runtime = FakeRuntime()
+        layers = LayerRegistry(options.layer_cache)
+        labels = config.node.labels
+        if isinstance(runtime, MicrovmRuntime):  # its layers are files; it states its accel
+            layers = runtime.layer_files.registry
+            labels = {**runtime.labels, **labels}
         return cls(
             config.node.name,
             config.node.platform,
             NodeBudget(config.budget.limits(), readings, platform=config.node.platform),
             store,
             runtime,
-            layers=LayerRegistry(options.layer_cache),
+            layers=layers,
             monitor=monitor,
-            labels=config.node.labels,
+            labels=labels,
             heartbeat_s=options.heartbeat_s,
             state_dir=state_dir,
         )
@@ -233,9 +240,15 @@ class Agent:
         layers: Sequence[Layer],
         boot: BootSpec,
         platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
     ) -> Workload:
-        """Mount, start, admit owned by the workload; stop it and refuse if admission fails."""
-        return (await self.core.boot(spec, layers, boot, platforms=platforms)).workload
+        """Mount, start, admit owned by the workload (or bind ``reservation``, a lease taken
+        before, to it); stop it and refuse if admission fails."""
+        booted = await self.core.boot(
+            spec, layers, boot, platforms=platforms, reservation=reservation
+        )
+        return booted.workload
 
     def admit(
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()

@@ -62,8 +62,11 @@ class AgentNodes:
         layers: Sequence[Layer],
         boot: BootSpec,
         platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
     ) -> str:
-        return (await self.agent(node).try_run(spec, layers, boot, platforms)).id
+        agent = self.agent(node)
+        return (await agent.try_run(spec, layers, boot, platforms, reservation=reservation)).id
 
     async def stop(self, node: str, workload_id: str) -> None:
         await self.agent(node).stop_workload(workload_id)

@@ -145,6 +145,8 @@ class NatsNodes:
         layers: Sequence[Layer],
         boot: BootSpec,
         platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
     ) -> str:
         document = {
             "v": SCHEMA_VERSION,
@@ -152,6 +154,7 @@ class NatsNodes:
             "layers": [Layer.of(layer).model_dump(mode="json") for layer in layers],
             "boot": boot.model_dump(mode="json"),
             "platforms": [str(platform) for platform in platforms],
+            "reservation_id": reservation,
         }
         value = await self._call(node, "run", document, timeout_s=self.run_timeout_s)
         if not isinstance(value, str):

@@ -197,7 +197,13 @@ class NodeServer:
             layers = _layers(document, source)
             boot = _model(BootSpec, document, "boot", source)
             platforms = _platforms(document, source)
-            workload = await self.agent.try_run(spec, layers, boot, platforms)
+            reservation = document.get("reservation_id")
+            if reservation is not None and not isinstance(reservation, str):
+                raise MalformedMessage(f"must be a string or null, got {reservation!r}",
+                                       source=source, field="reservation_id")  # fmt: skip
+            workload = await self.agent.try_run(
+                spec, layers, boot, platforms, reservation=reservation
+            )
             return workload.id
         if operation == "stop":
             await self.agent.stop_workload(field_of(document, "workload_id", str, source=source))

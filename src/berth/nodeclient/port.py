@@ -90,8 +90,13 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
         layers: Sequence[Layer],
         boot: BootSpec,
         platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
     ) -> str:
         """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
+
+        With ``reservation`` (a lease taken by ``admit``, e.g. a scheduler's placement) the
+        workload is bound to it instead of admitted again; a refused boot releases it.
 
         ``platforms`` as for :meth:`admit`: a node that runs none of them refuses
         (``platform_mismatch``) before it mounts or starts anything.  Raises ``Refused``

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 from nats.aio.client import Client
 
@@ -52,6 +53,7 @@ class NodeService:
         prefix: str = PREFIX,
         routes: RouteRegistry | None = None,
         readings: LoadReadings | None = None,
+        state_dir: Path | None = None,
     ) -> None:
         self.client = client
         self.config = config
@@ -59,7 +61,8 @@ class NodeService:
         self.store = NatsStore(
             client, bucket=bucket, ttl_s=bucket_ttl_s(config.agent.heartbeat_s), watch=False
         )
-        self.agent = Agent.from_config(config, self.store, readings=readings)
+        # state_dir keeps what must survive a restart of the agent (its cordon)
+        self.agent = Agent.from_config(config, self.store, readings=readings, state_dir=state_dir)
         self.server = NodeServer(client, self.agent, prefix=prefix)
         self._reconciler: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()

@@ -11,7 +11,8 @@ subscribe allow lists):
   nor answer for another node;
 * **a scheduler** may read the node states (JetStream consumers on the nodes bucket, never a
   publish to it), send requests to any node, serve the scheduler subjects and keep the routing
-  registry;
+  registry — and, for the HTTP API it may serve, ask the scheduler queue group and keep the
+  API's bucket of workloads and images (``berth_api``);
 * **a client** (the caller of the placement port, ``berth place``, ``berth routes``) may ask
   the schedulers, bind or release on nodes, and read the routes.
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.service.names import Names
+from berth.service.workloads import API_BUCKET
 from berth.store.nats import node_token
 from berth.store.nats_connection import Credentials
 
@@ -108,6 +110,11 @@ class ClusterAuth:
             "$JS.FC.>",
             *self._js(s.nodes_bucket, read=True),
             *self._js(s.routes_bucket, read=True),
+            # the HTTP API in a scheduler's process: placements through the queue group, and
+            # its registries of workloads and images (berth.service.workloads)
+            f"{s.scheduler_prefix}.*",
+            f"$KV.{API_BUCKET}.>",
+            *self._js(API_BUCKET, read=True),
         ]
         subscribe = [f"{s.scheduler_prefix}.*", f"{self.scheduler.inbox_prefix}.>"]
         return {"publish": publish, "subscribe": subscribe, "allow_responses": True}

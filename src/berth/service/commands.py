@@ -9,7 +9,9 @@
 * ``berth scheduler --nats URL`` — a scheduler in the ``berth-schedulers`` queue group;
 * ``berth up --nodes N`` — a local cluster (nats-server, agents, schedulers), Ctrl-C stops it;
 * ``berth place``, ``berth whereis``, ``berth routes`` — the caller's side: place a workload
-  through the schedulers, find where one runs, list every route.
+  through the schedulers, find where one runs, list every route;
+* ``berth scheduler --http ADDR`` and ``berth up`` also serve the HTTP API
+  (:mod:`berth.service.http`); ``berth api openapi`` prints its OpenAPI document.
 
 Every command that connects takes ``--nats URL`` (default ``$BERTH_NATS`` or
 ``nats://127.0.0.1:4222``) and ``--creds FILE`` (a JSON ``{"user", "password"}`` file, as
@@ -59,6 +61,26 @@ CredsOption = Annotated[
 ]
 DurationOption = Annotated[
     float | None, typer.Option(help="Stop after this many seconds (default: until ^C).")
+]
+HttpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--http",
+        help="Serve the HTTP API on HOST:PORT (loopback unless --http-public), e.g. "
+        "127.0.0.1:8080.",
+    ),
+]
+HttpPublicOption = Annotated[
+    bool,
+    typer.Option("--http-public", help="Allow --http on a non-loopback address."),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", help="The API's bearer token (default: generated, in api.json)."),
+]
+TokenFileOption = Annotated[
+    Path | None,
+    typer.Option("--token-file", help="Read the API's bearer token from this file."),
 ]
 OtlpOption = Annotated[
     str | None,
@@ -164,6 +186,12 @@ def _extend_agent(app: typer.Typer) -> None:
             ),
         ] = False,
         otlp: OtlpOption = None,
+        state_dir: Annotated[
+            Path | None,
+            typer.Option(
+                help="Keep what must survive a restart (a cordon) in DIR/<node> (with --nats)."
+            ),
+        ] = None,
     ) -> None:
         """Start node agents from config files: embedded, or on a NATS cluster with --nats."""
         if nats is None or check:
@@ -173,7 +201,7 @@ def _extend_agent(app: typer.Typer) -> None:
                 raise Invalid("the embedded agent command is not available", field="--nats")
             embedded(config=config[0], check=check, duration=duration)
             return
-        _serve_agents(config, nats, creds, creds_dir, idle_load, duration, otlp)
+        _serve_agents(config, nats, creds, creds_dir, idle_load, duration, otlp, state_dir)
 
 
 def _serve_agents(
@@ -184,6 +212,7 @@ def _serve_agents(
     idle_load: bool,
     duration: float | None,
     otlp: str | None = None,
+    state_dir: Path | None = None,
 ) -> None:
     from berth.node.budget import IDLE
     from berth.node.config import load_config
@@ -220,8 +249,13 @@ def _serve_agents(
                     config.node.name, credentials_of(config.node.name)
                 )
                 routes = await RouteRegistry(client).start()
+                node_dir = None if state_dir is None else state_dir / node_token(config.node.name)
                 service = NodeService(
-                    client, config, routes=routes, readings=IDLE if idle_load else None
+                    client,
+                    config,
+                    routes=routes,
+                    readings=IDLE if idle_load else None,
+                    state_dir=node_dir,
                 )
                 await stack.enter_async_context(service)
                 console.print(
@@ -250,14 +284,24 @@ def scheduler(
     ] = 5.0,
     duration: DurationOption = None,
     otlp: OtlpOption = None,
+    http: HttpOption = None,
+    http_public: HttpPublicOption = False,
+    token: TokenOption = None,
+    token_file: TokenFileOption = None,
 ) -> None:
-    """Serve the placement port on NATS, in the berth-schedulers queue group."""
+    """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
+    API with --http)."""
+    from berth.service.http.server import parse_address, resolve_token
     from berth.service.routes import RouteRegistry
     from berth.service.scheduler import scheduler_service
 
     for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
         _INTERVAL(value, flag)
     _checked_duration(duration)
+    address = None if http is None else parse_address(http, public=http_public)
+    if http is None and (token is not None or token_file is not None or http_public):
+        raise Invalid("--token, --token-file and --http-public go with --http", field="--http")
+    api_token, generated = resolve_token(token, token_file)
     credentials = _credentials(creds)
     tracing.configure(otlp, service_name="berth-scheduler")
     _logging()
@@ -275,12 +319,37 @@ def scheduler(
                     f"{service.queue} on {nats}; {len(service.scheduler.states())} nodes seen",
                     highlight=False,
                 )
-                await stop.wait()
-                console.print("stopping: finishing in-flight requests", highlight=False)
+                async with contextlib.AsyncExitStack() as api_stack:
+                    if address is not None:
+                        await _serve_api(api_stack, client, service, address, api_token, generated)
+                    await stop.wait()
+                    console.print("stopping: finishing in-flight requests", highlight=False)
         finally:
             await client.close()
 
     asyncio.run(serve())
+
+
+async def _serve_api(
+    stack: contextlib.AsyncExitStack,
+    client: Any,
+    service: Any,
+    address: tuple[str, int],
+    token: str,
+    generated: bool,
+) -> None:
+    """The HTTP API beside a running scheduler; a generated token goes to api.json."""
+    from berth.service.http.server import remove_api_file, scheduler_api, write_api_file
+
+    host, port = address
+    api = await stack.enter_async_context(
+        scheduler_api(client, service, host=host, port=port, token=token)
+    )
+    where = ""
+    if generated:
+        where = f"; token in {write_api_file(api.url, token)}"
+        stack.callback(remove_api_file, token)
+    console.print(f"API on {api.url} (dashboard {api.url}/){where}", highlight=False)
 
 
 # -- berth up --------------------------------------------------------------------------------
@@ -297,6 +366,15 @@ def up(
     runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
     duration: DurationOption = None,
     otlp: OtlpOption = None,
+    http: Annotated[
+        str,
+        typer.Option(
+            "--http",
+            help="Serve the HTTP API and dashboard on HOST:PORT (port 0: a free one; 'off': "
+            "none).",
+        ),
+    ] = "127.0.0.1:8080",
+    http_public: HttpPublicOption = False,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.service.up import LocalCluster, wait_for_signal
@@ -312,8 +390,12 @@ def up(
     traces = tracing.configure(otlp, service_name="berth-up")
     if otlp is not None and traces is not None:  # the agents and schedulers export there too
         os.environ[tracing.TRACES_ENDPOINT_ENV] = traces
+    from berth.service.http.server import parse_address, remove_api_file, write_api_file
+
+    address = None if http == "off" else parse_address(http, public=http_public)
     cluster = LocalCluster(
         nodes,
+        http=address,
         schedulers=schedulers,
         heartbeat_s=heartbeat,
         auth=auth,
@@ -334,8 +416,15 @@ def up(
     finally:
         signal.signal(signal.SIGTERM, previous)
     with cluster:
+        if cluster.api_url is not None and cluster.api_token is not None:
+            path = write_api_file(cluster.api_url, cluster.api_token)
+            console.print(f"API address and token written to {path}", highlight=False)
         console.print(cluster.describe(), highlight=False, soft_wrap=True)
-        wait_for_signal(duration)
+        try:
+            wait_for_signal(duration)
+        finally:
+            if cluster.api_token is not None:
+                remove_api_file(cluster.api_token)
         console.print("stopping schedulers, agents and nats-server…")
     console.print("stopped; nothing left behind")
 
@@ -449,6 +538,15 @@ def routes(
     asyncio.run(go())
 
 
+def openapi() -> None:
+    """Print the HTTP API's OpenAPI document (docs/openapi.json is this output)."""
+    import json
+
+    from berth.service.http.app import generated_openapi
+
+    print(json.dumps(generated_openapi(), indent=2, ensure_ascii=False))
+
+
 def register(app: typer.Typer) -> None:
     """Add the NATS commands to ``app`` (and ``--nats`` to its ``agent`` command)."""
     _extend_agent(app)
@@ -457,3 +555,6 @@ def register(app: typer.Typer) -> None:
     app.command("place")(place)
     app.command("whereis")(whereis)
     app.command("routes")(routes)
+    api_app = typer.Typer(help="The HTTP API (served by berth up and berth scheduler --http).")
+    api_app.command("openapi")(openapi)
+    app.add_typer(api_app, name="api")

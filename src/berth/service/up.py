@@ -8,7 +8,9 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
 * N agents as separate processes (``berth agent --config … --nats …``), each node's TOML
   configuration written from the embedded cluster's node classes; above ``per_process_from``
   nodes, several agents share a process (each still connects as its own user);
-* K schedulers as separate processes (``berth scheduler --nats …``) in one queue group;
+* K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, the
+  first serving the HTTP API when ``http`` is given (``--http``, a token it reads from a file
+  in the directory; :mod:`berth.service.http`);
 
 waits until every scheduler process is up and sees every node, and tells how to reach it
 (:meth:`LocalCluster.describe`).  :meth:`LocalCluster.stop` stops schedulers first (they finish
@@ -20,16 +22,21 @@ directory: nothing is left behind.  Children are asked to die with this process 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Literal
+
+import httpx
 
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
@@ -85,6 +92,8 @@ class LocalCluster:
         names: Names | None = None,
         ready_timeout_s: float = 60.0,
         lease_ttl_s: float = 30.0,
+        http: tuple[str, int] | None = None,
+        api_token: str | None = None,
     ) -> None:
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
@@ -110,6 +119,9 @@ class LocalCluster:
         self.server: NatsServer | None = None
         self.agent_processes: list[subprocess.Popen[bytes]] = []
         self.scheduler_processes: list[subprocess.Popen[bytes]] = []
+        self.http = http
+        self.api_token = api_token or (None if http is None else secrets.token_urlsafe(32))
+        self.api_url: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -147,6 +159,7 @@ class LocalCluster:
         for index in range(0, len(config_files), self.per_process):
             group = config_files[index : index + self.per_process]
             args = ["agent", "--nats", url, "--idle-load"]
+            args += ["--state-dir", str(self.directory / "state")]
             for path in group:
                 args += ["--config", str(path)]
             if self.auth is not None:
@@ -157,6 +170,8 @@ class LocalCluster:
             args += ["--lease-ttl", f"{self.lease_ttl_s:g}"]
             if self.auth is not None:
                 args += ["--creds", str(self.paths["scheduler"])]
+            if index == 0 and self.http is not None:
+                args += self._api_args()
             self.scheduler_processes.append(self._spawn(args, logs / f"scheduler-{index}.log"))
         asyncio.run(self._await_ready())
 
@@ -189,6 +204,34 @@ class LocalCluster:
             await self._await_schedulers(deadline, expected)
         finally:
             await client.close()
+        if self.api_url is not None:
+            await self._await_api(deadline)
+
+    def _api_args(self) -> list[str]:
+        """The first scheduler serves the API: its address (a free port for port 0) and the
+        token, in a file only this user reads."""
+        assert self.http is not None and self.api_token is not None
+        host, port = self.http
+        if port == 0:
+            port = free_port(host)
+        token_file = self.directory / "api-token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(self.api_token + "\n")
+        shown_host = f"[{host}]" if ":" in host else host
+        self.api_url = f"http://{shown_host}:{port}"
+        return ["--http", f"{shown_host}:{port}", "--token-file", str(token_file)]
+
+    async def _await_api(self, deadline: float) -> None:
+        assert self.api_url is not None
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            while True:
+                self._check_children()
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"the API did not come up at {self.api_url} in time")
+                await asyncio.sleep(0.05)
 
     async def _await_schedulers(self, deadline: float, nodes: set[str]) -> None:
         assert self.server is not None
@@ -243,6 +286,20 @@ class LocalCluster:
         self.stop()
 
     # -- telling the user --------------------------------------------------------------------
+    def _describe_api(self) -> list[str]:
+        if self.api_url is None:
+            return []
+        url, token = self.api_url, self.api_token
+        return [
+            "",
+            f"  API:               {url}  (OpenAPI at {url}/openapi.json)",
+            f"  dashboard:         {url}/?token={token}",
+            f"  metrics:           {url}/metrics  (Authorization: Bearer $BERTH_TOKEN)",
+            f"  export BERTH_API={url}",
+            f"  export BERTH_TOKEN={token}",
+            "  then:              berth nodes; berth run IMAGE --type micro -- CMD; berth ps",
+        ]
+
     @property
     def url(self) -> str:
         if self.server is None:
@@ -270,10 +327,20 @@ class LocalCluster:
             f"  where is it:       berth whereis default/hello/0 --nats {self.url}{creds}",
             f"  every route:       berth routes --nats {self.url}{creds}",
             f"  logs:              {self.directory / 'logs'}",
+            *self._describe_api(),
             "",
             "Ctrl-C stops everything and removes " + str(self.directory),
         ]
         return "\n".join(lines)
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the kernel's pick)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def wait_for_signal(duration_s: float | None = None) -> None:

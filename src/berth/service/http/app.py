@@ -1,0 +1,303 @@
+"""The FastAPI application: berth's routes over a :class:`~.backend.ClusterBackend`.
+
+:func:`create_app` wires the routes (listed in ``docs/api.md``), the token dependency on all
+of them but ``GET /healthz`` (:mod:`~berth.service.http.auth`), the problem+json answers
+(:mod:`~berth.service.http.problems`), the dashboard at ``/``
+(:mod:`~berth.service.http.dashboard`) and, when it is there, ``/metrics``.  The OpenAPI
+document is served at ``/openapi.json`` behind the token too (no Swagger UI: it would load
+scripts from a CDN); :func:`openapi_document` gives it without a running server — the copy
+committed as ``docs/openapi.json`` (``berth api openapi``) is held equal to it by a test.
+Validation answers ``400`` (not FastAPI's ``422``), so the document lists only the answers
+the service gives.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any, Literal, cast
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query
+from fastapi.openapi.utils import get_openapi
+
+from berth.model import Placement
+from berth.observability.tracing import TracingMiddleware
+from berth.service.http import dashboard, schemas
+from berth.service.http.auth import require_token
+from berth.service.http.backend import ClusterBackend
+from berth.service.http.problems import ProblemBody, install, problem_responses
+from berth.service.images import Image
+from berth.service.workloads import Workload
+
+__all__ = ["API_VERSION", "create_app", "generated_openapi", "openapi_document"]
+
+API_VERSION = "1.0.0"
+_DESCRIPTION = (
+    "berth's API: place and boot workloads, stop them, drain and cordon nodes, register "
+    "images, explain placements. Every route but /healthz needs 'Authorization: Bearer "
+    "<token>' (or the dashboard's berth_token cookie). Errors are application/problem+json."
+)
+
+WorkloadId = Annotated[str, Path(description="A workload id (w-<12 hex digits>)")]
+NodeName = Annotated[str, Path(description="A node's name")]
+ImageName = Annotated[str, Path(description="A registered image's name")]
+
+
+def _routes(backend: ClusterBackend) -> APIRouter:
+    api = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
+
+    # -- workloads ---------------------------------------------------------------------------
+    @api.post(
+        "/workloads",
+        status_code=201,
+        response_model=Workload,
+        responses=problem_responses(409, 503),
+        tags=["workloads"],
+        summary="Place and boot a workload",
+    )
+    async def create_workload(body: schemas.WorkloadCreate) -> Workload:
+        return await backend.create(body)
+
+    @api.get(
+        "/workloads",
+        response_model=schemas.WorkloadList,
+        responses=problem_responses(),
+        tags=["workloads"],
+        summary="List workloads (filters: namespace, node, state)",
+    )
+    async def list_workloads(
+        namespace: str | None = None,
+        node: str | None = None,
+        state: Literal["running", "exited", "stopped", "failed"] | None = None,
+    ) -> schemas.WorkloadList:
+        return schemas.WorkloadList(items=await backend.list_workloads(namespace, node, state))
+
+    @api.get(
+        "/workloads/{workload_id}",
+        response_model=Workload,
+        responses=problem_responses(404),
+        tags=["workloads"],
+        summary="One workload, its state asked of its node",
+    )
+    async def get_workload(workload_id: WorkloadId) -> Workload:
+        return await backend.workload(workload_id)
+
+    @api.post(
+        "/workloads/{workload_id}/stop",
+        response_model=Workload,
+        responses=problem_responses(404, 503),
+        tags=["workloads"],
+        summary="Stop a workload (idempotent)",
+    )
+    async def stop_workload(
+        workload_id: WorkloadId, body: schemas.StopRequest | None = None
+    ) -> Workload:
+        return await backend.stop(workload_id, None if body is None else body.grace_s)
+
+    # -- placements --------------------------------------------------------------------------
+    @api.post(
+        "/placements",
+        response_model=schemas.PlacementBody,
+        responses=problem_responses(409, 503),
+        tags=["placements"],
+        summary="The placement port: a lease on the chosen node, no boot",
+    )
+    async def place(body: schemas.RequestBody) -> schemas.PlacementBody:
+        placement: Placement = await backend.place(body)
+        return schemas.PlacementBody.model_validate(placement.model_dump(mode="json"))
+
+    @api.post(
+        "/explain",
+        response_model=schemas.Explanation,
+        responses=problem_responses(),
+        tags=["placements"],
+        summary="Every node's verdict for a request",
+    )
+    async def explain(body: schemas.ExplainBody) -> schemas.Explanation:
+        return await backend.explain(body)
+
+    @api.get(
+        "/placements/recent",
+        response_model=schemas.RecentPlacements,
+        responses=problem_responses(),
+        tags=["placements"],
+        summary="The latest placement decisions of this API, newest first",
+    )
+    async def recent(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    ) -> schemas.RecentPlacements:
+        return schemas.RecentPlacements(items=backend.recent(limit))
+
+    # -- nodes -------------------------------------------------------------------------------
+    @api.get(
+        "/nodes",
+        response_model=schemas.NodeList,
+        responses=problem_responses(),
+        tags=["nodes"],
+        summary="Every node's latest state",
+    )
+    async def nodes() -> schemas.NodeList:
+        return schemas.NodeList(items=await backend.node_list())
+
+    @api.get(
+        "/nodes/{name}",
+        response_model=schemas.NodeInfo,
+        responses=problem_responses(404),
+        tags=["nodes"],
+        summary="One node's latest state",
+    )
+    async def node(name: NodeName) -> schemas.NodeInfo:
+        return await backend.node(name)
+
+    @api.post(
+        "/nodes/{name}/cordon",
+        response_model=schemas.NodeInfo,
+        responses=problem_responses(404, 503),
+        tags=["nodes"],
+        summary="Cordon a node: it takes no new workloads",
+    )
+    async def cordon(name: NodeName) -> schemas.NodeInfo:
+        return await backend.cordon(name, True)
+
+    @api.post(
+        "/nodes/{name}/uncordon",
+        response_model=schemas.NodeInfo,
+        responses=problem_responses(404, 503),
+        tags=["nodes"],
+        summary="Lift a node's cordon",
+    )
+    async def uncordon(name: NodeName) -> schemas.NodeInfo:
+        return await backend.cordon(name, False)
+
+    @api.post(
+        "/nodes/{name}/drain",
+        response_model=schemas.DrainReport,
+        responses=problem_responses(404, 503),
+        tags=["nodes"],
+        summary="Cordon, stop every workload, place restartable ones again",
+    )
+    async def drain(
+        name: NodeName, body: schemas.DrainRequest | None = None
+    ) -> schemas.DrainReport:
+        return await backend.drain(name, 10.0 if body is None else body.grace_s)
+
+    # -- images ------------------------------------------------------------------------------
+    @api.post(
+        "/images",
+        status_code=201,
+        response_model=Image,
+        responses=problem_responses(),
+        tags=["images"],
+        summary="Register an image as its layers with sizes",
+    )
+    async def add_image(body: schemas.ImageCreate) -> Image:
+        return await backend.add_image(body)
+
+    @api.post(
+        "/images/oci",
+        status_code=201,
+        response_model=Image,
+        responses=problem_responses(),
+        tags=["images"],
+        summary="Register an image read from an OCI layout directory on the server",
+    )
+    async def import_oci(body: schemas.OciImport) -> Image:
+        return await backend.import_oci(body)
+
+    @api.get(
+        "/images",
+        response_model=schemas.ImageList,
+        responses=problem_responses(),
+        tags=["images"],
+        summary="Every registered image",
+    )
+    async def images() -> schemas.ImageList:
+        return schemas.ImageList(items=await backend.image_list())
+
+    @api.get(
+        "/images/{name}",
+        response_model=Image,
+        responses=problem_responses(404),
+        tags=["images"],
+        summary="One registered image",
+    )
+    async def image(name: ImageName) -> Image:
+        return await backend.image(name)
+
+    return api
+
+
+def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
+    """The application over ``backend``, requiring ``token`` (see the module docstring)."""
+    app = FastAPI(
+        title="berth",
+        version=API_VERSION,
+        description=_DESCRIPTION,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.token = token
+    if backend is not None:  # None: generated_openapi (routes declared, never called)
+        app.state.metrics = backend.scheduler.metrics  # served by GET /metrics (http/metrics.py)
+    install(app)
+    app.add_middleware(TracingMiddleware)  # continues a caller's trace (berth.observability)
+
+    @app.get("/healthz", response_model=schemas.Health, tags=["service"], summary="Liveness")
+    async def healthz() -> schemas.Health:
+        return schemas.Health(status="ok")
+
+    app.include_router(_routes(cast(ClusterBackend, backend)))
+    app.include_router(dashboard.router)
+    metrics = _optional_router("berth.service.http.metrics")
+    if metrics is not None:
+        app.include_router(metrics)
+
+    @app.get(
+        "/openapi.json",
+        include_in_schema=False,
+        dependencies=[Depends(require_token)],
+    )
+    async def openapi() -> dict[str, Any]:
+        return openapi_document(app)
+
+    return app
+
+
+def _optional_router(module: str) -> APIRouter | None:
+    """A router of a module of this package that may not be installed yet (``/metrics``)."""
+    try:
+        router = importlib.import_module(module).router
+    except ModuleNotFoundError:
+        return None
+    return router if isinstance(router, APIRouter) else None
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document of ``app``: FastAPI's, with ``400`` in place of ``422``."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+    )
+    for path in document.get("paths", {}).values():
+        for operation in path.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas_ = document.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas_.pop(name, None)
+    problem = ProblemBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas_["ProblemBody"] = problem
+    document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    document["security"] = [{"bearer": []}]
+    document["paths"]["/healthz"]["get"]["security"] = []  # the one open route
+    app.openapi_schema = document
+    return document
+
+
+def generated_openapi() -> dict[str, Any]:
+    """The document without a cluster (``berth api openapi``, the test of the committed copy):
+    the routes are declared, never called, so no backend is needed."""
+    return openapi_document(create_app(None, token=""))

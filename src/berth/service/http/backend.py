@@ -1,0 +1,476 @@
+"""What the API does, over a running cluster: place and boot, stop, drain, cordon, explain.
+
+:class:`ClusterBackend` lives in a scheduler's process (``berth scheduler --http``) and uses
+that scheduler's parts — its NATS connection, its replica of the node states (for nodes and
+explanations), its node client — plus the placement port over the queue group
+(:class:`~berth.service.scheduler.NatsScheduler`, so any scheduler of the group may place)
+and the API's registries (:mod:`berth.service.workloads`, :mod:`berth.service.images`).
+
+**Create** (``POST /v1/workloads``) validates everything first (the request with berth's
+types, the boot spec, the image), so bad input reserves nothing; then places through the
+queue group — the scheduler confirms on the node under a lease — and boots on that node with
+the lease (``try_run(…, reservation=…)``: the node binds the reservation to the workload it
+started).  A boot the node refuses has already released the reservation there; the backend
+also tells the schedulers (``release``) so their assume caches drop it, and reports the
+refusal (``409``).  A boot whose answer never came (``503``) is not released: the outcome is
+unknown, and an unbound lease expires by itself.
+
+**State** follows the node: reading a running workload asks its node (``status``) and records
+``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Stop** is
+idempotent (a workload that is not running is returned as it is).  **Drain** cordons the
+node, then stops each of its running workloads (each within ``grace_s``), reporting each;
+``restartable`` ones are placed and booted again from their recorded request — the cordoned
+node refuses them at its own admission, so they land elsewhere — and the old record gets
+``replaced_by``.
+
+**Recent placements** are a bounded ring (the newest ``recent_capacity``) of the decisions
+this process made, each with the explanation's summary, for the dashboard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
+from berth.model import Placement, Request
+from berth.node.runtime.port import BootSpec
+from berth.nodeclient.port import AgentClient
+from berth.ownership import Refused
+from berth.scheduler.multinode import ClusterScheduler
+from berth.service.http import schemas
+from berth.service.http.problems import Problem
+from berth.service.images import Image, ImageRegistry, image_from_layout, image_of
+from berth.service.scheduler import NatsScheduler
+from berth.service.workloads import StoredWorkload, WorkloadRegistry, new_workload_id
+from berth.state import NodeState
+
+__all__ = ["ClusterBackend"]
+
+log = logging.getLogger("berth.service.http")
+
+DEFAULT_STOP_GRACE_S = 10.0
+STATUS_TIMEOUT_S = 2.0
+
+
+def not_found(what: str, name: str) -> Problem:
+    return Problem(404, "not_found", "not found", f"no {what} {name!r}")
+
+
+class ClusterBackend:
+    """The API's operations over a cluster (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: ClusterScheduler,
+        nodes: AgentClient,
+        placements: NatsScheduler,
+        workloads: WorkloadRegistry,
+        images: ImageRegistry,
+        *,
+        recent_capacity: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.nodes = nodes
+        self.placements = placements
+        self.workloads = workloads
+        self.images = images
+        self.clock = clock
+        self._recent: deque[schemas.PlacementRecord] = deque(maxlen=recent_capacity)
+
+    # -- requests ----------------------------------------------------------------------------
+    def _request(self, body: schemas.RequestBody) -> Request:
+        document = body.model_dump(exclude_none=True)
+        document["layers"] = [layer.model_dump() for layer in body.layers]
+        return Request.from_dict(document)
+
+    async def _workload_request(
+        self, body: schemas.WorkloadCreate | schemas.ExplainBody
+    ) -> tuple[Request, Image | None]:
+        """The placement request of a create (or explain) body: its image's layers and
+        platform, its instance type or spec — each checked, ``Invalid`` naming the field."""
+        image = None
+        if body.image is not None and body.layers is not None:
+            raise Invalid("give an image or layers, not both", field="image")
+        if body.image is not None:
+            image = await self.images.get(body.image) if body.image else None
+            if image is None:
+                known = ", ".join(i.name for i in await self.images.list()) or "none"
+                raise Invalid(f"no registered image {body.image!r} (registered: {known})",
+                              field="image")  # fmt: skip
+        if body.type is not None and body.spec is not None:
+            raise Invalid("give a type or a spec, not both", field="type")
+        if image is not None:
+            layers: list[dict[str, Any]] = [layer.model_dump() for layer in image.layers]
+        else:
+            layers = [layer.model_dump() for layer in body.layers or []]
+        platforms = body.platforms
+        if platforms is None:
+            platforms = [image.platform] if image is not None and image.platform else []
+        document: dict[str, Any] = {
+            "namespace": body.namespace,
+            "name": body.name,
+            "replica": body.replica,
+            "platforms": platforms,
+            "layers": layers,
+        }
+        if isinstance(body, schemas.ExplainBody):
+            extra = {"preferred_node": body.preferred_node, "spread": body.spread}
+            document.update({key: value for key, value in extra.items() if value is not None})
+        spec = body.type if body.type is not None else body.spec
+        if spec is not None:
+            document["spec"] = spec
+        try:
+            return Request.from_dict(document), image
+        except Invalid as error:
+            if error.field == "spec" and body.type is not None:
+                raise Invalid(error.message, field="type") from None
+            raise
+
+    def _note(
+        self,
+        request: Request,
+        outcome: str,
+        explanation: str,
+        *,
+        placement: Placement | None = None,
+        workload_id: str | None = None,
+    ) -> None:
+        self._recent.append(
+            schemas.PlacementRecord(
+                at=self.clock(),
+                workload_id=workload_id,
+                namespace=request.namespace,
+                name=request.name,
+                node=None if placement is None else placement.worker_node,
+                outcome=outcome,
+                colocated_bytes=0 if placement is None else placement.colocated_bytes,
+                rank=None if placement is None else placement.rank,
+                explanation=explanation,
+            )
+        )
+        if self.scheduler.metrics is not None:  # berth_api_placements_total{outcome}
+            self.scheduler.metrics.api_placement(outcome)
+
+    def _summary(self, request: Request) -> str:
+        try:
+            return self.scheduler.explain(request).summary()
+        except Exception as error:  # an explanation is a courtesy; never fail a placement
+            return f"(no explanation: {error})"
+
+    async def _place(self, request: Request, workload_id: str | None = None) -> Placement:
+        """Through the queue group; every outcome noted among the recent placements."""
+        try:
+            placement = await self.placements.schedule(request)
+        except NoMatchingPlatform as error:
+            self._note(request, "invalid", str(error), workload_id=workload_id)
+            raise
+        except NoCapacity as error:
+            self._note(request, "no_capacity", str(error), workload_id=workload_id)
+            raise
+        except Invalid as error:
+            self._note(request, "invalid", str(error), workload_id=workload_id)
+            raise
+        except Unavailable as error:
+            self._note(request, "unavailable", str(error), workload_id=workload_id)
+            raise
+        return placement
+
+    # -- placements --------------------------------------------------------------------------
+    async def place(self, body: schemas.RequestBody) -> Placement:
+        """The placement port: a lease on the chosen node (no boot)."""
+        request = self._request(body)
+        placement = await self._place(request)
+        explanation = (
+            f"placed on {placement.worker_node} (lease {placement.reservation_id}, "
+            f"rank {placement.rank}); {self._summary(request)}"
+        )
+        self._note(request, "placed", explanation, placement=placement)
+        return placement
+
+    async def explain(self, body: schemas.ExplainBody) -> schemas.Explanation:
+        request, _ = await self._workload_request(body)
+        explanation = self.scheduler.explain(request)
+        return schemas.Explanation(
+            verdicts=[
+                schemas.Verdict(
+                    node=verdict.node,
+                    verdict=verdict.verdict,
+                    detail=verdict.description,
+                    colocated_bytes=verdict.colocated_bytes,
+                    rank=verdict.rank,
+                )
+                for verdict in explanation.verdicts
+            ],
+            summary=explanation.summary(),
+        )
+
+    def recent(self, limit: int) -> list[schemas.PlacementRecord]:
+        """The newest ``limit`` placement decisions, newest first."""
+        items = list(self._recent)[-limit:]
+        items.reverse()
+        return items
+
+    # -- workloads ---------------------------------------------------------------------------
+    async def create(self, body: schemas.WorkloadCreate) -> StoredWorkload:
+        request, image = await self._workload_request(body)
+        if request.spec is None:
+            raise Invalid("a workload needs its resources: give a type or a spec", field="type")
+        workload_id = new_workload_id()
+        try:
+            boot = BootSpec(name=workload_id, command=tuple(body.command), env=body.env)
+        except Invalid as error:
+            field = error.field if error.field in ("command", "env") else "command"
+            raise Invalid(error.message, field=field) from None
+        return await self._boot(request, boot, workload_id, image, body.restartable)
+
+    async def _boot(
+        self,
+        request: Request,
+        boot: BootSpec,
+        workload_id: str,
+        image: Image | None,
+        restartable: bool,
+    ) -> StoredWorkload:
+        assert request.spec is not None
+        placement = await self._place(request, workload_id)
+        node = placement.worker_node
+        try:
+            node_workload_id = await self.nodes.try_run(
+                node,
+                request.spec,
+                request.layers,
+                boot,
+                request.platforms,
+                reservation=placement.reservation_id,
+            )
+        except Refused as refused:
+            # the node released the reservation when it refused; the schedulers learn it too
+            with contextlib.suppress(Exception):
+                await self.placements.release(placement, workload=request.key)
+            self._note(request, "refused", str(refused), placement=placement,
+                       workload_id=workload_id)  # fmt: skip
+            raise
+        except Unavailable as error:
+            self._note(request, "unavailable", f"boot on {node}: {error}",
+                       placement=placement, workload_id=workload_id)  # fmt: skip
+            raise
+        workload = StoredWorkload(
+            id=workload_id,
+            namespace=request.namespace,
+            name=request.name,
+            replica=request.replica,
+            image=None if image is None else image.name,
+            node=node,
+            node_workload_id=node_workload_id,
+            reservation_id=placement.reservation_id,
+            colocated_bytes=placement.colocated_bytes,
+            rank=placement.rank,
+            state="running",
+            command=list(boot.command),
+            env=dict(boot.env),
+            restartable=restartable,
+            created_at=self.clock(),
+            request=request.model_dump(mode="json"),
+        )
+        await self.workloads.record(workload)
+        explanation = (
+            f"booted {workload_id} on {node} ({placement.colocated_bytes} B colocated, "
+            f"rank {placement.rank}); {self._summary(request)}"
+        )
+        self._note(request, "placed", explanation, placement=placement, workload_id=workload_id)
+        return workload
+
+    async def workload(self, workload_id: str) -> StoredWorkload:
+        workload = await self.workloads.get(workload_id)
+        if workload is None:
+            raise not_found("workload", workload_id)
+        return await self._refresh(workload)
+
+    async def list_workloads(
+        self, namespace: str | None, node: str | None, state: str | None
+    ) -> list[StoredWorkload]:
+        found = await self.workloads.list(namespace=namespace, node=node)
+        refreshed = await asyncio.gather(*(self._refresh(workload) for workload in found))
+        return [workload for workload in refreshed if state is None or workload.state == state]
+
+    async def _refresh(self, workload: StoredWorkload) -> StoredWorkload:
+        """Ask the node whether a running workload still runs; record how it ended."""
+        if workload.state != "running":
+            return workload
+        try:
+            status = await asyncio.wait_for(
+                self.nodes.status(workload.node, workload.node_workload_id), STATUS_TIMEOUT_S
+            )
+        except (Unavailable, TimeoutError) as error:
+            if workload.node in self.scheduler.states():
+                return workload  # the node is there but did not answer: nothing learnt
+            update: dict[str, Any] = {
+                "state": "failed",
+                "detail": f"node {workload.node} left the cluster ({error})",
+            }
+        else:
+            if status.state == "running":
+                return workload
+            if status.state == "unknown":
+                update = {
+                    "state": "failed",
+                    "detail": f"node {workload.node} no longer knows it (the agent restarted?)",
+                }
+            else:
+                kind = (
+                    "stopped"
+                    if status.stopped
+                    else ("exited" if status.exit_code is not None else "failed")
+                )
+                update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
+        update["ended_at"] = self.clock()
+        ended = workload.model_copy(update=update)
+        await self.workloads.record(ended)
+        return ended
+
+    async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
+        """Stop a workload (idempotent); ``grace_s`` bounds how long the node may take."""
+        workload = await self.workload(workload_id)
+        if workload.state != "running":
+            return workload
+        deadline = DEFAULT_STOP_GRACE_S if grace_s is None else grace_s
+        try:
+            await asyncio.wait_for(
+                self.nodes.stop(workload.node, workload.node_workload_id), deadline + 1.0
+            )
+        except TimeoutError:
+            raise Unavailable(
+                f"{workload_id} did not stop within {deadline:g}s on {workload.node}"
+            ) from None
+        stopped = await self._refresh(workload)
+        if stopped.state == "running":  # the node's status lags its stop by nothing, but be sure
+            stopped = workload.model_copy(update={"state": "stopped", "ended_at": self.clock()})
+        if stopped.state != "stopped":  # it ended on its own before the stop reached it
+            return stopped
+        stopped = stopped.model_copy(update={"detail": stopped.detail or "stopped by the API"})
+        await self.workloads.record(stopped)
+        return stopped
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _state(self, name: str) -> NodeState:
+        state = self.scheduler.states().get(name)
+        if state is None:
+            raise not_found("node", name)
+        return state
+
+    @staticmethod
+    def _info(state: NodeState, workloads: int, cordoned: bool | None = None) -> schemas.NodeInfo:
+        return schemas.NodeInfo(
+            name=state.node,
+            platform=str(state.platform),
+            labels=dict(state.labels),
+            cordoned=state.cordoned if cordoned is None else cordoned,
+            mem_max=state.mem_total,
+            mem_reserved=state.mem_total - state.mem_free,
+            disk_max=state.disk_total,
+            disk_reserved=state.disk_total - state.disk_free,
+            cpu_load=state.cpu_load,
+            cpu_capacity=state.cpu_capacity,
+            disk_bw_load=state.disk_bw_load,
+            disk_bw_ceiling=state.disk_bw_ceiling,
+            net_bw_load=state.net_bw_load,
+            net_bw_ceiling=state.net_bw_ceiling,
+            layers=len(state.layers),
+            workloads=workloads,
+            published_at=state.published_at,
+        )
+
+    async def _running_by_node(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for workload in await self.workloads.list(state="running"):
+            counts[workload.node] = counts.get(workload.node, 0) + 1
+        return counts
+
+    async def node_list(self) -> list[schemas.NodeInfo]:
+        states = self.scheduler.states()
+        counts = await self._running_by_node()
+        return [self._info(states[name], counts.get(name, 0)) for name in sorted(states)]
+
+    async def node(self, name: str) -> schemas.NodeInfo:
+        state = self._state(name)
+        return self._info(state, (await self._running_by_node()).get(name, 0))
+
+    async def cordon(self, name: str, cordoned: bool) -> schemas.NodeInfo:
+        """Cordon or uncordon ``name`` on the node itself (authoritative), then wait briefly
+        for this scheduler's replica to show it."""
+        self._state(name)
+        if cordoned:
+            await self.nodes.cordon(name)
+        else:
+            await self.nodes.uncordon(name)
+        for _ in range(40):
+            state = self.scheduler.states().get(name)
+            if state is None or state.cordoned == cordoned:
+                break
+            await asyncio.sleep(0.05)
+        state = self._state(name)
+        return self._info(state, (await self._running_by_node()).get(name, 0), cordoned)
+
+    async def drain(self, name: str, grace_s: float) -> schemas.DrainReport:
+        """Cordon, stop every running workload (``grace_s`` each), place restartable ones again."""
+        await self.cordon(name, True)
+        items: list[schemas.DrainItem] = []
+        for workload in await self.workloads.list(node=name, state="running"):
+            items.append(await self._drain_one(workload, grace_s))
+        return schemas.DrainReport(node=name, items=items)
+
+    async def _drain_one(self, workload: StoredWorkload, grace_s: float) -> schemas.DrainItem:
+        try:
+            stopped = await self.stop(workload.id, grace_s)
+        except (Unavailable, Refused) as error:
+            return schemas.DrainItem(workload_id=workload.id, outcome="failed",
+                                     detail=f"could not stop it: {error}")  # fmt: skip
+        if not workload.restartable:
+            return schemas.DrainItem(workload_id=workload.id, outcome="stopped",
+                                     detail=stopped.detail or "stopped")  # fmt: skip
+        try:
+            request = Request.from_dict(workload.request)
+            image = None if workload.image is None else await self.images.get(workload.image)
+            new_id = new_workload_id()
+            boot = BootSpec(name=new_id, command=tuple(workload.command), env=workload.env)
+            replacement = await self._boot(request, boot, new_id, image, True)
+        except (Invalid, NoCapacity, Unavailable, Refused) as error:
+            return schemas.DrainItem(workload_id=workload.id, outcome="failed",
+                                     detail=f"stopped; not placed again: {error}")  # fmt: skip
+        await self.workloads.record(stopped.model_copy(update={"replaced_by": replacement.id}))
+        return schemas.DrainItem(
+            workload_id=workload.id,
+            outcome="replaced",
+            detail=f"stopped; replaced by {replacement.id} on {replacement.node}",
+            new_workload_id=replacement.id,
+            new_node=replacement.node,
+        )
+
+    # -- images ------------------------------------------------------------------------------
+    async def add_image(self, body: schemas.ImageCreate) -> Image:
+        image = image_of(body.name, [layer.model_dump() for layer in body.layers], body.platform)
+        await self.images.add(image)
+        return image
+
+    async def import_oci(self, body: schemas.OciImport) -> Image:
+        image = await asyncio.to_thread(
+            image_from_layout, body.path, name=body.name, ref=body.ref, platform=body.platform
+        )
+        await self.images.add(image)
+        return image
+
+    async def image(self, name: str) -> Image:
+        image = await self.images.get(name) if name else None
+        if image is None:
+            raise not_found("image", name)
+        return image
+
+    async def image_list(self) -> list[Image]:
+        return await self.images.list()

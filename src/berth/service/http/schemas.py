@@ -1,0 +1,228 @@
+"""The API's request and response bodies (pydantic), the source of the OpenAPI document.
+
+Request bodies are typed as plain JSON here (strings, numbers, objects) and checked a second
+time by berth's own types (:mod:`berth.model`: names, sizes with units, platforms, instance
+types) when the backend turns them into a :class:`~berth.model.Request` — one rule, one
+place: the schema says the shape, berth's types say the bounds, and either refusal is a
+``400`` naming the field.  Response bodies are what the backend returns, validated on the way
+out, so the document and the answers cannot drift apart; the CLI
+(:mod:`berth.service.client`) parses answers with these same models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from berth.service.images import Image
+from berth.service.workloads import Workload
+
+__all__ = [
+    "DrainItem",
+    "DrainReport",
+    "DrainRequest",
+    "ExplainBody",
+    "Explanation",
+    "Health",
+    "Image",
+    "ImageCreate",
+    "ImageList",
+    "LayerRef",
+    "NodeInfo",
+    "NodeList",
+    "OciImport",
+    "PlacementBody",
+    "PlacementRecord",
+    "RecentPlacements",
+    "RequestBody",
+    "StopRequest",
+    "Verdict",
+    "Workload",
+    "WorkloadCreate",
+    "WorkloadList",
+]
+
+Outcome = Literal["placed", "no_capacity", "invalid", "unavailable", "refused"]
+Size = int | str  # bytes, or a size with a unit ("28MiB"): berth.units reads it
+_STRICT = ConfigDict(extra="forbid")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class LayerRef(BaseModel):
+    """An image layer: its content id (a digest) and its size (bytes, or with a unit)."""
+
+    model_config = _STRICT
+    id: str
+    size: Size
+
+
+class RequestBody(BaseModel):
+    """A placement request (:class:`berth.model.Request`): ``spec`` is an instance type name
+    (``"micro"``) or ``{vcpus, mem, disk, disk_bw?, net_bw?}``; ``platforms`` the artifact's
+    (``os/arch[/variant]``, empty: any); ``spread`` as :class:`berth.model.Spread`."""
+
+    model_config = _STRICT
+    namespace: str = "default"
+    name: str
+    replica: int = 0
+    platforms: list[str] = Field(default_factory=list)
+    spec: str | dict[str, Any] | None = None
+    layers: list[LayerRef] = Field(default_factory=list)
+    preferred_node: str | None = None
+    spread: dict[str, Any] | None = None
+
+
+class _Target(BaseModel):
+    model_config = _STRICT
+    namespace: str = "default"
+    name: str
+    replica: int = 0
+    image: str | None = None
+    layers: list[LayerRef] | None = None
+    type: str | None = None
+    spec: str | dict[str, Any] | None = None
+    platforms: list[str] | None = None
+
+
+class ExplainBody(_Target):
+    """What to explain: a request as for placements, or as for a workload (``image`` instead
+    of ``layers``, ``type`` for an instance type)."""
+
+    preferred_node: str | None = None
+    spread: dict[str, Any] | None = None
+
+
+class WorkloadCreate(_Target):
+    """Place and boot a workload.  Give ``image`` (a registered image's name) or ``layers``;
+    ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments."""
+
+    command: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    restartable: bool = False
+
+
+class WorkloadList(BaseModel):
+    items: list[Workload]
+
+
+class StopRequest(BaseModel):
+    """How long the workload gets to stop before the call gives up (seconds)."""
+
+    model_config = _STRICT
+    grace_s: float | None = Field(default=None, ge=0, le=3600)
+
+
+class PlacementBody(BaseModel):
+    """A placement (:class:`berth.model.Placement`): a lease on ``worker_node`` that expires
+    unless bound to a workload; ``refusals`` are the nodes that refused first, and why."""
+
+    worker_node: str
+    reservation_id: str | None = None
+    colocated_bytes: int
+    rank: int
+    refusals: list[tuple[str, str]] = Field(default_factory=list)
+
+
+class Verdict(BaseModel):
+    """One node's verdict: ``fits`` or the reason code of the first check it fails
+    (``cordoned``, ``mem_exhausted`` …); ``rank`` its place among the candidates."""
+
+    node: str
+    verdict: str
+    detail: str
+    colocated_bytes: int
+    rank: int | None = None
+
+
+class Explanation(BaseModel):
+    verdicts: list[Verdict]
+    summary: str
+
+
+class PlacementRecord(BaseModel):
+    """One placement decision the API made (the dashboard's "recent placements")."""
+
+    at: float
+    workload_id: str | None = None
+    namespace: str
+    name: str
+    node: str | None = None
+    outcome: Outcome
+    colocated_bytes: int = 0
+    rank: int | None = None
+    explanation: str
+
+
+class RecentPlacements(BaseModel):
+    items: list[PlacementRecord]
+
+
+class NodeInfo(BaseModel):
+    """A node's latest snapshot as the API's scheduler sees it, and its workloads' count."""
+
+    name: str
+    platform: str
+    labels: dict[str, str]
+    cordoned: bool
+    mem_max: int
+    mem_reserved: int
+    disk_max: int
+    disk_reserved: int
+    cpu_load: float
+    cpu_capacity: float
+    disk_bw_load: float
+    disk_bw_ceiling: float
+    net_bw_load: float
+    net_bw_ceiling: float
+    layers: int
+    workloads: int
+    published_at: float
+
+
+class NodeList(BaseModel):
+    items: list[NodeInfo]
+
+
+class DrainRequest(BaseModel):
+    model_config = _STRICT
+    grace_s: float = Field(default=10.0, ge=0, le=3600)
+
+
+class DrainItem(BaseModel):
+    workload_id: str
+    outcome: Literal["stopped", "replaced", "failed"]
+    detail: str
+    new_workload_id: str | None = None
+    new_node: str | None = None
+
+
+class DrainReport(BaseModel):
+    node: str
+    items: list[DrainItem]
+
+
+class ImageCreate(BaseModel):
+    """Register an image as its layer chain (base first) with sizes."""
+
+    model_config = _STRICT
+    name: str
+    platform: str | None = None
+    layers: list[LayerRef]
+
+
+class OciImport(BaseModel):
+    """Read an image from an OCI image layout directory on the server's machine."""
+
+    model_config = _STRICT
+    path: str
+    name: str | None = None
+    ref: str | None = None
+    platform: str | None = None
+
+
+class ImageList(BaseModel):
+    items: list[Image]

@@ -1,0 +1,220 @@
+"""Serving the API: the address rule, the token, ``api.json``, uvicorn in the caller's loop.
+
+* **Where** — :func:`parse_address` reads ``--http HOST:PORT`` (``[::1]:8080`` for IPv6, port
+  0 picks a free one).  A host that is not a loopback address is refused unless the caller
+  says so explicitly (``--http-public``): the API can boot commands on every node, so it is
+  not exposed to a network by accident.
+* **Who** — :func:`resolve_token`: ``--token`` or ``--token-file`` (first line), else a fresh
+  random token (``secrets.token_urlsafe(32)``); a token is 16–512 printable characters
+  without spaces.
+* **How to find it** — :func:`write_api_file` writes ``{"url", "token"}`` to
+  ``$BERTH_HOME/api.json`` (default ``~/.berth/api.json``, the directory ``0700``, the file
+  ``0600``), which the CLI reads when ``--api``/``BERTH_API`` are not given.
+* **Serving** — :class:`ApiServer` runs uvicorn *inside the running event loop* (the
+  scheduler's), on a socket it binds itself — so a port in use is an error naming ``--http``,
+  not uvicorn's ``sys.exit`` — and leaves signal handling to its caller (the scheduler
+  command stops the API, then the scheduler, on SIGINT/SIGTERM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from nats.aio.client import Client
+
+from berth.errors import Invalid, Unavailable
+from berth.nodeclient.nats import NatsNodes
+from berth.service.http.app import create_app
+from berth.service.http.backend import ClusterBackend
+from berth.service.images import ImageRegistry
+from berth.service.scheduler import NatsScheduler, SchedulerService
+from berth.service.workloads import WorkloadRegistry
+from berth.validation import shown
+
+__all__ = [
+    "ApiServer",
+    "api_file",
+    "berth_home",
+    "parse_address",
+    "remove_api_file",
+    "resolve_token",
+    "scheduler_api",
+    "write_api_file",
+]
+
+DEFAULT_ADDRESS = "127.0.0.1:8080"
+
+
+def parse_address(value: str, *, public: bool = False, flag: str = "--http") -> tuple[str, int]:
+    """``HOST:PORT`` → ``(host, port)``; a non-loopback host only with ``public``."""
+    if not isinstance(value, str) or not value or len(value) > 300:
+        raise Invalid(f"expected HOST:PORT, got {shown(value)}", field=flag)
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit() or len(port_text) > 5:
+        raise Invalid(f"expected HOST:PORT (e.g. {DEFAULT_ADDRESS}), got {shown(value)}",
+                      field=flag)  # fmt: skip
+    port = int(port_text)
+    if port > 65535:
+        raise Invalid(f"port {port} is out of range 0-65535", field=flag)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    host = host or "127.0.0.1"
+    if not _is_loopback(host) and not public:
+        raise Invalid(
+            f"{shown(host)} is not a loopback address; the API can boot commands on every "
+            "node, so serving it to a network needs --http-public (and a firewall)",
+            field=flag,
+        )
+    return host, port
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(token: str | None = None, token_file: Path | None = None) -> tuple[str, bool]:
+    """The API token and whether it was generated here (see the module docstring)."""
+    if token is not None and token_file is not None:
+        raise Invalid("give --token or --token-file, not both", field="--token")
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise Invalid(f"cannot read {shown(str(token_file))}: {error}",
+                          field="--token-file") from None  # fmt: skip
+        lines = text.splitlines()
+        return _checked_token(lines[0].strip() if lines else "", "--token-file"), False
+    if token is not None:
+        return _checked_token(token, "--token"), False
+    return secrets.token_urlsafe(32), True
+
+
+def _checked_token(token: str, flag: str) -> str:
+    if not 16 <= len(token) <= 512 or any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise Invalid("a token is 16-512 printable characters without spaces", field=flag)
+    return token
+
+
+def berth_home() -> Path:
+    """``$BERTH_HOME``, default ``~/.berth``."""
+    home = os.environ.get("BERTH_HOME")
+    return Path(home) if home else Path.home() / ".berth"
+
+
+def api_file() -> Path:
+    return berth_home() / "api.json"
+
+
+def write_api_file(url: str, token: str, path: Path | None = None) -> Path:
+    """Write ``{"url", "token"}`` for the CLI (directory ``0700``, file ``0600``)."""
+    path = path or api_file()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        json.dump({"url": url, "token": token}, out)
+        out.write("\n")
+    temporary.replace(path)
+    return path
+
+
+def remove_api_file(token: str, path: Path | None = None) -> None:
+    """Remove the API file if it still names ``token`` (another server may have replaced it)."""
+    path = path or api_file()
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(path.read_text(encoding="utf-8")).get("token") == token:
+            path.unlink()
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the caller's loop owns SIGINT/SIGTERM
+
+
+class ApiServer:
+    """``app`` served by uvicorn in the running loop (``await start()``, ``await stop()``)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> ApiServer:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as error:
+            sock.close()
+            raise Invalid(f"cannot listen on {self.host}:{self.port}: {error.strerror}",
+                          field="--http") from None  # fmt: skip
+        sock.listen(128)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="off", timeout_notify=30
+        )
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="berth api")
+        while not self._server.started:
+            if self._task.done():
+                sock.close()
+                raise Unavailable(f"the API server did not start: {self._task.exception()!r}")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        server, task = self._server, self._task
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        _, late = await asyncio.wait({task}, timeout=timeout_s)
+        if late:
+            server.force_exit = True
+            await asyncio.wait({task}, timeout=1.0)
+        self._server = self._task = None
+
+
+@contextlib.asynccontextmanager
+async def scheduler_api(
+    client: Client, service: SchedulerService, *, host: str, port: int, token: str
+) -> AsyncIterator[ApiServer]:
+    """The API served beside ``service`` (a running scheduler), on its connection: its
+    replica and node client, the queue group for placements, the API's registries."""
+    nodes = service.scheduler.nodes
+    if not isinstance(nodes, NatsNodes):
+        raise Invalid("the API needs a scheduler that reaches its nodes over NATS",
+                      field="--http")  # fmt: skip
+    workloads = await WorkloadRegistry(client).start()
+    images = await ImageRegistry(client).start()
+    placements = NatsScheduler(client, prefix=service.prefix)
+    backend = ClusterBackend(service.scheduler, nodes, placements, workloads, images)
+    api = await ApiServer(create_app(backend, token=token), host, port).start()
+    try:
+        yield api
+    finally:
+        await api.stop()

@@ -1,0 +1,200 @@
+"""The workload registry: every workload the API placed and booted, in a JetStream KV bucket.
+
+The HTTP API (:mod:`berth.service.http`) records each workload it boots as a
+:class:`Workload` — where it runs (node, the node's own workload id, the reservation), what it
+runs (command, image), how it was placed (colocated bytes, rank) and its state — under the
+key ``w.<id>`` of bucket ``berth_api`` (:data:`API_BUCKET`, shared with the image registry,
+:mod:`berth.service.images`).  A bucket, not the API's memory, so a restarted scheduler (or
+another one serving the API) knows the workloads that run.
+
+The state machine is small: ``running`` → ``exited`` (it ended by itself; ``exit_code``),
+``stopped`` (the API stopped it, or a drain did) or ``failed`` (killed by a signal, or its
+node no longer knows it — the agent restarted).  The node is the authority on whether a
+workload still runs; the registry learns it by asking (:meth:`WorkloadRegistry.update`, called
+by the API when it reads workloads), never by guessing.
+
+What it is not: the routing registry (:mod:`berth.service.routes`, the schedulers' index of
+reservations) nor a scheduler.  :class:`JsonBucket` is the small typed KV layer both API
+registries use.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import re
+import uuid
+from typing import Generic, Literal, TypeVar
+
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BadRequestError, KeyNotFoundError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from berth.errors import Unavailable
+from berth.store.nats import node_token
+
+__all__ = [
+    "API_BUCKET",
+    "JsonBucket",
+    "StoredWorkload",
+    "Workload",
+    "WorkloadRegistry",
+    "WorkloadState",
+    "new_workload_id",
+]
+
+log = logging.getLogger("berth.service.workloads")
+
+API_BUCKET = "berth_api"
+WorkloadState = Literal["running", "exited", "stopped", "failed"]
+Model = TypeVar("Model", bound=BaseModel)
+_WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")
+
+
+def new_workload_id() -> str:
+    """A fresh workload id, ``w-`` and 12 hex digits (also the node's boot name)."""
+    return f"w-{uuid.uuid4().hex[:12]}"
+
+
+class Workload(BaseModel):
+    """A workload the API placed and booted (its record, and the API's answer).
+
+    ``node_workload_id`` is the node's own id for it; ``detail`` says how it ended or why its
+    state is what it is; ``replaced_by`` names the workload a drain started in its place.
+    """
+
+    id: str
+    namespace: str
+    name: str
+    replica: int
+    image: str | None = None
+    node: str
+    node_workload_id: str
+    reservation_id: str | None = None
+    colocated_bytes: int
+    rank: int
+    state: WorkloadState
+    exit_code: int | None = None
+    detail: str | None = None
+    command: list[str]
+    restartable: bool
+    created_at: float
+    ended_at: float | None = None
+    replaced_by: str | None = None
+
+
+class StoredWorkload(Workload):
+    """A workload's record: what the API answers, plus what only the registry keeps — its
+    environment (it may hold secrets: never answered) and the placement request it was
+    created from (to place it again after a drain)."""
+
+    env: dict[str, str] = {}
+    request: dict[str, object] = {}
+
+
+class JsonBucket(Generic[Model]):
+    """Pydantic documents under ``<prefix>.<key>`` in a JetStream KV bucket."""
+
+    def __init__(
+        self, client: Client, kind: type[Model], *, prefix: str, bucket: str = API_BUCKET
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.prefix = prefix
+        self.bucket = bucket
+        self._kv: KeyValue | None = None
+
+    async def start(self) -> None:
+        js = self.client.jetstream()
+        try:
+            self._kv = await js.create_key_value(KeyValueConfig(bucket=self.bucket, history=1))
+        except BadRequestError:  # it exists with other settings: use it as it is
+            self._kv = await js.key_value(self.bucket)
+
+    def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            raise Unavailable(f"the {self.bucket} bucket is not open")
+        return self._kv
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{node_token(name)}"
+
+    async def put(self, name: str, document: Model) -> None:
+        await self._bucket().put(self.key(name), document.model_dump_json().encode())
+
+    async def get(self, name: str) -> Model | None:
+        try:
+            entry = await self._bucket().get(self.key(name))
+        except KeyNotFoundError:
+            return None
+        return self._decode(entry.key, entry.value)
+
+    async def delete(self, name: str) -> None:
+        await self._bucket().delete(self.key(name))
+
+    async def all(self) -> builtins.list[Model]:
+        """Every document under the prefix (skipping, and logging, any that is not one)."""
+        watcher = await self._bucket().watch(f"{self.prefix}.>")
+        found: builtins.list[Model] = []
+        try:
+            while True:
+                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                if entry is None:
+                    break
+                if entry.operation is None and entry.value:
+                    document = self._decode(entry.key, entry.value)
+                    if document is not None:
+                        found.append(document)
+                if not entry.delta:
+                    break
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return found
+
+    def _decode(self, key: str, value: bytes | None) -> Model | None:
+        if not value:
+            return None
+        try:
+            return self.kind.model_validate_json(value)
+        except ValidationError as error:
+            log.warning("ignored %s in %s: not a %s (%s)", key, self.bucket,
+                        self.kind.__name__, error.errors()[0].get("msg"))  # fmt: skip
+            return None
+
+
+class WorkloadRegistry:
+    """The API's workloads (see the module docstring)."""
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._documents = JsonBucket(client, StoredWorkload, prefix="w", bucket=bucket)
+
+    async def start(self) -> WorkloadRegistry:
+        await self._documents.start()
+        return self
+
+    async def record(self, workload: StoredWorkload) -> None:
+        await self._documents.put(workload.id, workload)
+
+    async def get(self, workload_id: str) -> StoredWorkload | None:
+        if not _WORKLOAD_ID.fullmatch(workload_id):
+            return None  # not an id this registry hands out (and never a key to look up)
+        return await self._documents.get(workload_id)
+
+    async def list(
+        self,
+        *,
+        namespace: str | None = None,
+        node: str | None = None,
+        state: str | None = None,
+    ) -> builtins.list[StoredWorkload]:
+        """The workloads matching every filter given, oldest first."""
+        found = [
+            workload
+            for workload in await self._documents.all()
+            if (namespace is None or workload.namespace == namespace)
+            and (node is None or workload.node == node)
+            and (state is None or workload.state == state)
+        ]
+        return sorted(found, key=lambda workload: (workload.created_at, workload.id))

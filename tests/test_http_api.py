@@ -1,0 +1,252 @@
+"""The HTTP API against a real local cluster: ``berth up``'s processes (a nats-server with
+authentication, agents with the process runtime, a scheduler serving the API), driven over
+HTTP with httpx — workloads booted, exiting, stopped; images; placements and explanations;
+cordon and drain; errors as problem+json; the token."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from berth.oci import ImageSpec, file, write_layout
+from berth.service.http.schemas import DrainReport, NodeList, Workload
+from berth.service.up import LocalCluster
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, heartbeat_s=0.5, runtime="process", http=("127.0.0.1", 0)) as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def api(cluster: LocalCluster) -> Iterator[httpx.Client]:
+    assert cluster.api_url is not None
+    headers = {"Authorization": f"Bearer {cluster.api_token}"}
+    with httpx.Client(base_url=cluster.api_url, headers=headers, timeout=20.0) as client:
+        yield client
+
+
+def until(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(PROBLEM), response.headers
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status and body["type"] and body["title"] and body["detail"]
+    return body
+
+
+def run(api: httpx.Client, command: list[str], **fields: Any) -> Workload:
+    body = {"name": "job", "type": "micro", "command": command, **fields}
+    response = api.post("/v1/workloads", json=body)
+    assert response.status_code == 201, response.text
+    return Workload.model_validate(response.json())
+
+
+def mem_reserved(api: httpx.Client, node: str) -> int:
+    reserved: int = api.get(f"/v1/nodes/{node}").json()["mem_reserved"]
+    return reserved
+
+
+# -- authentication ------------------------------------------------------------------------
+def test_token_on_every_route_but_health(cluster: LocalCluster, api: httpx.Client) -> None:
+    assert cluster.api_url is not None
+    with httpx.Client(base_url=cluster.api_url) as anonymous:
+        assert anonymous.get("/healthz").json() == {"status": "ok"}
+        for path in ("/v1/nodes", "/v1/workloads", "/openapi.json", "/v1/images"):
+            body = problem(anonymous.get(path), 401)
+            assert "Bearer" in anonymous.get(path).headers["www-authenticate"]
+            assert body["type"].endswith("unauthorized")
+        wrong = {"Authorization": "Bearer " + "x" * 43}
+        problem(anonymous.get("/v1/nodes", headers=wrong), 401)
+        problem(anonymous.post("/v1/workloads", json={}), 401)  # 401 before validation
+        anonymous.cookies.set("berth_token", str(cluster.api_token))
+        assert anonymous.get("/v1/nodes").status_code == 200  # the dashboard's cookie
+    document = api.get("/openapi.json").json()
+    assert "/v1/workloads" in document["paths"]
+
+
+# -- nodes and images ----------------------------------------------------------------------
+def test_nodes_list_and_get(api: httpx.Client) -> None:
+    nodes = NodeList.model_validate(api.get("/v1/nodes").json()).items
+    assert [node.name for node in nodes] == ["node-00", "node-01", "node-02"]
+    assert all(not node.cordoned and node.mem_max > 0 for node in nodes)
+    assert api.get("/v1/nodes/node-01").json()["name"] == "node-01"
+    assert problem(api.get("/v1/nodes/ghost"), 404)["detail"] == "no node 'ghost'"
+
+
+def test_images_register_get_list_and_oci(api: httpx.Client, tmp_path: Path) -> None:
+    created = api.post("/v1/images", json={"name": "app", "platform": "linux/amd64",
+                       "layers": [{"id": "sha256:base", "size": "28MiB"},
+                                  {"id": "sha256:app", "size": 4096}]})  # fmt: skip
+    assert created.status_code == 201, created.text
+    assert created.json()["size"] == 28 * 2**20 + 4096
+    assert api.get("/v1/images/app").json()["layers"][1] == {"id": "sha256:app", "size": 4096}
+    assert "app" in [image["name"] for image in api.get("/v1/images").json()["items"]]
+    problem(api.get("/v1/images/nope"), 404)
+    bad = problem(api.post("/v1/images", json={"name": "x", "layers": [{"id": "a",
+                  "size": "-1GiB"}]}), 400)  # fmt: skip
+    assert bad["field"].startswith("layers.0"), bad
+    layout = write_layout(tmp_path / "layout", ImageSpec(layers=[[file("hello", "hi")]],
+                          cmd=("sh", "-c", "true")))  # fmt: skip
+    imported = api.post("/v1/images/oci", json={"path": str(layout), "name": "hello"})
+    assert imported.status_code == 201, imported.text
+    image = imported.json()
+    assert image["layers"][0]["id"].startswith("sha256:") and image["command"][0] == "sh"
+    assert image["platform"] == "linux/amd64"
+    missing = problem(api.post("/v1/images/oci", json={"path": str(tmp_path / "none")}), 400)
+    assert missing["field"].startswith("path"), missing
+
+
+# -- workloads -----------------------------------------------------------------------------
+def test_create_get_list_and_stop(api: httpx.Client) -> None:
+    api.post("/v1/images", json={"name": "base", "layers": [{"id": "sha256:b1", "size": 1000}]})
+    workload = run(api, ["sleep", "60"], image="base", namespace="team-a", restartable=True)
+    assert workload.state == "running" and workload.image == "base"
+    assert workload.reservation_id and workload.node.startswith("node-")
+    fetched = api.get(f"/v1/workloads/{workload.id}").json()
+    assert fetched["state"] == "running" and "env" not in fetched
+    listed = api.get("/v1/workloads", params={"namespace": "team-a", "state": "running"})
+    assert [item["id"] for item in listed.json()["items"]] == [workload.id]
+    assert api.get("/v1/workloads", params={"namespace": "nobody"}).json()["items"] == []
+    by_node = api.get("/v1/workloads", params={"node": workload.node}).json()["items"]
+    assert workload.id in [item["id"] for item in by_node]
+    assert api.get(f"/v1/nodes/{workload.node}").json()["workloads"] >= 1
+    stopped = api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 5})
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopped", stopped.text
+    again = api.post(f"/v1/workloads/{workload.id}/stop")  # idempotent
+    assert again.json()["state"] == "stopped" and again.json()["ended_at"]
+    problem(api.get("/v1/workloads/w-000000000000"), 404)
+    problem(api.post("/v1/workloads/nope/stop"), 404)
+    problem(api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": -1}), 400)
+
+
+def test_exit_code_is_recorded(api: httpx.Client) -> None:
+    workload = run(api, ["sh", "-c", "sleep 0.2; exit 3"], env={"A": "1"})
+
+    def ended() -> dict[str, Any] | None:
+        found: dict[str, Any] = api.get(f"/v1/workloads/{workload.id}").json()
+        return found if found["state"] != "running" else None
+
+    found = until(ended)
+    assert (found["state"], found["exit_code"]) == ("exited", 3), found
+    assert found["detail"] == "exited with code 3"
+    exited = api.get("/v1/workloads", params={"state": "exited"}).json()["items"]
+    assert workload.id in [item["id"] for item in exited]
+
+
+def test_boot_failure_releases_the_reservation(api: httpx.Client) -> None:
+    before = {node["name"]: node["mem_reserved"] for node in api.get("/v1/nodes").json()["items"]}
+    refused = problem(api.post("/v1/workloads", json={"name": "broken", "type": "micro",
+                      "command": ["/no/such/program"]}), 409)  # fmt: skip
+    assert refused["type"].endswith("boot_failed") and refused["reasons"] == {"boot_failed": 1}
+    until(lambda: all(mem_reserved(api, node) == mem for node, mem in before.items()))
+    recent = api.get("/v1/placements/recent", params={"limit": 5}).json()["items"]
+    assert recent[0]["outcome"] == "refused" and recent[0]["name"] == "broken"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": "", "type": "micro", "command": ["true"]}, "name"),
+        ({"name": "a b", "type": "micro", "command": ["true"]}, "name"),
+        ({"name": "x", "type": "huge", "command": ["true"]}, "type"),
+        ({"name": "x", "command": ["true"]}, "type"),
+        ({"name": "x", "type": "micro", "command": []}, "command"),
+        ({"name": "x", "type": "micro"}, "command"),
+        ({"name": "x", "type": "micro", "command": ["true"], "replica": 2**40}, "replica"),
+        ({"name": "x", "type": "micro", "command": ["true"], "image": "nope"}, "image"),
+        ({"name": "x", "type": "micro", "command": ["true"], "platforms": ["linux/amd46"]},
+         "platforms"),
+        ({"name": "x", "type": "micro", "command": ["true"], "layers": [{"id": "a", "size": 1},
+          {"id": "a", "size": 1}]}, "layers"),
+        ({"name": "x", "type": "micro", "command": ["true"], "colour": "red"}, "colour"),
+    ],
+)  # fmt: skip
+def test_bad_workloads_are_400_naming_the_field(
+    api: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    before = len(api.get("/v1/workloads").json()["items"])
+    found = problem(api.post("/v1/workloads", json=body), 400)
+    assert found["field"].startswith(field), found
+    assert len(api.get("/v1/workloads").json()["items"]) == before  # nothing booted
+
+
+def test_malformed_json_is_400(api: httpx.Client) -> None:
+    found = problem(api.post("/v1/workloads", content=b"{nope",
+                             headers={"content-type": "application/json"}), 400)  # fmt: skip
+    assert found["field"] == "body"
+    problem(api.get("/v1/placements/recent", params={"limit": 0}), 400)
+    problem(api.get("/v1/workloads", params={"state": "sleeping"}), 400)
+
+
+# -- placements ----------------------------------------------------------------------------
+def test_placement_port_explain_and_errors(api: httpx.Client) -> None:
+    placement = api.post("/v1/placements", json={"name": "lease", "spec": "micro"})
+    assert placement.status_code == 200, placement.text
+    assert placement.json()["worker_node"].startswith("node-")
+    explained = api.post("/v1/explain", json={"name": "x", "type": "micro"}).json()
+    assert len(explained["verdicts"]) == 3 and explained["summary"].startswith("3/3")
+    full = problem(api.post("/v1/placements", json={"name": "big", "spec": "tera"}), 409)
+    assert sum(full["reasons"].values()) == 3, full
+    arm = problem(api.post("/v1/placements", json={"name": "a", "spec": "micro",
+                  "platforms": ["linux/s390x"]}), 400)  # fmt: skip
+    assert "linux/amd64" in arm["platforms_offered"]
+    outcomes = [item["outcome"] for item in api.get("/v1/placements/recent").json()["items"]]
+    assert {"placed", "no_capacity", "invalid"} <= set(outcomes)
+
+
+# -- cordon and drain ----------------------------------------------------------------------
+def test_cordon_then_drain(api: httpx.Client) -> None:
+    nodes = ["node-00", "node-01", "node-02"]
+    target = "node-02"
+    for node in nodes:
+        cordoned = api.post(f"/v1/nodes/{node}/{'uncordon' if node == target else 'cordon'}")
+        assert cordoned.json()["cordoned"] is (node != target)
+    try:
+        explained = api.post("/v1/explain", json={"name": "x", "type": "micro"}).json()
+        verdicts = {v["node"]: v["verdict"] for v in explained["verdicts"]}
+        assert verdicts == {"node-00": "cordoned", "node-01": "cordoned", "node-02": "fits"}
+        assert "2 node cordoned" in explained["summary"]
+        keep = run(api, ["sleep", "60"], name="keep", restartable=True)
+        once = run(api, ["sleep", "60"], name="once")
+        assert keep.node == once.node == target
+        for node in nodes[:2]:
+            assert api.post(f"/v1/nodes/{node}/uncordon").json()["cordoned"] is False
+        report = DrainReport.model_validate(
+            api.post(f"/v1/nodes/{target}/drain", json={"grace_s": 5}).json()
+        )
+        outcomes = {item.workload_id: item for item in report.items}
+        assert outcomes[once.id].outcome == "stopped"
+        replaced = outcomes[keep.id]
+        assert replaced.outcome == "replaced" and replaced.new_node in nodes[:2], replaced
+        old = api.get(f"/v1/workloads/{keep.id}").json()
+        assert (old["state"], old["replaced_by"]) == ("stopped", replaced.new_workload_id)
+        new = api.get(f"/v1/workloads/{replaced.new_workload_id}").json()
+        assert new["state"] == "running" and new["name"] == "keep" and new["restartable"]
+        node = api.get(f"/v1/nodes/{target}").json()
+        assert node["cordoned"] is True and node["workloads"] == 0
+        lease = api.post("/v1/placements", json={"name": "p", "spec": "micro"}).json()
+        assert lease["worker_node"] != target
+        api.post(f"/v1/workloads/{replaced.new_workload_id}/stop")
+    finally:
+        for node in nodes:
+            api.post(f"/v1/nodes/{node}/uncordon")
+    problem(api.post("/v1/nodes/ghost/drain"), 404)
+    problem(api.post("/v1/nodes/ghost/cordon"), 404)

@@ -1,0 +1,78 @@
+"""The committed OpenAPI document (docs/openapi.json) is the one the service generates, and
+the application answers problem+json for what it refuses, without a cluster behind it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from berth.errors import Invalid
+from berth.service.http.app import generated_openapi
+from berth.service.http.server import parse_address, resolve_token, write_api_file
+
+DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
+
+
+def test_committed_document_is_the_generated_one() -> None:
+    committed = json.loads(DOCUMENT.read_text(encoding="utf-8"))
+    assert committed == generated_openapi(), (
+        "docs/openapi.json is stale: regenerate it with `berth api openapi > docs/openapi.json`"
+    )
+
+
+def test_document_lists_400_not_422_and_the_token() -> None:
+    document = generated_openapi()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "422" not in responses, (method, path)
+            if path != "/healthz":
+                assert "401" in responses and "400" in responses, (method, path)
+                problem = responses["401"]["content"]["application/problem+json"]
+                assert problem["schema"] == {"$ref": "#/components/schemas/ProblemBody"}
+    assert document["security"] == [{"bearer": []}]
+    assert document["paths"]["/healthz"]["get"]["security"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "public", "expected"),
+    [
+        ("127.0.0.1:8080", False, ("127.0.0.1", 8080)),
+        (":0", False, ("127.0.0.1", 0)),
+        ("[::1]:9000", False, ("::1", 9000)),
+        ("localhost:1", False, ("localhost", 1)),
+        ("0.0.0.0:8080", True, ("0.0.0.0", 8080)),
+    ],
+)
+def test_addresses(value: str, public: bool, expected: tuple[str, int]) -> None:
+    assert parse_address(value, public=public) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["0.0.0.0:8080", "10.1.2.3:80", "example.com:80", "8080", "h:99999", "h:-1", ""]
+)
+def test_bad_or_public_addresses_are_refused(value: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        parse_address(value)
+    assert caught.value.field == "--http"
+
+
+def test_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token, generated = resolve_token()
+    assert generated and len(token) >= 32
+    assert resolve_token("a" * 20) == ("a" * 20, False)
+    (tmp_path / "t").write_text("b" * 20 + "\nignored\n")
+    assert resolve_token(None, tmp_path / "t") == ("b" * 20, False)
+    for bad in ("short", "has space in it ....", "x" * 513):
+        with pytest.raises(Invalid) as caught:
+            resolve_token(bad)
+        assert caught.value.field == "--token"
+    with pytest.raises(Invalid):
+        resolve_token(None, tmp_path / "missing")
+    monkeypatch.setenv("BERTH_HOME", str(tmp_path / "home"))
+    path = write_api_file("http://127.0.0.1:1", "c" * 20)
+    assert path == tmp_path / "home" / "api.json"
+    assert json.loads(path.read_text()) == {"url": "http://127.0.0.1:1", "token": "c" * 20}
+    assert path.stat().st_mode & 0o777 == 0o600

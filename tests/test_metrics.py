@@ -291,3 +291,18 @@ def test_bad_arguments_are_invalid_naming_the_field() -> None:
     with pytest.raises(Invalid) as caught:  # one view per registry: no duplicate series
         metrics.watch(scheduler, stale_after_s=1)
     assert caught.value.field == "scheduler"
+
+
+def test_api_placements_are_counted_by_the_apis_outcome() -> None:
+    metrics = Metrics()
+    for outcome in ("placed", "placed", "unavailable", "refused", "no_capacity", "nonsense"):
+        metrics.api_placement(outcome)
+    value = metrics.registry.get_sample_value
+    assert value("berth_api_placements_total", {"outcome": "placed"}) == 2
+    assert value("berth_api_placements_total", {"outcome": "unavailable"}) == 1
+    assert value("berth_api_placements_total", {"outcome": "refused"}) == 1
+    assert value("berth_api_placements_total", {"outcome": "no_capacity"}) == 1
+    assert value("berth_api_placements_total", {"outcome": "error"}) == 1  # an unknown word
+    assert value("berth_api_placements_total", {"outcome": "invalid"}) == 0
+    # the scheduler's own decisions are another family: nothing counted there
+    assert value("berth_placements_total", {"outcome": "placed"}) == 0

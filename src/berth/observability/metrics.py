@@ -20,6 +20,11 @@ embedded cluster) never share or collide — and the instruments the scheduler's
                                              candidate)
 ``berth_rerankings_total``         counter   extra passes: a walk exhausted its ranking while the
                                              view changed, and ranked again
+``berth_api_placements_total``     counter   placement requests through the HTTP API of this
+                                             process by ``outcome`` (as the API saw them, the
+                                             whole queue group behind it: ``unavailable`` when no
+                                             scheduler answered, ``refused`` when the node
+                                             refused the boot)
 ``berth_nodes``                    gauge     nodes in the scheduler's view by ``state``:
                                              ``ready``, ``cordoned``, ``stale`` (see below)
 ``berth_reservations``             gauge     ``state="assumed"``: reservations this scheduler
@@ -82,6 +87,9 @@ millisecond, one over NATS a few milliseconds, one walking refusals or timeouts 
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128)
 
 OUTCOMES = ("placed", "no_capacity", "invalid", "unavailable", "error")
+API_OUTCOMES = ("placed", "no_capacity", "invalid", "unavailable", "refused", "error")
+"""What an API placement request ended in, as the API reports it (``refused``: the chosen
+node refused the boot)."""
 
 NODE_STATES = ("ready", "cordoned", "stale")
 
@@ -154,7 +162,14 @@ class Metrics:
             "Extra rankings: a walk exhausted its ranking while the view changed.",
             registry=registry,
         )
+        self.api_placements = Counter(
+            "berth_api_placements",
+            "Placement requests through this process's HTTP API, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
         self._outcomes = {outcome: self.placements.labels(outcome) for outcome in OUTCOMES}
+        self._api = {outcome: self.api_placements.labels(outcome) for outcome in API_OUTCOMES}
         self._reasons: dict[str, Counter] = {}
         self._collectors: list[ClusterCollector] = []
 
@@ -169,6 +184,11 @@ class Metrics:
     def rejected(self) -> None:
         """A placement request refused as malformed before any decision (``invalid``)."""
         self._outcomes["invalid"].inc()
+
+    def api_placement(self, outcome: str) -> None:
+        """An API placement request ended in ``outcome`` (one of :data:`API_OUTCOMES`; any
+        other word counts as ``error``)."""
+        self._api.get(outcome, self._api["error"]).inc()
 
     def ranked(self, seconds: float, rerank: bool) -> None:
         """One ranking took ``seconds``; ``rerank`` when it was not the decision's first."""

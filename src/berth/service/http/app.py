@@ -3,17 +3,17 @@
 :func:`create_app` wires the routes (listed in ``docs/api.md``), the token dependency on all
 of them but ``GET /healthz`` (:mod:`~berth.service.http.auth`), the problem+json answers
 (:mod:`~berth.service.http.problems`), the dashboard at ``/``
-(:mod:`~berth.service.http.dashboard`) and, when it is there, ``/metrics``.  The OpenAPI
-document is served at ``/openapi.json`` behind the token too (no Swagger UI: it would load
-scripts from a CDN); :func:`openapi_document` gives it without a running server — the copy
-committed as ``docs/openapi.json`` (``berth api openapi``) is held equal to it by a test.
+(:mod:`~berth.service.http.dashboard`) and ``/metrics`` (:mod:`~berth.service.http.metrics`).
+The OpenAPI document is served at ``/openapi.json`` behind the token too (no Swagger UI: it
+would load scripts from a CDN); :func:`generated_openapi` gives it without a running server —
+the copy committed as ``docs/openapi.json`` (``berth api openapi``) is held equal to it by a
+test.
 Validation answers ``400`` (not FastAPI's ``422``), so the document lists only the answers
 the service gives.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query
@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
-from berth.service.http import dashboard, schemas
+from berth.service.http import dashboard, metrics, schemas
 from berth.service.http.auth import require_token
 from berth.service.http.backend import ClusterBackend
 from berth.service.http.problems import ProblemBody, install, problem_responses
@@ -248,9 +248,7 @@ def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
 
     app.include_router(_routes(cast(ClusterBackend, backend)))
     app.include_router(dashboard.router)
-    metrics = _optional_router("berth.service.http.metrics")
-    if metrics is not None:
-        app.include_router(metrics)
+    app.include_router(metrics.router)
 
     @app.get(
         "/openapi.json",
@@ -261,15 +259,6 @@ def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
         return openapi_document(app)
 
     return app
-
-
-def _optional_router(module: str) -> APIRouter | None:
-    """A router of a module of this package that may not be installed yet (``/metrics``)."""
-    try:
-        router = importlib.import_module(module).router
-    except ModuleNotFoundError:
-        return None
-    return router if isinstance(router, APIRouter) else None
 
 
 def openapi_document(app: FastAPI) -> dict[str, Any]:

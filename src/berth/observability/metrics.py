@@ -291,27 +291,36 @@ class ClusterCollector(Collector):
         assumed: AssumedSource | None = None,
         now: float = 0.0,
     ) -> Iterator[Metric]:
-        states = dict.fromkeys(NODE_STATES, 0)
-        capacity = {"mem": 0, "disk": 0}
-        held = {"mem": 0, "disk": 0}
-        pending = {"mem": 0, "disk": 0}
-        for node, state in (snapshots or {}).items():
-            if now - state.published_at > self.stale_after_s:
-                states["stale"] += 1
+        # One plain loop with local sums: ~1-3 µs a node (a scrape of 10,000 nodes blocks the
+        # scheduler's loop for tens of milliseconds; Prometheus scrapes every 15 s or so).
+        stale = cordoned = ready = 0
+        mem_max_sum = disk_max_sum = mem_held = disk_held = 0
+        stale_before = now - self.stale_after_s
+        for state in (snapshots or {}).values():
+            if state.published_at < stale_before:
+                stale += 1
             elif state.cordoned:
-                states["cordoned"] += 1
+                cordoned += 1
             else:
-                states["ready"] += 1
-            if state.mem_max is not None:
-                capacity["mem"] += state.mem_max
-                held["mem"] += max(state.mem_max - state.mem_free, 0)
-            if state.disk_max is not None:
-                capacity["disk"] += state.disk_max
-                held["disk"] += max(state.disk_max - state.disk_free, 0)
-            if assumed is not None:
+                ready += 1
+            mem_max, disk_max = state.mem_max, state.disk_max
+            if mem_max is not None:
+                mem_max_sum += mem_max
+                if mem_max > state.mem_free:
+                    mem_held += mem_max - state.mem_free
+            if disk_max is not None:
+                disk_max_sum += disk_max
+                if disk_max > state.disk_free:
+                    disk_held += disk_max - state.disk_free
+        pending = {"mem": 0, "disk": 0}
+        if snapshots and assumed is not None and len(assumed):
+            for node in snapshots:
                 for assumption in assumed.pending(node):
                     pending["mem"] += assumption.spec.mem
                     pending["disk"] += assumption.spec.disk
+        states = {"ready": ready, "cordoned": cordoned, "stale": stale}
+        capacity = {"mem": mem_max_sum, "disk": disk_max_sum}
+        held = {"mem": mem_held, "disk": disk_held}
         nodes = GaugeMetricFamily(
             "berth_nodes", "Nodes in the scheduler's view by state.", labels=["state"]
         )

@@ -51,6 +51,9 @@ class ExitLog:
 class RuntimeContract:
     """What every ``Runtime`` driver guarantees.  Subclasses provide the driver-specific parts."""
 
+    timeout_s: float = 5.0
+    """How long one test's scenario may take (a driver that boots machines needs longer)."""
+
     def make_runtime(self) -> Runtime:
         raise NotImplementedError
 
@@ -83,7 +86,7 @@ class RuntimeContract:
             assert runtime.list() == ()
             assert log.ids() == [workload.id]
 
-        run(scenario)
+        run(scenario, self.timeout_s)
         assert isinstance(self.make_runtime(), Runtime)
 
     def test_stop_is_idempotent_and_unknown_ids_are_harmless(self) -> None:
@@ -97,7 +100,7 @@ class RuntimeContract:
             await runtime.stop(workload.id)
             assert log.ids() == [workload.id]
 
-        run(scenario)
+        run(scenario, self.timeout_s)
 
     def test_exit_by_itself_is_reported_with_its_code(self) -> None:
         async def scenario() -> None:
@@ -114,7 +117,7 @@ class RuntimeContract:
             await runtime.stop(workload.id)  # already ended: harmless
             assert len(log.ended) == 1
 
-        run(scenario)
+        run(scenario, self.timeout_s)
 
     def test_boot_failure_names_the_reason(self) -> None:
         async def scenario() -> None:
@@ -127,7 +130,7 @@ class RuntimeContract:
             assert isinstance(caught.value, BerthError)
             assert runtime.list() == ()
 
-        run(scenario)
+        run(scenario, self.timeout_s)
 
     def test_workload_ids_are_unique_and_listeners_can_unsubscribe(self) -> None:
         async def scenario() -> None:
@@ -145,7 +148,7 @@ class RuntimeContract:
             assert sorted(kept.ids()) == sorted(workload.id for workload in workloads)
             assert dropped.ended == []
 
-        run(scenario)
+        run(scenario, self.timeout_s)
 
     def test_a_failing_listener_does_not_silence_the_others(self) -> None:
         async def scenario() -> None:
@@ -161,4 +164,4 @@ class RuntimeContract:
             await runtime.stop(workload.id)
             assert log.ids() == [workload.id]
 
-        run(scenario)
+        run(scenario, self.timeout_s)

@@ -1,0 +1,309 @@
+"""The microVM runtime with real guests: the runtime contract, layers, limits, stop, cleanup.
+
+Every test here boots QEMU ``microvm`` guests (software emulation on this kind of host, ~2-5 s
+a boot), so the set is kept small: the contract suite, then one test per guarantee, several
+guests at once where a test needs more than one.  They need what ``berth microvm setup``
+prepares (and QEMU, mkfs.ext4, mkfs.erofs, root for the layer conversion); without it they
+are skipped with the reason — CI installs the packages and runs the setup, so there they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from berth.node.layers import LayerFiles, MountOutcome
+from berth.node.microvm.images import busybox_layer, write_image
+from berth.node.microvm.paths import GuestFiles, problems
+from berth.node.microvm.qemu import MIB
+from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
+from berth.oci import directory, file, opaque, read_layout, whiteout
+from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
+
+FILES = GuestFiles.at(None)
+MISSING = problems(FILES)
+if os.geteuid() != 0:
+    MISSING.append("converting layers to erofs images needs root")
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"microVM guests cannot boot here: {'; '.join(MISSING)}"
+)
+
+GUEST_TIMEOUT_S = 120.0
+"""One test's scenario: a few boots under emulation on a loaded, shared machine."""
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``busybox`` (one layer) and ``stacked`` (busybox + two layers that overwrite, delete
+    and hide what is below them)."""
+    root = tmp_path_factory.mktemp("oci")
+    base = busybox_layer()
+    write_image(root, "busybox", [base])
+    middle = [
+        directory("data"),
+        file("data/kept", "kept\n"),
+        file("data/deleted", "deleted\n"),
+        directory("hidden"),
+        file("hidden/old", "old\n"),
+        file("etc/motd", "middle\n"),
+    ]
+    top = [
+        whiteout("data/deleted"),
+        opaque("hidden"),
+        directory("hidden"),
+        file("hidden/new", "new\n"),
+        file("etc/motd", "top\n"),
+    ]
+    write_image(root, "stacked", [base, middle, top])
+    return root
+
+
+@pytest.fixture(scope="module")
+def guests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LayerFiles, Path]]:
+    """The node's layer files (shared by the module's runtimes) and the guests' work dir;
+    afterwards no QEMU of ours runs, no scratch file is left and no layer is held."""
+    root = tmp_path_factory.mktemp("node")
+    work = root / "run"
+    layers = LayerFiles(root / "layers", 1 << 30)
+    yield layers, work
+    assert _our_qemus(work) == []
+    assert not work.exists() or list(work.iterdir()) == []
+    assert layers.registry.mounted() == frozenset()
+
+
+def _our_qemus(work: Path) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if any(str(work) in part for part in cmdline):
+            found.append(process.pid)
+    return found
+
+
+def make(guests: tuple[LayerFiles, Path], layout: Path, **options: object) -> MicrovmRuntime:
+    layers, work = guests
+    return MicrovmRuntime(
+        layers,
+        layout,
+        files=FILES,
+        work_dir=work,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+class TestMicrovmRuntimeContract(RuntimeContract):
+    timeout_s = GUEST_TIMEOUT_S
+
+    @pytest.fixture(autouse=True)
+    def _node(self, guests: tuple[LayerFiles, Path], layout: Path) -> None:
+        self.guests, self.layout = guests, layout
+
+    def make_runtime(self) -> Runtime:
+        return make(self.guests, self.layout, stop_grace_s=5.0)
+
+    def long_running_spec(self) -> BootSpec:
+        return BootSpec(name="sleeper", image="busybox", command=("sleep", "600"))
+
+    def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
+        spec = BootSpec(name="broken", image="no-such-image", command=("true",))
+        return spec, "image 'no-such-image'"
+
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+        return await runtime.start(
+            BootSpec(name="exits", image="busybox", command=("sh", "-c", f"exit {code}"))
+        )
+
+
+def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    """Three guests at once: the stacked image seen through overlayfs (topmost layer wins,
+    whiteouts and opaque directories honoured), arguments and environment byte for byte,
+    vCPUs, memory and the disk budget as the guest sees them, output and exit codes back."""
+    layers, _ = guests
+
+    async def scenario() -> None:
+        runtime = make(guests, layout)
+        log = ExitLog()
+        runtime.on_exit(log)
+        look = (
+            "cat /etc/motd; ls /data; ls /hidden; nproc; "
+            "awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo; "
+            "df -k / | awk 'NR == 2 {print int($2 / 1024)}'; "
+            "echo written > /data/new && cat /data/new; exit 4"
+        )
+        quoting = (
+            "sh",
+            "-c",
+            'printf "[%s]\\n" "$@" "$GREETING"; exit 0',
+            "sh",
+            "a b",
+            "'q'",
+            "$x",
+        )
+        specs = [
+            BootSpec(
+                name="look",
+                image="stacked",
+                command=("sh", "-c", look),
+                vcpus=2,
+                mem_limit=256 * MIB,
+                disk_limit=64 * MIB,
+            ),
+            BootSpec(
+                name="quote",
+                image="busybox",
+                command=quoting,
+                env={"GREETING": "hello 'world'\n$HOME"},
+            ),
+            BootSpec(
+                name="small", image="busybox", command=("sh", "-c", "exit 0"), mem_limit=32 * MIB
+            ),
+        ]
+        workloads = await asyncio.gather(*(runtime.start(spec) for spec in specs))
+        ends = await asyncio.gather(*(workload.wait() for workload in workloads))
+        assert [end.code for end in ends] == [4, 0, 0]
+        look_vm, quote_vm, small_vm = workloads
+        assert isinstance(look_vm, MicrovmWorkload) and isinstance(small_vm, MicrovmWorkload)
+        text = [line for line in look_vm.output if not line.startswith("[")]
+        motd, data, hidden, cpus, mem_mib, disk_mib, written = text[:7]
+        assert (motd, data.split(), hidden.split(), written) == (
+            "top",
+            ["kept"],
+            ["new"],
+            "written",
+        )
+        assert int(cpus) == min(2, os.cpu_count() or 1)
+        assert 160 <= int(mem_mib) <= 256  # what the kernel keeps for itself is not counted
+        assert 40 <= int(disk_mib) <= 64
+        assert isinstance(quote_vm, MicrovmWorkload)
+        assert quote_vm.output[:4] == ("[a b]", "['q']", "[$x]", "[hello 'world'")
+        assert quote_vm.output[4] == "$HOME]"
+        assert small_vm.size.mem_mib == 96 and small_vm.size.floored  # the kernel's floor
+        assert sorted(log.ids()) == sorted(workload.id for workload in workloads)
+        assert runtime.list() == ()
+
+    run(scenario, GUEST_TIMEOUT_S)
+    image = read_layout(layout, ref="stacked")
+    assert all(layers.has(layer.digest) for layer in image.layers)  # kept for the next boot
+
+
+def test_a_layer_already_on_the_node_is_not_converted_again(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    layers, _ = guests
+    image = read_layout(layout, ref="busybox")
+    mounted = layers.registry.mount(image.layers[0].digest, image.layers[0].size)
+    layers.registry.unmount(image.layers[0].digest)
+    assert mounted.outcome is not MountOutcome.PULLED  # the contract's boots left it cached
+    before = layers.conversions
+
+    async def scenario() -> None:
+        runtime = make(guests, layout)
+        workload = await runtime.start(BootSpec(name="warm", image="busybox", command=("true",)))
+        assert (await workload.wait()).code == 0
+
+    run(scenario, GUEST_TIMEOUT_S)
+    assert layers.conversions == before
+
+
+def test_a_program_the_image_lacks_is_a_boot_failure(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    async def scenario() -> None:
+        runtime = make(guests, layout)
+        with pytest.raises(BootFailed, match="command not found: 'nosuchprogram'"):
+            await runtime.start(BootSpec(name="x", image="busybox", command=("nosuchprogram",)))
+        assert runtime.list() == ()
+
+    run(scenario, GUEST_TIMEOUT_S)
+
+
+def test_stop_kills_the_guest_after_its_grace_when_the_workload_ignores_sigterm(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    async def scenario() -> None:
+        runtime = make(guests, layout, stop_grace_s=2.0)
+        stubborn, polite = await asyncio.gather(
+            runtime.start(
+                BootSpec(
+                    name="stubborn",
+                    image="busybox",
+                    command=("sh", "-c", "trap '' TERM; echo up; while :; do sleep 1; done"),
+                )
+            ),
+            runtime.start(
+                BootSpec(
+                    name="polite",
+                    image="busybox",
+                    command=(
+                        "sh",
+                        "-c",
+                        "trap 'echo bye; exit 7' TERM; echo up; while :; do sleep 1; done",
+                    ),
+                )
+            ),
+        )
+        for workload in (stubborn, polite):  # their traps are set once they have said so
+            assert isinstance(workload, MicrovmWorkload)
+            await workload.first_output()
+        await runtime.stop(polite.id)
+        assert polite.exit is not None and polite.exit.code == 7 and polite.exit.stopped
+        assert "bye" in polite.output  # type: ignore[attr-defined]
+        began = time.monotonic()
+        await runtime.stop(stubborn.id)
+        waited = time.monotonic() - began
+        assert stubborn.exit is not None
+        assert stubborn.exit.signal == signal.SIGKILL and stubborn.exit.stopped
+        assert 2.0 <= waited < 20.0
+        assert (
+            not psutil.pid_exists(stubborn.pid or 0)
+            or psutil.Process(stubborn.pid or 0).status() == psutil.STATUS_ZOMBIE
+        )
+
+    run(scenario, GUEST_TIMEOUT_S)
+
+
+def test_a_guest_that_outgrows_its_memory_is_contained(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    """The workload allocates without bound: the guest's OOM killer ends it, its end is
+    reported (killed by SIGKILL, one OOM kill counted), and QEMU's resident memory stayed
+    bounded by the guest's size plus QEMU's own overhead."""
+
+    async def scenario() -> None:
+        runtime = make(guests, layout)
+        hog = await runtime.start(
+            BootSpec(
+                name="hog",
+                image="busybox",
+                mem_limit=128 * MIB,
+                command=("awk", 'BEGIN { s = "x"; while (1) s = s s }'),
+            )
+        )
+        assert isinstance(hog, MicrovmWorkload)
+        peak_kib = 0
+        while not hog.done:
+            try:
+                status = Path(f"/proc/{hog.pid}/status").read_text()
+            except OSError:
+                break
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peak_kib = max(peak_kib, int(line.split()[1]))
+            await asyncio.sleep(0.05)
+        end = await hog.wait()
+        assert end.signal == signal.SIGKILL and not end.stopped
+        assert hog.oom_kills >= 1
+        assert any("Out of memory" in line for line in hog.output)
+        assert peak_kib * 1024 < 128 * MIB + 320 * MIB
+
+    run(scenario, GUEST_TIMEOUT_S)

@@ -9,19 +9,31 @@ the images under a real overlayfs when this machine allows it.
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import os
 import re
 import shutil
 import stat
 import struct
 import subprocess
+import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 
 from berth.errors import Invalid
-from berth.node.erofs import OPAQUE_XATTR, ConversionUnavailable, convert_layer
+from berth.node.erofs import (
+    OPAQUE_XATTR,
+    SCRATCH_PREFIX,
+    SHARED_MEMORY,
+    ConversionUnavailable,
+    convert_layer,
+    remove_leftovers,
+    scratch_for,
+    unpacked_estimate,
+)
 from berth.oci import (
     ImageSpec,
     LayerSource,
@@ -262,6 +274,11 @@ BAD = [
     ),
     ("hardlink missing", lambda p: _raw_tar(p, [hardlink("x", "nope")]), "not an earlier file"),
     ("whiteout of nothing", lambda p: _raw_tar(p, [file("d/.wh.", "")]), "names nothing"),
+    (
+        "below a whiteout",
+        lambda p: _raw_tar(p, [file("d/.wh.x/y", "")]),
+        "below the whiteout '.wh.x'",
+    ),
     ("tampered", _tampered, "hashes to sha256:"),
     ("truncated", _truncated, "not a valid gzip stream"),
     ("not gzip", _not_gzip, "not a valid gzip stream"),
@@ -279,6 +296,80 @@ def test_bad_layers_are_refused_leaving_nothing(tmp_path: Path, make: object, me
     assert error.value.field == f"layer {layer.digest}"
     assert os.listdir(images) == ["other.erofs"]
     assert not Path("/etc/evil").exists()
+    assert _ours_in(SHARED_MEMORY) == []
+
+
+def _ours_in(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return [
+        name for name in os.listdir(directory) if name.startswith(f"{SCRATCH_PREFIX}{os.getpid()}-")
+    ]
+
+
+@pytest.mark.parametrize("where", ["beside", "elsewhere"])
+def test_an_explicit_scratch_directory_is_used_and_emptied(tmp_path: Path, where: str) -> None:
+    scratch = tmp_path / "img" if where == "beside" else tmp_path / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    layer = _layer(tmp_path, APP)
+    image = convert_layer(layer, tmp_path / "img" / "x.erofs", scratch_dir=scratch)
+    assert _inline_xattrs(image.path, "/etc") == {OPAQUE_XATTR: b"y"}
+    assert os.listdir(tmp_path / "img") == ["x.erofs"]
+    assert os.listdir(scratch) == (["x.erofs"] if where == "beside" else [])
+
+
+def test_a_bad_layer_leaves_nothing_in_an_explicit_scratch(tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(Invalid):
+        bad = _raw_tar(tmp_path, [file("ok", "x"), file("/abs", "x")])
+        convert_layer(bad, tmp_path / "x.erofs", scratch_dir=scratch)
+    assert os.listdir(scratch) == [] and not (tmp_path / "x.erofs").exists()
+
+
+def test_size_estimates(tmp_path: Path) -> None:
+    plain = _layer(tmp_path, BASE, "none", name="p")
+    assert unpacked_estimate(plain) == plain.size
+    packed = _layer(tmp_path, BASE, name="g")
+    with gzip.open(packed.path) as raw:
+        assert unpacked_estimate(packed) == len(raw.read())
+    assert scratch_for(packed, tmp_path) in (SHARED_MEMORY, tmp_path)
+
+
+def test_a_multi_member_gzip_that_outgrows_its_estimate_still_converts(tmp_path: Path) -> None:
+    """The gzip trailer gives the last member's size only; extraction notices and moves."""
+    plain = _layer(tmp_path, [file(f"f{i}", os.urandom(50_000)) for i in range(8)], "none")
+    tar = plain.path.read_bytes()
+    cut = len(tar) // 4
+    blob = gzip.compress(tar[:cut], mtime=0) + gzip.compress(tar[cut:], mtime=0)
+    digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+    path = plain.path.with_name(digest.removeprefix("sha256:"))
+    path.write_bytes(blob)
+    layer = OciLayer(digest, len(blob), "application/vnd.oci.image.layer.v1.tar+gzip", "gzip", path)
+    assert unpacked_estimate(layer) == len(tar) - cut  # the last member's size: too small
+    scratch = tmp_path / "ram"
+    scratch.mkdir()
+    image = convert_layer(layer, tmp_path / "img" / "x.erofs", scratch_dir=scratch)
+    out = _extract(image.path, tmp_path / "out")
+    assert len(os.listdir(out)) == 8
+    assert os.listdir(scratch) == [] and os.listdir(tmp_path / "img") == ["x.erofs"]
+
+
+def test_leftovers_of_dead_processes_are_removed(tmp_path: Path) -> None:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    dead = tmp_path / f"{SCRATCH_PREFIX}{child.pid}-abc-1"
+    (dead / "root").mkdir(parents=True)
+    (tmp_path / f"{SCRATCH_PREFIX}{child.pid}-abc-2.erofs").write_text("x")
+    live = tmp_path / f"{SCRATCH_PREFIX}{os.getpid()}-abc-3"
+    live.mkdir()
+    other = tmp_path / "sha256-x.erofs"
+    other.write_text("x")
+    removed = remove_leftovers(tmp_path)
+    assert sorted(path.name for path in removed) == sorted(
+        [dead.name, f"{SCRATCH_PREFIX}{child.pid}-abc-2.erofs"]
+    )
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, other.name])
 
 
 def test_symlinks_planted_by_the_tar_are_never_written_through(tmp_path: Path) -> None:
@@ -358,3 +449,80 @@ def test_overlayfs_reads_the_layers_as_a_container_would(tmp_path: Path) -> None
     finally:
         for target in reversed(mounts):
             subprocess.run(["umount", str(target)], check=False)
+
+
+def _tar_bytes(entries: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in entries:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return buffer.getvalue()
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info
+
+
+def test_devices_xattrs_and_replacements(tmp_path: Path) -> None:
+    capability = b"\x01\x00\x00\x02\x00\x20\x00\x00" + b"\x00" * 12  # cap_net_raw, permitted
+    ping = _info("bin/ping", mode=0o755)
+    ping.pax_headers = {
+        "SCHILY.xattr.security.capability": capability.decode("utf-8", "surrogateescape"),
+        "SCHILY.xattr.user.origin": "debian",
+        "SCHILY.xattr.trusted.overlay.redirect": "/etc",  # never taken from a layer
+    }
+    entries = [
+        (_info("dev", tarfile.DIRTYPE), b""),
+        (_info("dev/null", tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o666), b""),
+        (_info("dev/loop0", tarfile.BLKTYPE, devmajor=7, devminor=0, mode=0o660), b""),
+        (_info("run/pipe", tarfile.FIFOTYPE), b""),
+        (ping, b"\x7fELF"),
+        (_info("x"), b"a file first"),
+        (_info("x", tarfile.DIRTYPE), b""),  # then a directory of that name
+        (_info("x/inside"), b"in"),
+        (_info("y", tarfile.DIRTYPE), b""),
+        (_info("y/below"), b"gone with y"),
+        (_info("y"), b"now a file"),
+        (_info(".wh..wh.plnk", tarfile.DIRTYPE), b""),  # aufs bookkeeping: dropped
+        (_info(".wh..wh.plnk/123.456"), b""),
+    ]
+    layer = _layer(tmp_path, _tar_bytes(entries))
+    image = convert_layer(layer, tmp_path / "x.erofs")
+    assert _mode(image.path, "/dev/null") == stat.S_IFCHR | 0o666
+    assert _mode(image.path, "/dev/loop0") == stat.S_IFBLK | 0o660
+    assert stat.S_ISFIFO(_mode(image.path, "/run/pipe"))
+    assert _inline_xattrs(image.path, "/bin/ping") == {
+        "security.capability": capability,
+        "user.origin": b"debian",
+    }
+    out = _extract(image.path, tmp_path / "out")
+    assert (out / "x" / "inside").read_bytes() == b"in"
+    assert (out / "y").read_bytes() == b"now a file"
+    assert ".wh..wh.plnk" not in os.listdir(out)
+
+
+def test_a_member_below_a_file_is_refused(tmp_path: Path) -> None:
+    layer = _layer(tmp_path, _tar_bytes([(_info("f"), b"x"), (_info("f/g"), b"y")]))
+    with pytest.raises(Invalid, match="is below 'f', which is not a directory"):
+        convert_layer(layer, tmp_path / "x.erofs")
+    assert not (tmp_path / "x.erofs").exists()
+
+
+def test_a_wrong_diff_id_or_size_is_refused(tmp_path: Path) -> None:
+    layer = _layer(tmp_path, BASE)
+    assert layer.diff_id is not None
+    wrong_diff = OciLayer(layer.digest, layer.size, layer.media_type, layer.compression, layer.path,
+                          diff_id="sha256:" + "0" * 64)  # fmt: skip
+    with pytest.raises(Invalid, match="diff_id"):
+        convert_layer(wrong_diff, tmp_path / "x.erofs")
+    with layer.path.open("ab") as blob:
+        blob.write(b"\0" * 10)  # trailing garbage after the gzip stream's end
+    with pytest.raises(Invalid):
+        convert_layer(layer, tmp_path / "x.erofs")
+    assert os.listdir(tmp_path).count("x.erofs") == 0

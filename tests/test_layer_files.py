@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,12 @@ GiB = 2**30
 def _image(tmp_path: Path, count: int = 3, name: str = "img") -> OciImage:
     layers = [[directory(f"l{i}"), file(f"l{i}/data", os.urandom(2000 + i))] for i in range(count)]
     return read_layout(write_layout(tmp_path / name, ImageSpec(layers=layers)))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def _leftovers(root: Path) -> list[str]:
@@ -245,16 +252,19 @@ def test_a_restart_adopts_files_least_recently_used_first(tmp_path: Path) -> Non
             os.utime(first.path(layer), (1_000_000 + index, 1_000_000 + index))
 
     asyncio.run(use_all())
-    (root / ".convert-deadbeef-x").mkdir()  # a crashed conversion's scratch directory
-    (root / ".convert-deadbeef-x" / "f").write_text("x")
-    (root / ".convert-deadbeef-x.erofs").write_text("half")
+    gone = _dead_pid()
+    (root / f".berth-convert-{gone}-deadbeef-x").mkdir()  # a killed conversion's scratch
+    (root / f".berth-convert-{gone}-deadbeef-x" / "f").write_text("x")
+    (root / f".berth-convert-{gone}-deadbeef-y.erofs").write_text("half")
+    (root / f".berth-convert-{os.getpid()}-cafe-z.erofs").write_text("in flight here: kept")
     (root / "unrelated.txt").write_text("left alone")
     keep_two = image.layers[1].size + image.layers[2].size
     second = LayerFiles(root, keep_two)
     assert second.registry.cached() == {image.layers[1].digest, image.layers[2].digest}
     assert not first.path(image.layers[0]).exists()  # the least recently used, over budget
     assert sorted(os.listdir(root)) == sorted(
-        [second.path(layer).name for layer in image.layers[1:]] + ["unrelated.txt"]
+        [second.path(layer).name for layer in image.layers[1:]]
+        + ["unrelated.txt", f".berth-convert-{os.getpid()}-cafe-z.erofs"]
     )
 
     async def reuse() -> None:

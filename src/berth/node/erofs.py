@@ -2,9 +2,10 @@
 
 A microVM gets each image layer as a read-only virtio-blk disk, stacked with overlayfs in the
 guest.  This module makes that disk: it streams a layer's blob (a tar, plain or gzip), checks
-the blob's digest and size as it reads, extracts the tar into a scratch directory beside the
-destination, and runs ``mkfs.erofs`` on it.  erofs-utils 1.5 (Debian 12) has no ``--tar``
-mode, so the extraction is ours, and so are its rules:
+the blob's digest and size as it reads, extracts the tar into a scratch directory (in RAM when
+it fits, see :func:`scratch_for`, else beside the destination), and runs ``mkfs.erofs`` on
+it.  erofs-utils 1.5 (Debian 12) has no ``--tar`` mode, so the extraction is ours, and so
+are its rules:
 
 * **OCI whiteouts become overlayfs whiteouts** — ``dir/.wh.name`` becomes ``dir/name``, a
   character device 0/0; ``dir/.wh..wh..opq`` sets ``trusted.overlay.opaque=y`` on ``dir``.
@@ -28,7 +29,9 @@ image up to the superblock's build time (erofs-utils 1.5 cannot fix that without
 flattening every file's mtime with ``-T``).  The destination appears atomically — the image
 is written under a temporary name and hard-linked into place, which fails if a concurrent
 conversion of the same digest won, whose result is then kept — and a failed conversion
-leaves nothing behind (scratch directory and temporary image are removed in every case).
+leaves nothing behind (scratch directory and temporary image are removed in every case; a
+killed conversion's leftovers are named after its process id, and
+:func:`remove_leftovers` clears those of dead processes).
 Whiteouts need ``mknod`` and owners need ``chown``, so conversion runs as root; without root
 it refuses with :class:`ConversionUnavailable` before reading anything, as it does when
 ``mkfs.erofs`` is missing.
@@ -64,10 +67,14 @@ from berth.validation import shown
 
 __all__ = [
     "OPAQUE_XATTR",
+    "SCRATCH_PREFIX",
     "ConversionUnavailable",
     "ErofsImage",
     "convert_layer",
     "mkfs_erofs",
+    "remove_leftovers",
+    "scratch_for",
+    "unpacked_estimate",
 ]
 
 OPAQUE_XATTR = "trusted.overlay.opaque"
@@ -103,13 +110,15 @@ def mkfs_erofs() -> str:
     return found
 
 
-def convert_layer(layer: OciLayer, dest: Path) -> ErofsImage:
+def convert_layer(layer: OciLayer, dest: Path, *, scratch_dir: Path | None = None) -> ErofsImage:
     """Convert ``layer`` into an erofs image at ``dest`` (see the module docstring).
 
-    If ``dest`` already exists it is returned as is.  Raises ``Invalid`` for a layer that is
-    not what its descriptor says or holds an unsafe entry, :class:`ConversionUnavailable`
-    when the machine cannot convert, ``Unavailable`` when ``mkfs.erofs`` fails; in every
-    failure nothing is left at ``dest`` nor beside it.
+    The tar is extracted under ``scratch_dir`` (default: :func:`scratch_for` picks RAM or the
+    destination's directory).  If ``dest`` already exists it is returned as is.  Raises
+    ``Invalid`` for a layer that is not what its descriptor says or holds an unsafe entry,
+    :class:`ConversionUnavailable` when the machine cannot convert, ``Unavailable`` when
+    extraction or ``mkfs.erofs`` fails; in every failure nothing is left at ``dest``, beside
+    it or in the scratch directory.
     """
     if not isinstance(layer, OciLayer):
         raise Invalid(f"expected an OciLayer, got {shown(layer)}", field="layer")
@@ -124,24 +133,138 @@ def convert_layer(layer: OciLayer, dest: Path) -> ErofsImage:
         return ErofsImage(layer.digest, dest, dest.stat().st_size, 0.0)
     started = time.perf_counter()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tag = layer.digest.removeprefix("sha256:")[:16]
-    scratch = Path(tempfile.mkdtemp(prefix=f".convert-{tag}-", dir=dest.parent))
-    temp_image = scratch.with_name(scratch.name + ".erofs")
+    prefix = f"{SCRATCH_PREFIX}{os.getpid()}-{layer.digest.removeprefix('sha256:')[:16]}-"
+    fd, temp_name = tempfile.mkstemp(prefix=prefix, suffix=".erofs", dir=dest.parent)
+    os.close(fd)
+    temp_image = Path(temp_name)
     try:
-        root = scratch / "root"
-        root.mkdir(mode=0o755)
+        where = scratch_dir if scratch_dir is not None else scratch_for(layer, dest.parent)
         try:
-            _extract(layer, root)
-        except OSError as error:
-            raise Unavailable(f"extracting layer {layer.digest}: {error}") from None
-        _mkfs(mkfs, layer.digest, root, temp_image)
+            root = _extract_into(layer, Path(where), prefix, limit=where != dest.parent)
+        except _ScratchTooSmall:  # the size estimate was wrong: extract beside the image
+            root = _extract_into(layer, dest.parent, prefix, limit=False)
+        try:
+            _mkfs(mkfs, layer.digest, root, temp_image)
+        finally:
+            shutil.rmtree(root.parent, ignore_errors=True)
         # A concurrent conversion of the same digest may have got there first: keep its image.
         with contextlib.suppress(FileExistsError):
             os.link(temp_image, dest)
     finally:
         temp_image.unlink(missing_ok=True)
-        shutil.rmtree(scratch, ignore_errors=True)
     return ErofsImage(layer.digest, dest, dest.stat().st_size, time.perf_counter() - started)
+
+
+SCRATCH_PREFIX = ".berth-convert-"
+"""Names of conversion leftovers: ``<prefix><pid>-<digest prefix>-<random>`` (see
+:func:`remove_leftovers`)."""
+SHARED_MEMORY = Path("/dev/shm")
+_SCRATCH_SLACK = 256 * 2**20
+
+
+def scratch_for(layer: OciLayer, dest_dir: Path) -> Path:
+    """Where to extract ``layer``: RAM (``/dev/shm``) when the tree fits with room to spare
+    — at most a quarter of the memory available, twice its size plus 256 MiB free there —
+    else ``dest_dir``, on the images' own disk.
+
+    Extraction creates and deletes one file per tar member; on a busy disk that metadata
+    work, not decompression, dominates (a 115 MB layer of 16,000 files: about 50 s on disk
+    against 10 s in RAM on a loaded test machine).  The tree's size is estimated from the
+    gzip trailer (or is the blob's size for a plain tar); extraction stops using RAM if the
+    stream grows past that estimate (a multi-member gzip) and starts over on disk.
+    """
+    estimate = unpacked_estimate(layer)
+    if estimate is None:
+        return dest_dir
+    try:
+        shm = os.statvfs(SHARED_MEMORY)
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return dest_dir
+    free = shm.f_bavail * shm.f_frsize
+    available = next(
+        (int(line.split()[1]) * 1024 for line in meminfo.splitlines()
+         if line.startswith("MemAvailable:")),
+        0,
+    )  # fmt: skip
+    if estimate * 2 + _SCRATCH_SLACK <= free and estimate <= available // 4:
+        return SHARED_MEMORY
+    return dest_dir
+
+
+def unpacked_estimate(layer: OciLayer) -> int | None:
+    """The bytes of ``layer``'s tar stream: the blob's size for a plain tar, the gzip
+    trailer's size (modulo 4 GiB, so ``None`` when it cannot be right) for gzip."""
+    if layer.compression == "none":
+        return layer.size
+    if layer.size < 18 or layer.size >= 2**32 // 16:
+        return None
+    with layer.path.open("rb") as blob:
+        blob.seek(-4, os.SEEK_END)
+        isize = int.from_bytes(blob.read(4), "little")
+    return isize if isize >= layer.size // 2 else None
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Remove conversion leftovers in ``directory`` whose process is gone; return them.
+
+    A conversion names its scratch directory and temporary image after its process id; one
+    that was killed leaves them behind.  Those of live processes (another node agent sharing
+    the directory, a conversion in flight here) are kept.
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(SCRATCH_PREFIX):
+            continue
+        pid_text = entry.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _ScratchTooSmall(Exception):
+    """The tar stream outgrew the size it was estimated at (RAM scratch only)."""
+
+
+def _extract_into(layer: OciLayer, where: Path, prefix: str, *, limit: bool) -> Path:
+    """Extract ``layer`` into a new directory under ``where``; its ``root`` subdirectory."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=where))
+    try:
+        root = scratch / "root"
+        root.mkdir(mode=0o755)
+        estimate = unpacked_estimate(layer) if limit else None
+        try:
+            _extract(layer, root, estimate)
+        except OSError as error:
+            if limit and error.errno == errno.ENOSPC:
+                raise _ScratchTooSmall() from None
+            raise Unavailable(f"extracting layer {layer.digest}: {error}") from None
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return root
 
 
 def _mkfs(mkfs: str, digest: str, source: Path, image: Path) -> None:
@@ -183,7 +306,7 @@ class _HashingReader(_VerifyingReader):
 
 
 @contextmanager
-def _tar_stream(layer: OciLayer) -> Iterator[tarfile.TarFile]:
+def _tar_stream(layer: OciLayer) -> Iterator[tuple[tarfile.TarFile, _HashingReader]]:
     field = f"layer {layer.digest}"
     with layer.path.open("rb") as raw:
         blob = _VerifyingReader(raw)
@@ -195,7 +318,7 @@ def _tar_stream(layer: OciLayer) -> Iterator[tarfile.TarFile]:
         tar_bytes = _HashingReader(decompressed)
         try:
             with tarfile.open(fileobj=cast(IO[bytes], tar_bytes), mode="r|") as tar:
-                yield tar
+                yield tar, tar_bytes
             tar_bytes.drain()
             blob.drain()
         except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as error:
@@ -219,11 +342,13 @@ def _tar_stream(layer: OciLayer) -> Iterator[tarfile.TarFile]:
 # --- extraction ------------------------------------------------------------------------------
 
 
-def _extract(layer: OciLayer, root: Path) -> None:
+def _extract(layer: OciLayer, root: Path, limit: int | None = None) -> None:
     directories: list[tuple[Path, tarfile.TarInfo]] = []
-    with _tar_stream(layer) as tar:
+    with _tar_stream(layer) as (tar, tar_bytes):
         for member in tar:
             _extract_member(tar, member, root, layer.digest, directories)
+            if limit is not None and tar_bytes.size > limit:
+                raise _ScratchTooSmall()
     # Directory mtimes last: creating entries inside a directory changes its mtime.
     for path, member in reversed(directories):
         if path.is_dir() and not path.is_symlink():
@@ -287,6 +412,12 @@ def _extract_member(
             _finish(root, member)
             directories.append((root, member))
         return
+    for part in relative.parts[:-1]:
+        if part.startswith(_WHITEOUT + _WHITEOUT):
+            return  # inside aufs bookkeeping (.wh..wh.plnk/…): not content
+        if part.startswith(_WHITEOUT):
+            raise Invalid(f"member {shown(member.name)} is below the whiteout {shown(part)}",
+                          field=f"layer {digest}")  # fmt: skip
     parent = _parent_inside(root, relative, member.name, digest)
     base = relative.name
     if base == _OPAQUE:

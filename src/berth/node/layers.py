@@ -29,7 +29,7 @@ keeps a layer whose file does not exist (a failed conversion) out of the cache, 
 node advertises — ``layers`` and ``cached_layers`` — is exactly the files it holds: the
 colocation the scheduler ranks by is these files.  Files left by an earlier run are adopted
 into the cache at start, least recently used first (their mtime is touched at each release);
-half-written leftovers of a crashed conversion are removed.
+the leftovers of a conversion killed mid-way are removed.
 
 **Bytes charged**: a layer counts its *descriptor size* (the compressed blob's bytes), not its
 image file's bytes.  The scheduler ranks colocation in the request's layer sizes, which are
@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -55,7 +54,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from berth.errors import Invalid
-from berth.node.erofs import ErofsImage, convert_layer
+from berth.node.erofs import SHARED_MEMORY, ErofsImage, convert_layer, remove_leftovers
 from berth.oci import OciLayer
 from berth.validation import shown
 
@@ -295,7 +294,6 @@ class LayerRegistry:
 
 
 _IMAGE_NAME = re.compile(r"sha256-([0-9a-f]{64})\.([0-9]{1,19})\.erofs")
-_LEFTOVER_PREFIX = ".convert-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +310,8 @@ class LayerFiles:
     these files; a runtime calls :meth:`acquire` for each layer it boots from and
     :meth:`release` when the workload has ended.  ``cache_budget_bytes`` bounds the unused
     layers kept (descriptor bytes, see the module docstring); ``on_change`` is the registry's.
+    ``scratch_dir`` is where layers are extracted before ``mkfs.erofs`` (default: chosen per
+    layer by :func:`~berth.node.erofs.scratch_for`, RAM when it fits).
     """
 
     def __init__(
@@ -320,6 +320,7 @@ class LayerFiles:
         cache_budget_bytes: int = 0,
         *,
         on_change: Callable[[], None] | None = None,
+        scratch_dir: Path | str | None = None,
     ) -> None:
         if not isinstance(root, str | os.PathLike) or not str(root):
             raise Invalid(f"expected a directory path, got {shown(root)}", field="layer_dir")
@@ -342,6 +343,9 @@ class LayerFiles:
             cache_budget_bytes, on_change=on_change, present=self._has_file
         )
         self.registry.add_eviction_listener(self._evicted)
+        self.scratch_dir = None if scratch_dir is None else Path(scratch_dir)
+        remove_leftovers(self.root)
+        remove_leftovers(self.scratch_dir or SHARED_MEMORY)
         self._adopt()
 
     # --- the runtime's side -----------------------------------------------------------------
@@ -425,7 +429,9 @@ class LayerFiles:
 
     async def _convert(self, layer: OciLayer, path: Path) -> ErofsImage:
         try:
-            image = await asyncio.to_thread(convert_layer, layer, path)
+            image = await asyncio.to_thread(
+                convert_layer, layer, path, scratch_dir=self.scratch_dir
+            )
             with self._lock:
                 self._files[layer.digest] = _File(path, layer.size, image.size)
                 if image.seconds:
@@ -453,12 +459,6 @@ class LayerFiles:
     def _adopt(self) -> None:
         found: list[tuple[float, str, _File]] = []
         for entry in os.scandir(self.root):
-            if entry.name.startswith(_LEFTOVER_PREFIX):  # a crashed conversion's scratch
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-                continue
             match = _IMAGE_NAME.fullmatch(entry.name)
             if match is None or not entry.is_file(follow_symlinks=False):
                 continue

@@ -31,6 +31,7 @@ from typer.core import TyperGroup
 
 from berth.errors import BerthError, Invalid
 from berth.model import Interval, Layer, Name, Request
+from berth.node.microvm.commands import register as register_microvm
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
 from berth.service.commands import register as register_service
@@ -235,7 +236,16 @@ def agent(
         table.add_row("budget.net_bw_ceiling", format_bandwidth(int(limits.net_bw_ceiling)))
         for key, value in loaded.agent.model_dump().items():
             table.add_row(f"agent.{key}", _human(key, value))
+        missing: list[str] = []
+        if loaded.agent.runtime == "microvm":
+            from berth.node.microvm.commands import check_rows
+
+            rows, missing = check_rows(loaded)
+            for row in rows:
+                table.add_row(*row)
         console.print(table)
+        if missing:  # the runtime cannot boot guests yet: say what to run
+            raise Invalid("; ".join(missing), field="microvm")
         console.print("[green]configuration is valid[/]")
         return
 
@@ -353,6 +363,7 @@ def _human(key: str, value: object) -> str:
 
 register_sim(app)
 register_service(app)
+register_microvm(app)
 register_operator(app)
 
 

@@ -194,4 +194,4 @@ def choose_accel(
     say(f"probe under tcg: {'ok, ' if tcg_ok else ''}{tcg_detail}")
     if not tcg_ok:
         raise SetupFailed(f"no guest boots on this host: kvm: {kvm_detail}; tcg: {tcg_detail}")
-    return "tcg", f"tcg: {tcg_detail} (kvm: {kvm_detail})"
+    return "tcg", f"tcg: {tcg_detail}; kvm: {kvm_detail}"

@@ -325,7 +325,7 @@ def probe(
     for line in console.splitlines():
         if line.startswith(f"berth:{nonce}:boot-failed"):
             return False, f"the guest's init failed: {line.split(maxsplit=1)[-1]}"
-    said = "; ".join(
-        line.strip() for line in done.stderr.decode("utf-8", "replace").splitlines() if line
-    )
-    return False, f"qemu: {said}" if said else f"no answer (qemu exit status {done.returncode})"
+    said = [line.strip() for line in done.stderr.decode("utf-8", "replace").splitlines()]
+    first = next((line for line in said if line), "")
+    first = first.removeprefix(f"{qemu}: ").removeprefix("error: ")[:120]
+    return False, f"qemu: {first}" if first else f"no answer (qemu exit status {done.returncode})"

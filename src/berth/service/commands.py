@@ -370,8 +370,7 @@ def up(
         str,
         typer.Option(
             "--http",
-            help="Serve the HTTP API and dashboard on HOST:PORT (port 0: a free one; 'off': "
-            "none).",
+            help="Serve the HTTP API and dashboard on HOST:PORT (port 0: a free one; 'off': none).",
         ),
     ] = "127.0.0.1:8080",
     http_public: HttpPublicOption = False,
@@ -387,8 +386,8 @@ def up(
     _INTERVAL(heartbeat, "--heartbeat")
     if per_process is not None:
         _UP_NODES(per_process, "--per-process")
-    traces = tracing.configure(otlp, service_name="berth-up")
-    if otlp is not None and traces is not None:  # the agents and schedulers export there too
+    traces = tracing.otlp_traces_url(otlp)  # checked here; the processes started export
+    if otlp is not None and traces is not None:  # (they inherit the environment)
         os.environ[tracing.TRACES_ENDPOINT_ENV] = traces
     from berth.service.http.server import parse_address, remove_api_file, write_api_file
 

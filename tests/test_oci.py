@@ -21,6 +21,7 @@ from berth.oci import (
     directory,
     file,
     hardlink,
+    layout_refs,
     opaque,
     read_layout,
     symlink,
@@ -181,6 +182,7 @@ def test_refs_select_images(tmp_path: Path) -> None:
     write_layout(root, ImageSpec(layers=[BASE], cmd=("one",)), ref="one")
     write_layout(root, ImageSpec(layers=[BASE], cmd=("two",)), ref="two")
     write_layout(root, ImageSpec(layers=[BASE], cmd=("two-again",)), ref="two")
+    assert layout_refs(root) == ("one", "two")
     assert read_layout(root, ref="one").config.cmd == ("one",)
     assert read_layout(root, ref="two").config.cmd == ("two-again",)
     with pytest.raises(Invalid, match=r"no image named 'three'.*'one', 'two'"):

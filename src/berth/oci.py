@@ -59,6 +59,7 @@ __all__ = [
     "directory",
     "file",
     "hardlink",
+    "layout_refs",
     "opaque",
     "read_layout",
     "symlink",
@@ -202,6 +203,20 @@ def read_layout(
     else:
         descriptor, where = chosen[0], chosen_field[0]
     return _resolve(root, descriptor, where, wanted, ref, depth=0)
+
+
+def layout_refs(path: Path | str) -> tuple[str, ...]:
+    """The names (``org.opencontainers.image.ref.name``) of the images in the layout at
+    ``path``, in ``index.json`` order; unnamed entries are left out.  ``Invalid`` as
+    :func:`read_layout` for a malformed layout."""
+    root = _layout_root(path)
+    marker = _read_json(root, root / "oci-layout", "oci-layout")
+    _get(marker, "imageLayoutVersion", str, "oci-layout")
+    index = _read_json(root, root / "index.json", "index.json")
+    names = (
+        d.annotations.get(REF_ANNOTATION) for d, _ in _descriptors(index, "manifests", "index.json")
+    )
+    return tuple(name for name in names if name)
 
 
 def verify_blob(layer: OciLayer) -> None:

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
 
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, NoCapacity
@@ -429,3 +430,73 @@ def test_an_api_request_continues_the_callers_trace(exporter: InMemorySpanExport
     assert request.attributes["http.route"] == "/v1/things/{name}"
     assert request.attributes["http.response.status_code"] == 200
     assert request.attributes["http.request.method"] == "GET"
+
+
+def test_an_api_placement_on_berth_up_is_one_trace_and_is_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``berth up`` with its HTTP API, every process exporting OTLP/HTTP to a receiver on
+    loopback: a ``POST /v1/workloads`` carrying the caller's ``traceparent`` becomes one trace
+    — the API's request, the queue-group hop, the scheduler's decision, the agent's admission
+    and boot — and ``GET /metrics`` counts it."""
+    with Receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        cluster = LocalCluster(2, heartbeat_s=0.5, runtime="fake", http=("127.0.0.1", 0))
+        with cluster:
+            assert cluster.api_url is not None
+            headers = {"Authorization": f"Bearer {cluster.api_token}"}
+            with httpx.Client(base_url=cluster.api_url, headers=headers, timeout=20) as api:
+
+                def sample(name: str, **labels: str) -> float:
+                    text = api.get("/metrics").text
+                    for family in text_string_to_metric_families(text):
+                        for found in family.samples:
+                            if found.name == name and found.labels == labels:
+                                return float(found.value)
+                    raise AssertionError(f"no {name}{labels} in /metrics")
+
+                assert sample("berth_nodes", state="ready") == 2
+                trace_id, caller = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
+                created = api.post(
+                    "/v1/workloads",
+                    json={"name": "xp", "type": "micro", "command": ["sleep", "5"]},
+                    headers={"traceparent": f"00-{trace_id}-{caller}-01"},
+                )
+                assert created.status_code == 201, created.text
+                assert sample("berth_api_placements_total", outcome="placed") == 1
+                assert sample("berth_placements_total", outcome="placed") == 1
+                assert sample("berth_confirmation_attempts_count") == 1
+
+            wanted = {
+                ("berth-scheduler", "berth.api.request"),
+                ("berth-scheduler", "berth.client.schedule"),
+                ("berth-scheduler", "berth.scheduler.schedule"),
+                ("berth-scheduler", "berth.nodeclient.admit"),
+                ("berth-scheduler", "berth.nodeclient.run"),
+                ("berth-agent", "berth.node.admit"),
+                ("berth-agent", "berth.node.run"),
+                ("berth-agent", "berth.node.boot"),
+            }
+            found: dict[tuple[str, str], dict[str, Any]] = {}
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and len(found) < len(wanted):
+                for service, name in wanted - set(found):
+                    span = receiver.find(service, name, trace_id)
+                    if span is not None:
+                        found[service, name] = span
+                time.sleep(0.1)
+            assert set(found) == wanted, (wanted - set(found), receiver.spans)
+
+    def parent(child: str, of: str) -> None:
+        (child_span,) = [span for key, span in found.items() if key[1] == child]
+        (parent_span,) = [span for key, span in found.items() if key[1] == of]
+        assert child_span["parent"] == parent_span["span_id"], (child, of)
+
+    assert found["berth-scheduler", "berth.api.request"]["parent"] == caller
+    parent("berth.client.schedule", of="berth.api.request")
+    parent("berth.scheduler.schedule", of="berth.client.schedule")
+    parent("berth.node.admit", of="berth.nodeclient.admit")
+    parent("berth.nodeclient.run", of="berth.api.request")
+    parent("berth.node.run", of="berth.nodeclient.run")
+    parent("berth.node.boot", of="berth.node.run")

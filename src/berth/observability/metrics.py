@@ -15,9 +15,9 @@ embedded cluster) never share or collide — and the instruments the scheduler's
 ``berth_confirmation_refusals_total`` counter nodes' refusals at confirmation by ``reason``
                                              code (``mem_exhausted``, ``cpu_saturated``,
                                              ``lease_expired``, ``boot_failed``, ``unavailable``…)
-``berth_confirmation_attempts``    histogram nodes asked per decision (1: the first choice
-                                             confirmed; ``_sum - _count`` = retries on the next
-                                             candidate)
+``berth_confirmation_attempts``    histogram nodes asked per decision that asked any (1: the
+                                             first choice confirmed; ``_sum - _count`` = retries
+                                             on the next candidate)
 ``berth_rerankings_total``         counter   extra passes: a walk exhausted its ranking while the
                                              view changed, and ranked again
 ``berth_api_placements_total``     counter   placement requests through the HTTP API of this

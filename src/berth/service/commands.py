@@ -195,6 +195,8 @@ def _extend_agent(app: typer.Typer) -> None:
     ) -> None:
         """Start node agents from config files: embedded, or on a NATS cluster with --nats."""
         if nats is None or check:
+            if state_dir is not None and not check:
+                raise Invalid("--state-dir goes with --nats", field="--state-dir")
             if len(config) != 1:
                 raise Invalid("give exactly one --config without --nats", field="--config")
             if embedded is None:  # pragma: no cover - berth's app always has one

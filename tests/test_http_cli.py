@@ -1,0 +1,48 @@
+"""The command line of the API: bad --http/--token flags are one line naming the flag, before
+anything starts; ``berth api openapi`` prints the committed document."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from berth.cli import app
+
+runner = CliRunner()
+DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["scheduler", "--http", "0.0.0.0:8080"], "--http"),
+        (["scheduler", "--http", "127.0.0.1:70000"], "--http"),
+        (["scheduler", "--http", "127.0.0.1:80", "--token", "short"], "--token"),
+        (["scheduler", "--token", "a" * 20], "--http"),
+        (["scheduler", "--http", "127.0.0.1:80", "--token-file", "/nonexistent"], "--token-file"),
+        (["up", "--http", "10.0.0.1:80"], "--http"),
+        (["up", "--http", "nonsense"], "--http"),
+    ],
+)
+def test_bad_flags_are_one_line(args: list[str], flag: str) -> None:
+    result = runner.invoke(app, [*args, "--nats", "nats://127.0.0.1:1"] if args[0] ==
+                           "scheduler" else args)  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), result.output
+
+
+def test_state_dir_goes_with_nats(tmp_path: Path) -> None:
+    config = tmp_path / "n.toml"
+    config.write_text("[node]\nname='n'\n")
+    result = runner.invoke(app, ["agent", "--config", str(config), "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "--state-dir" in result.output, result.output
+
+
+def test_api_openapi_prints_the_committed_document() -> None:
+    result = runner.invoke(app, ["api", "openapi"])
+    assert result.exit_code == 0
+    assert json.loads(result.output) == json.loads(DOCUMENT.read_text(encoding="utf-8"))

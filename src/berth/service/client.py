@@ -217,7 +217,8 @@ class ApiClient:
             field = _field(problem.get("field"))
             if field and detail.startswith(f"{problem.get('field')}: "):  # said twice otherwise
                 detail = detail.split(": ", 1)[1]
-            return Invalid(detail, field=field)
+            # the server's schema speaks pydantic ("Input should be …"); berth says "must be"
+            return Invalid(detail.replace("Input should be", "must be"), field=field)
         if status == 409:
             error = NoCapacity(detail)
             error.reasons = {
@@ -228,8 +229,9 @@ class ApiClient:
         if status == 503:
             return Unavailable(detail)
         if status == 401:
+            why = str(problem.get("title") or detail)
             return ApiError(
-                f"the berth API at {self.location.url} refused the token ({detail}): pass "
+                f"the berth API at {self.location.url} refused the token ({why}): pass "
                 f"--token or set BERTH_TOKEN (berth up writes it to {api_file()})",
                 status=status,
             )

@@ -31,6 +31,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -48,6 +49,8 @@ progress_console = Console(stderr=True)
 T = TypeVar("T")
 
 _SECONDS: Rule[float] = Rule(Seconds)
+MAX_PIPED_WIDTH = 1000
+"""The widest a table printed to a pipe or a file gets (a long command is folded there)."""
 DRAIN_POLL_S = 0.5
 """How often ``berth drain`` looks at the node's workloads while the server drains it."""
 DRAIN_MARGIN_S = 60.0
@@ -96,6 +99,16 @@ def _print_json(document: BaseModel | Mapping[str, Any]) -> None:
     data = document.model_dump(mode="json") if isinstance(document, BaseModel) else document
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
+
+
+def _show(table: Table) -> None:
+    """A table on a terminal fits the terminal; piped or captured, it is never cut to 80
+    columns (a node name or an id shortened to ``n…`` would be useless to ``grep``)."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    widest = Measurement.get(console, console.options.update_width(MAX_PIPED_WIDTH), table)
+    Console(file=console.file, width=max(widest.maximum, console.width)).print(table)
 
 
 def _size(value: int | None) -> str:
@@ -228,7 +241,7 @@ def ps(
             shlex.join(workload.command),
             _age(now - workload.created_at),
         )
-    console.print(table)
+    _show(table)
 
 
 def _age(seconds: float) -> str:
@@ -302,9 +315,9 @@ def explain(
             f"[green]{verdict.verdict}[/]" if fits else f"[red]{verdict.verdict}[/]",
             "-" if verdict.rank is None else str(verdict.rank),
             _size(verdict.colocated_bytes),
-            verdict.detail or "",
+            "" if verdict.detail == verdict.verdict else verdict.detail,
         )
-    console.print(table)
+    _show(table)
     console.print(explanation.summary, highlight=False, soft_wrap=True)
 
 
@@ -343,7 +356,7 @@ def nodes(
             str(node.workloads),
             str(node.layers),
         )
-    console.print(table)
+    _show(table)
 
 
 def cordon(
@@ -419,7 +432,7 @@ def drain(
             replacement = f"{item.new_workload_id} on {item.new_node or '?'}"
         colour = colours.get(item.outcome, "white")
         table.add_row(item.workload_id, f"[{colour}]{item.outcome}[/]", replacement, item.detail)
-    console.print(table)
+    _show(table)
     failed = sum(1 for item in report.items if item.outcome == "failed")
     console.print(
         f"{report.node} is cordoned and drained"
@@ -493,7 +506,7 @@ def images(
     for image in items:
         table.add_row(image.name, image.platform or "any", str(len(image.layers)),
                       _size(image.size))  # fmt: skip
-    console.print(table)
+    _show(table)
 
 
 def _print_image(image: Any, verb: str) -> None:

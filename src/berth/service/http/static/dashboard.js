@@ -34,7 +34,7 @@
       unit += 1;
     }
     const digits = unit === 0 || amount >= 100 ? 0 : amount >= 10 ? 1 : 2;
-    return amount.toFixed(digits).replace(/\.0+$/, "") + UNITS[unit];
+    return amount.toFixed(digits).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "") + UNITS[unit];
   }
 
   function rate(value) {

@@ -1,0 +1,230 @@
+"""The operator's walk-through, as ``docs/operator.md`` shows it, against a real cluster.
+
+``berth up`` runs as its own process (nats-server, three agents with the fake runtime, a
+scheduler serving the HTTP API on a free loopback port) with ``$BERTH_HOME`` in a temporary
+directory; every ``berth`` command after it is a separate process that finds the API through
+the ``api.json`` ``berth up`` wrote there — no ``--api``, no ``--token``.  The walk: nodes,
+register an image, run two workloads (one restartable), list them, explain, drain the node
+they landed on (the plain one stopped, the restartable one placed again elsewhere), stop,
+uncordon; tables for people and ``--json`` documents for scripts; errors as one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from berth.cli import app
+
+NODES = ("node-00", "node-01", "node-02")
+START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class Up:
+    """A running ``berth up``: its process, its ``$BERTH_HOME`` and its output so far."""
+
+    process: subprocess.Popen[bytes]
+    home: Path
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def environment(home: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("BERTH_")}
+    return {**env, "BERTH_HOME": str(home), "COLUMNS": "200", "NO_COLOR": "1"}
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    home = tmp_path_factory.mktemp("berth-home")
+    log = home / "up.log"
+    args = ["up", "--nodes", "3", "--runtime", "fake", "--heartbeat", "0.5"]
+    args += ["--http", "127.0.0.1:0"]
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "berth.cli", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=environment(home),
+            start_new_session=True,
+        )
+    running = Up(process, home, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "Ctrl-C stops everything" not in running.output():
+            assert process.poll() is None, f"berth up exited: {running.output()}"
+            assert time.monotonic() < deadline, f"berth up not ready: {running.output()}"
+            time.sleep(0.1)
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def berth(
+    up: Up, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``berth ARGS`` in this process (the app the console script runs: a new process per
+    command costs more than a second on a busy 2-core machine); ``shell`` runs it as one."""
+    overrides: dict[str, str | None] = {key: None for key in os.environ if key.startswith("BERTH_")}
+    overrides |= {"BERTH_HOME": str(up.home), **(env or {})}
+    result = CliRunner().invoke(app, list(args), env=overrides)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def shell(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
+    """``berth ARGS`` as its own process, as typed in a shell."""
+    return subprocess.run(
+        [sys.executable, "-m", "berth.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(up.home),
+    )
+
+
+def ok(up: Up, *args: str) -> str:
+    result = berth(up, *args)
+    assert result.returncode == 0, (args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def document(up: Up, *args: str) -> Any:
+    """``berth ARGS --json``: exactly one JSON document on stdout."""
+    at = args.index("--") if "--" in args else len(args)  # after --, it is the command's
+    return json.loads(ok(up, *args[:at], "--json", *args[at:]))
+
+
+def error_line(up: Up, *args: str, env: dict[str, str] | None = None) -> str:
+    result = berth(up, *args, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, (args, result.stdout, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_berth_up_tells_where_the_api_and_dashboard_are(up: Up) -> None:
+    written = json.loads((up.home / "api.json").read_text())
+    assert written["url"].startswith("http://127.0.0.1:") and len(written["token"]) >= 16
+    output = up.output()
+    assert f"dashboard:         {written['url']}/?token={written['token']}" in output
+    assert f"export BERTH_API={written['url']}" in output
+
+
+def test_the_walkthrough(up: Up) -> None:
+    # -- the nodes (once from a shell, as typed) ---------------------------------------------
+    shown = shell(up, "nodes")
+    assert shown.returncode == 0 and not shown.stderr, shown
+    assert all(f"│ {name} " in shown.stdout for name in NODES), shown.stdout
+    table = ok(up, "nodes")
+    assert "3 nodes" in table and all(name in table for name in NODES), table
+    nodes = document(up, "nodes")
+    assert sorted(node["name"] for node in nodes["items"]) == list(NODES)
+    assert not any(node["cordoned"] for node in nodes["items"])
+
+    # -- an image, then two workloads of it --------------------------------------------------
+    added = ok(up, "images", "add", "hello", "--layer", "sha256:1111:28MiB",
+               "--layer", "sha256:2222:5MiB")  # fmt: skip
+    assert added.strip() == "registered hello: 2 layers, 33MiB, platform any", added
+    assert [image["name"] for image in document(up, "images")["items"]] == ["hello"]
+    assert "hello" in ok(up, "images")
+
+    line = ok(up, "run", "hello", "--type", "micro", "--", "sleep", "600")
+    found = re.match(r"(w-[0-9a-f]+) running on (node-\d\d): default/hello/0, rank \d+", line)
+    assert found, line
+    plain, node = found.groups()
+    web = document(up, "run", "hello", "--name", "web", "--type", "micro", "--restartable",
+                   "--", "python", "-m", "http.server")  # fmt: skip
+    assert web["state"] == "running" and web["restartable"] and web["image"] == "hello"
+    assert web["command"] == ["python", "-m", "http.server"]
+    assert web["node"] == node  # its layers are there already: the ranking prefers that node
+    assert web["colocated_bytes"] == 33 * 2**20
+
+    # -- ps: a table, the JSON list, filters -------------------------------------------------
+    table = ok(up, "ps")
+    assert "2 workloads" in table and plain in table and web["id"] in table, table
+    assert "python -m http.server" in table
+    listed = document(up, "ps")
+    assert {item["id"] for item in listed["items"]} == {plain, web["id"]}
+    assert {item["state"] for item in listed["items"]} == {"running"}
+    assert (
+        document(up, "ps", "--node", node)["items"]
+        and not document(up, "ps", "--namespace", "elsewhere")["items"]
+    )
+
+    # -- explain: every node's verdict -------------------------------------------------------
+    explained = document(up, "explain", "hello", "--type", "micro")
+    assert sorted(verdict["node"] for verdict in explained["verdicts"]) == list(NODES)
+    assert explained["summary"]
+    assert node in ok(up, "explain", "hello", "--type", "micro")
+
+    # -- drain the node they run on ----------------------------------------------------------
+    table = ok(up, "drain", node, "--grace", "1")
+    assert f"drained {node}: 2 workloads" in table, table
+    assert f"{node} is cordoned and drained" in table
+    rows = {row.split("│")[1].strip(): row for row in table.splitlines() if "│ w-" in row}
+    assert "stopped" in rows[plain] and "replaced" in rows[web["id"]], table
+    after = {item["id"]: item for item in document(up, "ps")["items"]}
+    assert after[plain]["state"] == "stopped"
+    replacement = after[web["id"]]["replaced_by"]
+    assert replacement and after[replacement]["state"] == "running"
+    assert after[replacement]["node"] != node and after[replacement]["name"] == "web"
+    cordoned = {n["name"]: n["cordoned"] for n in document(up, "nodes")["items"]}
+    assert cordoned == {name: name == node for name in NODES}
+
+    # -- stop, twice (idempotent) ------------------------------------------------------------
+    stopped = ok(up, "stop", replacement, "--grace", "1")
+    assert stopped.strip().startswith(f"{replacement} stopped: default/web/0 on "), stopped
+    assert document(up, "stop", replacement)["state"] == "stopped"
+    assert not document(up, "ps", "--state", "running")["items"]
+
+    # -- uncordon ----------------------------------------------------------------------------
+    assert ok(up, "uncordon", node).strip() == f"{node} uncordoned: it takes placements again"
+    assert not document(up, "nodes")["items"][NODES.index(node)]["cordoned"]
+
+
+def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
+    assert "not found: no workload 'w-000000000000'" in error_line(up, "stop", "w-000000000000")
+    assert "no node 'node-99'" in error_line(up, "drain", "node-99")
+    assert error_line(up, "run", "nope", "--", "true").startswith("error: IMAGE: ")
+    assert error_line(up, "run", "hello", "--type", "huge", "--", "true").startswith(
+        "error: --type: unknown instance type 'huge'"
+    )
+    line = error_line(up, "run", "hello", "--platform", "linux/s390x", "--", "true")
+    assert line.startswith("error: --platform: ") and "linux/amd64" in line
+    assert error_line(up, "ps", "--state", "sleeping").startswith("error: --state: must be ")
+    line = error_line(up, "nodes", env={"BERTH_TOKEN": "x" * 43})
+    assert "refused the token" in line and "BERTH_TOKEN" in line
+
+
+def test_stopping_berth_up_removes_the_api_file(up: Up) -> None:
+    # last in this module: the fixture's cluster is gone after it
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(60) == 0, up.output()
+    assert not (up.home / "api.json").exists()
+    assert "stopped; nothing left behind" in up.output()
+    result = shell(up, "nodes")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: --api: ") and "berth up" in result.stderr

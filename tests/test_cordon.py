@@ -1,6 +1,6 @@
 """Cordon: one check of the table, judged alike by the reference, the engine, admission and
 explanations; a node core and an agent refuse new workloads while cordoned; an agent's
-cordon survives its restart (the file in its state directory)."""
+cordon survives its restart (the file in its state directory), also over NATS."""
 
 from __future__ import annotations
 
@@ -12,15 +12,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from berth import Layer, Platform, Spec
+from berth.embedded import embedded_configs
 from berth.node.agent import Agent
-from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.node.budget import IDLE, BudgetLimits, NodeBudget, StaticLoad
 from berth.node.runtime import BootSpec, FakeRuntime
+from berth.nodeclient.nats import NatsNodes
 from berth.ownership import Refused
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import verdicts
 from berth.scheduler.reference import ReferenceRanker
+from berth.service.agent import NodeService
 from berth.state import NodeState, first_failed_check
 from berth.store.memory import MemoryStore
+from berth.testing.nats import NatsServer, client, unique_name
 
 AMD64, ARM64 = Platform.parse("linux/amd64"), Platform.parse("linux/arm64")
 LAYER_IDS = ["a", "b", "c"]
@@ -160,5 +164,42 @@ def test_status_remembers_how_a_workload_ended() -> None:
             }  # fmt: skip
             assert agent.status(two.id).stopped is True
             assert agent.status("nope").state == "unknown"
+
+    asyncio.run(main())
+
+
+def test_cordon_over_nats_survives_the_agent_restarting(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A node service on a real nats-server is cordoned through NatsNodes; a new agent for
+    the same node with the same state directory (a restart) starts cordoned, advertises it,
+    and refuses admissions until uncordoned."""
+    config = embedded_configs(1, runtime="fake", heartbeat_s=0.5)[0]
+    node = config.node.name
+    bucket, prefix = unique_name("cordon"), unique_name("cordon")
+    spec = Spec(vcpus=0.1, mem=1, disk=0)
+
+    async def main() -> None:
+        async with client(nats_server.url) as connection:
+            nodes = NatsNodes(connection, prefix=prefix)
+
+            def service() -> NodeService:
+                return NodeService(connection, config, bucket=bucket, prefix=prefix,
+                                   readings=IDLE, state_dir=tmp_path / node)  # fmt: skip
+
+            async with service():
+                assert await nodes.cordon(node) is True
+                with pytest.raises(Refused) as refused:
+                    await nodes.admit(node, spec, lease_ttl_s=5)
+                assert (refused.value.reason, refused.value.node) == ("cordoned", node)
+            async with service() as restarted:  # the same node, a new agent process
+                assert restarted.agent.snapshot().cordoned is True
+                with pytest.raises(Refused):
+                    await nodes.admit(node, spec, lease_ttl_s=5)
+                assert await nodes.uncordon(node) is True
+                admission = await nodes.admit(node, spec, lease_ttl_s=5)
+                assert await nodes.release(node, admission.reservation_id) is True
+            async with service() as again:
+                assert again.agent.cordoned is False
 
     asyncio.run(main())

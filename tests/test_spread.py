@@ -213,6 +213,25 @@ def test_an_unbound_lease_stops_counting_when_it_expires_and_a_bound_one_does_no
     run(main())
 
 
+def test_a_bound_replica_stops_counting_when_its_owner_ends() -> None:
+    async def main() -> None:
+        cluster = Cluster({"n1": None, "n2": None})
+        scheduler = cluster.scheduler
+        request = Request(namespace="d", name="fn", spec=SMALL, spread=HARD_NODE)
+        placement = await scheduler.schedule(request)
+        owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await scheduler.bind(placement, owner)
+        assert scheduler.replicas.where(("d", "fn")) == {placement.worker_node: 1}
+        owner.set_result(None)  # the workload ended: the node released its reservation
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not cluster.budgets[placement.worker_node].reservations()
+        assert scheduler.replicas.where(("d", "fn")) == {}
+        assert (await scheduler.schedule(request)).worker_node == placement.worker_node
+
+    run(main())
+
+
 class SlowNodes(LocalNodes):
     """Budgets that answer after a pause, so concurrent walks interleave at every admit."""
 

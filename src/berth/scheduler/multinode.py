@@ -51,6 +51,7 @@ every node's reason) when some does but none fits or all refuse, or the cluster 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -230,7 +231,8 @@ class ClusterScheduler:
             self._refresh(node)
 
     async def bind(self, placement: Placement, owner: Owner | str) -> None:
-        """Bind ``placement``'s lease to the workload (``NodeClient.bind``).
+        """Bind ``placement``'s lease to the workload (``NodeClient.bind``); the replica
+        then counts (for spreading) until released, or until an owner object ends.
 
         A bind that fails leaves nothing behind: the reservation is released on the node
         (best effort — it would expire anyway) and the assumption undone, so node and view
@@ -250,7 +252,16 @@ class ClusterScheduler:
             with contextlib.suppress(Refused, Unavailable):
                 await self.nodes.release(node, reservation_id)
             raise
-        self.replicas.bound(node, reservation_id)
+        if self.replicas.bound(node, reservation_id) and not isinstance(owner, str):
+            # The node releases the reservation when its owner ends; so does this view.  The
+            # callback may come from another thread (a process watcher): hop to this loop.
+            loop = asyncio.get_running_loop()
+
+            def owner_ended(_: object) -> None:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to do
+                    loop.call_soon_threadsafe(self.replicas.ended, node, reservation_id)
+
+            owner.add_done_callback(owner_ended)
 
     async def release(self, placement: Placement) -> bool:
         """Release ``placement``'s reservation on its node and undo the assumption."""

@@ -4,6 +4,7 @@ anything starts; ``berth api openapi`` prints the committed document."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,18 @@ def test_api_openapi_prints_the_committed_document() -> None:
     result = runner.invoke(app, ["api", "openapi"])
     assert result.exit_code == 0
     assert json.loads(result.output) == json.loads(DOCUMENT.read_text(encoding="utf-8"))
+
+
+def test_up_with_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(
+            app,
+            ["up", "--nodes", "1", "--runtime", "fake", "--http", f"127.0.0.1:{port}"],
+            env={"BERTH_HOME": str(tmp_path)},
+        )
+    assert result.exit_code == 2, result.output
+    assert f"error: --http: cannot listen on 127.0.0.1:{port}" in result.output
+    assert not (tmp_path / "api.json").exists()

@@ -212,8 +212,7 @@ class LocalCluster:
         token, in a file only this user reads."""
         assert self.http is not None and self.api_token is not None
         host, port = self.http
-        if port == 0:
-            port = free_port(host)
+        port = free_port(host, port)
         token_file = self.directory / "api-token"
         token_file.touch(mode=0o600)
         token_file.write_text(self.api_token + "\n")
@@ -334,13 +333,19 @@ class LocalCluster:
         return "\n".join(lines)
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the kernel's pick)."""
+def free_port(host: str, port: int = 0) -> int:
+    """``port`` if it is free on ``host`` now, or a free one (the kernel's pick) for 0;
+    ``Invalid`` naming ``--http`` when it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise Invalid(f"cannot listen on {host}:{port}: {error.strerror}",
+                          field="--http") from None  # fmt: skip
+        free: int = probe.getsockname()[1]
+        return free
 
 
 def wait_for_signal(duration_s: float | None = None) -> None:

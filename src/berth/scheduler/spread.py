@@ -34,7 +34,8 @@ replicas of a function run — it sees only its own node — so the spread is th
 rule, decided on what *this scheduler* knows: :class:`Replicas`, the replicas it placed
 itself.  A placement counts from the moment its node is asked (so concurrent requests of one
 function see each other) until its lease ends: released (``ClusterScheduler.release`` or a
-failed bind), its workload ended (``ClusterScheduler.ended``), its node left the cluster, or
+failed bind), its workload ended (``ClusterScheduler.ended``, or the owner object it was
+bound to reported its end), its node left the cluster, or
 — for a lease never bound — the lease's time to live ran out, as on the node.  Replicas
 placed by *other* schedulers are invisible unless fed in (:meth:`Replicas.add`, e.g. from
 the routing registry): with K schedulers each following only its own placements, a hard

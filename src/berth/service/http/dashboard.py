@@ -24,7 +24,7 @@ from importlib.resources import files
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from berth.service.http.auth import COOKIE, token_matches
+from berth.service.http.auth import COOKIE, bearer_token, token_matches
 
 __all__ = ["router"]
 
@@ -55,7 +55,10 @@ def _static(name: str) -> str:
 
 
 def _authorized(request: Request) -> bool:
-    return token_matches(request, request.cookies.get(COOKIE))
+    """The API's rule (:func:`~berth.service.http.auth.require_token`), answered with a page."""
+    return token_matches(request, request.cookies.get(COOKIE)) or token_matches(
+        request, bearer_token(request)
+    )
 
 
 def _denied() -> HTMLResponse:

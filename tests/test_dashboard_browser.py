@@ -1,0 +1,135 @@
+"""The dashboard in a real browser over a real cluster.
+
+A ``berth up`` cluster (:class:`~berth.service.up.LocalCluster`: nats-server, three agent
+processes with the fake runtime, a scheduler serving the API) gets an image, three workloads
+and a cordoned node through the operator's client; then Debian's headless Chromium opens the
+URL ``berth up`` prints (``/?token=…``: the cookie, the redirect), runs the page's script and
+dumps the DOM it built — the nodes, workloads and placements must be there, a command with
+markup in it shown as text — and takes a screenshot.  The screenshot's path is printed
+(``pytest -s`` shows it); ``BERTH_DASHBOARD_PNG=docs/dashboard.png`` also copies it there (the
+README's picture).
+
+Skipped only where ``/usr/bin/chromium`` is absent; ``.ci/run`` installs it, so CI runs it.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from berth.errors import NoCapacity
+from berth.service.client import ApiClient, ApiLocation
+from berth.service.up import LocalCluster
+
+CHROMIUM = Path("/usr/bin/chromium")
+NODES = ("node-00", "node-01", "node-02")
+WINDOW = (1400, 820)
+MARKUP = "<b>not-bold</b>"
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)"
+)
+
+
+@dataclass
+class Running:
+    url: str
+    token: str
+    workloads: list[str]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Running]:
+    with LocalCluster(3, heartbeat_s=0.5, runtime="fake", http=("127.0.0.1", 0)) as up:
+        assert up.api_url is not None and up.api_token is not None
+        with ApiClient(ApiLocation(up.api_url, up.api_token, "test")) as api:
+            api.add_image({"name": "hello", "layers": [{"id": "sha256:1111", "size": "28MiB"}]})
+            ids = [
+                api.create_workload(
+                    {"name": name, "image": "hello", "type": kind, "command": command, **more}
+                ).id
+                for name, kind, command, more in (
+                    ("web", "micro", ["python", "-m", "http.server"], {}),
+                    ("batch", "milli", ["echo", MARKUP], {}),
+                    ("cache", "centi", ["redis-server", "--port", "6380"], {}),
+                    ("train", "base", ["python", "train.py"], {"platforms": ["linux/arm64"]}),
+                )
+            ]
+            with pytest.raises(NoCapacity):  # a refusal, for the placements table
+                api.create_workload(
+                    {"name": "huge", "image": "hello", "type": "kilo", "command": ["true"]}
+                )
+            api.cordon("node-01")
+        yield Running(up.api_url, up.api_token, ids)
+
+
+def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium with a fresh profile; ``--virtual-time-budget`` lets the page's
+    script fetch and draw before the DOM is dumped or the screenshot taken."""
+    command = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_the_page_shows_the_cluster(cluster: Running, tmp_path: Path) -> None:
+    dom = chromium(tmp_path / "profile", "--dump-dom", f"{cluster.url}/?token={cluster.token}")
+    page = dom.stdout
+    assert 'data-state="live"' in page, page[:3000]  # the script ran and the API answered
+    for name in NODES:
+        assert f'<tr data-node="{name}"' in page, name
+    assert 'data-node="node-01" class="cordoned"' in page
+    for workload in cluster.workloads:
+        assert f'<tr data-workload="{workload}"' in page, workload
+    assert "python -m http.server" in page and "redis-server --port 6380" in page
+    assert html.escape(MARKUP, quote=False) in page and MARKUP not in page  # text, not markup
+    assert page.count('<span class="badge ok">placed</span>') == 4
+    assert '<span class="badge warn">no_capacity</span>' in page
+    assert "booted" in page  # the placements' explanations
+
+
+def test_without_the_token_the_page_says_so(cluster: Running, tmp_path: Path) -> None:
+    for url in (f"{cluster.url}/", f"{cluster.url}/?token=wrong"):
+        page = chromium(tmp_path / f"profile-{len(url)}", "--dump-dom", url).stdout
+        assert "not authorized" in page and "node-00" not in page
+
+
+def test_screenshot(cluster: Running, tmp_path: Path) -> None:
+    shot = tmp_path / "dashboard.png"
+    chromium(
+        tmp_path / "profile",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--hide-scrollbars",
+        f"--screenshot={shot}",
+        f"{cluster.url}/?token={cluster.token}",
+    )
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == WINDOW
+    assert len(data) > 20_000  # a drawn page, not a blank one (that is ~5 kB)
+    print(f"\ndashboard screenshot: {shot}")
+    wanted = os.environ.get("BERTH_DASHBOARD_PNG")
+    if wanted:
+        shutil.copyfile(shot, wanted)
+        print(f"copied to {wanted}")

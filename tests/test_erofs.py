@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from berth.errors import Invalid
 from berth.node.erofs import (
@@ -526,3 +528,49 @@ def test_a_wrong_diff_id_or_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Invalid):
         convert_layer(layer, tmp_path / "x.erofs")
     assert os.listdir(tmp_path).count("x.erofs") == 0
+
+
+_PARTS = st.sampled_from(["a", "b", "..", ".", ".wh.a", ".wh..wh..opq", ".wh..wh.plnk", ""])
+_NAMES = st.lists(_PARTS, min_size=1, max_size=4).map("/".join) | st.just("/abs")
+
+
+@st.composite
+def _members(draw: st.DrawFn, outside: str) -> list[TarMember]:
+    members: list[TarMember] = []
+    for _ in range(draw(st.integers(1, 8))):
+        name = draw(_NAMES)
+        kind = draw(st.sampled_from(["file", "dir", "symlink", "hardlink"]))
+        if kind == "file":
+            members.append(file(name, b"x"))
+        elif kind == "dir":
+            members.append(directory(name))
+        elif kind == "symlink":
+            members.append(
+                symlink(name, draw(st.sampled_from([outside, "../../outside", "a", "/"])))
+            )
+        else:
+            members.append(hardlink(name, draw(_NAMES)))
+    return members
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_no_tar_writes_outside_its_root(tmp_path: Path, data: st.DataObject) -> None:
+    """Whatever the names, links and order: converted or refused, nothing outside changes."""
+    case = tmp_path / f"case-{len(os.listdir(tmp_path))}"
+    outside = case / "outside"
+    outside.mkdir(parents=True)
+    (outside / "keep").write_text("intact")
+    members = data.draw(_members(str(outside)))
+    layer = _layer(case, members)
+    images = case / "img"
+    try:
+        convert_layer(layer, images / "x.erofs")
+    except Invalid:
+        assert not images.exists() or os.listdir(images) == []
+    else:
+        assert os.listdir(images) == ["x.erofs"]
+    assert sorted(os.listdir(outside)) == ["keep"] and (outside / "keep").read_text() == "intact"
+    assert _ours_in(SHARED_MEMORY) == []

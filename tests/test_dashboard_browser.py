@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -97,6 +98,8 @@ def test_the_page_shows_the_cluster(cluster: Running, tmp_path: Path) -> None:
     dom = chromium(tmp_path / "profile", "--dump-dom", f"{cluster.url}/?token={cluster.token}")
     page = dom.stdout
     assert 'data-state="live"' in page, page[:3000]  # the script ran and the API answered
+    polls = re.search(r'data-polls="(\d+)"', page)
+    assert polls and int(polls.group(1)) >= 2, page[:500]  # and redrew again, a second later
     for name in NODES:
         assert f'<tr data-node="{name}"' in page, name
     assert 'data-node="node-01" class="cordoned"' in page

@@ -8,6 +8,7 @@
 (function () {
   const PERIOD_MS = 1000;
   const PLACEMENTS = 25;
+  let polls = 0;
 
   function el(tag, attributes, children) {
     const node = document.createElement(tag);
@@ -216,6 +217,8 @@
       fill("placements", placementItems.map(placementRow), "no placements yet", 7);
       status("live · updated " + new Date().toLocaleTimeString(), "ok");
       document.body.dataset.state = "live";
+      polls += 1;
+      document.body.dataset.polls = String(polls); // how many times the page has redrawn
     } catch (error) {
       if (error.status === 401) {
         status("not authorized: open the dashboard URL that berth up printed (it carries ?token=…)", "bad");

@@ -36,6 +36,7 @@ table::
     boot_timeout_s = 300.0
     log_dir = "/var/log/berth"      # each workload's console in <workload id>.log (default: kept
                                     # in memory only, the last 1,000 lines)
+    node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/ and guests' run/
 
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
@@ -156,6 +157,7 @@ class MicrovmSection(BerthModel):
     qemu: PathText = "qemu-system-x86_64"
     boot_timeout_s: Interval = 300.0
     log_dir: PathText | None = None
+    node_dir: PathText | None = None
 
 
 class AgentConfig(BerthModel):

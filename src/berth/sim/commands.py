@@ -503,8 +503,18 @@ def demo(
         str, typer.Option(help="Directory for report.json and plots.")
     ] = "berth-demo-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    runtime: Annotated[str, typer.Option(
+        help="simulated (the policy comparison) or microvm (real guests, embedded cluster).")
+    ] = "simulated",
 ) -> None:  # fmt: skip
     """A short fixed scenario: explained placements, then the policy comparison."""
+    if runtime == "microvm":
+        from berth.microvm_demo import show
+
+        show(console)
+        return
+    if runtime != "simulated":
+        raise Invalid(f"must be 'simulated' or 'microvm', got {shown(runtime)}", field="--runtime")
     with _clean_errors():
         directory = output_directory(out)
         config = DEMO_CONFIG

@@ -70,7 +70,7 @@ def check_rows(config: AgentConfig) -> tuple[list[tuple[str, str]], list[str]]:
         ("microvm.initramfs", str(files.initramfs)),
         ("microvm.accel", accel),
         ("microvm.images", str(images)),
-        ("microvm.layers", str(files.node_dir(config.node.name) / "layers")),
+        ("microvm.node_dir", section.node_dir or str(files.node_dir(config.node.name))),
         ("microvm.log_dir", section.log_dir or "- (consoles kept in memory)"),
     ]
     missing = problems(files, section.qemu)

@@ -217,10 +217,14 @@ class MicrovmRuntime:
     @classmethod
     def from_config(cls, config: AgentConfig) -> MicrovmRuntime:
         """The runtime an agent's ``[microvm]`` table describes: its layers under
-        ``<data_dir>/nodes/<node>/layers`` with the agent's ``layer_cache`` budget."""
+        ``<node_dir>/layers`` (default ``<data_dir>/nodes/<node>``) with the agent's
+        ``layer_cache`` budget, its guests' scratch under ``<node_dir>/run``."""
         section = config.microvm
         files = GuestFiles.at(section.data_dir)
-        node_dir = files.node_dir(config.node.name)
+        if section.node_dir:
+            node_dir = Path(section.node_dir).expanduser()
+        else:
+            node_dir = files.node_dir(config.node.name)
         images = Path(section.images).expanduser() if section.images else files.images_dir
         return cls(
             LayerFiles(node_dir / "layers", config.agent.layer_cache),

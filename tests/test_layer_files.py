@@ -9,6 +9,16 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from berth.errors import Invalid
 from berth.model import Layer, Spec
@@ -74,6 +84,26 @@ def test_cache_adopts_unused_layers_and_reports_evictions() -> None:
     assert registry.refcount("b") == 1
     with pytest.raises(Invalid):
         registry.cache("c", -1)
+
+
+def test_a_layer_dropped_instead_of_cached_is_reported_gone() -> None:
+    gone: list[tuple[str, ...]] = []
+    registry = LayerRegistry(50)
+    registry.add_eviction_listener(gone.append)
+    registry.mount("big", 60)
+    registry.unmount("big")
+    assert gone == [("big",)] and registry.cached() == frozenset()
+    assert not registry.cache("bigger", 70).cached
+    assert gone[-1] == ("bigger",)
+
+
+@needs_conversion
+def test_a_layer_too_big_for_the_cache_loses_its_file_at_release(tmp_path: Path) -> None:
+    layer = _image(tmp_path, 1).layers[0]
+    files = LayerFiles(tmp_path / "layers", layer.size - 1)
+    path = asyncio.run(files.acquire(layer))
+    assert not files.release(layer.digest).cached
+    assert not path.exists() and files.files() == {} and os.listdir(files.root) == []
 
 
 def test_unmount_reports_evictions_to_listeners() -> None:
@@ -304,3 +334,69 @@ def test_the_node_advertises_the_files(tmp_path: Path) -> None:
         assert core.problems() == []
 
     asyncio.run(scenario())
+
+
+@needs_conversion
+def test_files_match_what_the_node_advertises_under_any_sequence(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Random acquires and releases: the files on disk are exactly the mounted and cached
+    layers, the cache stays within its budget, and reference counts match the calls."""
+    layouts = tmp_path_factory.mktemp("layouts")
+    image = _image(layouts, 4)
+    sizes = sorted(layer.size for layer in image.layers)
+
+    class Machine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.root = tmp_path_factory.mktemp("store")
+            self.files: LayerFiles | None = None
+            self.held: dict[str, int] = {}
+
+        @initialize(budget=st.sampled_from([0, sizes[0], sizes[1] + sizes[2], 10 * GiB]))
+        def start(self, budget: int) -> None:
+            self.files = LayerFiles(self.root, budget)
+
+        @rule(index=st.integers(0, 3))
+        def acquire(self, index: int) -> None:
+            assert self.files is not None
+            layer = image.layers[index]
+            path = asyncio.run(self.files.acquire(layer))
+            assert path.is_file()
+            self.held[layer.digest] = self.held.get(layer.digest, 0) + 1
+
+        @precondition(lambda self: bool(self.held))
+        @rule(data=st.data())
+        def release(self, data: st.DataObject) -> None:
+            assert self.files is not None
+            digest = data.draw(st.sampled_from(sorted(self.held)))
+            self.files.release(digest)
+            self.held[digest] -= 1
+            if not self.held[digest]:
+                del self.held[digest]
+
+        @rule()
+        def restart(self) -> None:
+            assert self.files is not None
+            for digest, count in self.held.items():
+                for _ in range(count):
+                    self.files.release(digest)
+            self.held.clear()
+            self.files = LayerFiles(self.root, self.files.registry.cache_budget_bytes)
+
+        @invariant()
+        def files_are_the_advertised_layers(self) -> None:
+            if self.files is None:
+                return
+            registry = self.files.registry
+            assert registry.mounted() == set(self.held)
+            assert all(registry.refcount(digest) == n for digest, n in self.held.items())
+            advertised = registry.mounted() | registry.cached()
+            assert set(self.files.files()) == advertised
+            on_disk = sorted(os.listdir(self.root))
+            assert on_disk == sorted(path.name for path in self.files.files().values())
+            assert registry.cached_bytes <= registry.cache_budget_bytes
+
+    run_state_machine_as_test(
+        Machine, settings=settings(max_examples=12, stateful_step_count=15, deadline=None)
+    )

@@ -148,9 +148,11 @@ class LayerRegistry:
         self._listeners.append(listener)
 
     def add_eviction_listener(self, listener: Callable[[tuple[str, ...]], None]) -> None:
-        """Call ``listener(ids)`` with the layers dropped from the cache, after each eviction
-        (outside the lock: the listener may read the registry, and must check that a layer
-        has not been mounted again meanwhile before deleting what backs it)."""
+        """Call ``listener(ids)`` with the layers that left this node's record: evicted from
+        the cache, or dropped at their last unmount instead of cached (larger than the whole
+        budget, or not ``present``).  Called outside the lock: the listener may read the
+        registry, and must check that a layer has not been mounted again meanwhile before
+        deleting what backs it."""
         self._eviction_listeners.append(listener)
 
     def cache(self, layer_id: str, size: int) -> UnmountResult:
@@ -166,8 +168,7 @@ class LayerRegistry:
             if layer_id in self._refcounts or layer_id in self._cache:
                 return UnmountResult(layer_id, self._refcounts.get(layer_id, 0), cached=False)
             cached, evicted = self._cache_unmounted(layer_id, size)
-        if cached or evicted:
-            self._changed(evicted)
+        self._changed(evicted if cached else (*evicted, layer_id), changed=cached or bool(evicted))
         return UnmountResult(layer_id, 0, cached=cached, evicted=evicted)
 
     def mount(self, layer_id: str, size: int) -> MountResult:
@@ -215,7 +216,7 @@ class LayerRegistry:
             del self._refcounts[layer_id]
             size = self._mounted_sizes.pop(layer_id)
             cached, evicted = self._cache_unmounted(layer_id, size)
-        self._changed(evicted)
+        self._changed(evicted if cached else (*evicted, layer_id))
         return UnmountResult(layer_id, 0, cached=cached, evicted=evicted)
 
     def _cache_unmounted(self, layer_id: str, size: int) -> tuple[bool, tuple[str, ...]]:
@@ -236,12 +237,13 @@ class LayerRegistry:
         self._cached_bytes += size
         return True, tuple(evicted)
 
-    def _changed(self, evicted: tuple[str, ...] = ()) -> None:
-        if evicted:
-            for evicted_listener in list(self._eviction_listeners):
-                evicted_listener(evicted)
-        for listener in list(self._listeners):
-            listener()
+    def _changed(self, gone: tuple[str, ...] = (), *, changed: bool = True) -> None:
+        if gone:
+            for gone_listener in list(self._eviction_listeners):
+                gone_listener(gone)
+        if changed:
+            for listener in list(self._listeners):
+                listener()
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -440,9 +442,8 @@ class LayerFiles:
                 known = self.registry.is_mounted(layer.digest) or self.registry.is_cached(
                     layer.digest
                 )
-            # Every acquirer gave up (cancelled) meanwhile: keep the file as cached, or drop it.
-            if not known and not self.registry.cache(layer.digest, layer.size).cached:
-                self._evicted((layer.digest,))
+            if not known:  # every acquirer gave up (cancelled) meanwhile: cache the file
+                self.registry.cache(layer.digest, layer.size)  # (or, too big, delete it)
             return image
         finally:
             self._converting.pop(layer.digest, None)
@@ -470,8 +471,7 @@ class LayerFiles:
         for _, digest, file in sorted(found, key=lambda item: (item[0], item[1])):
             with self._lock:
                 self._files[digest] = file
-            if not self.registry.cache(digest, file.size).cached:
-                self._evicted((digest,))
+            self.registry.cache(digest, file.size)  # past the budget: evicted, so deleted
 
     def __repr__(self) -> str:
         return f"LayerFiles({str(self.root)!r}, {len(self._files)} files, {self.registry!r})"

@@ -3,6 +3,7 @@ line and sizing, host facts, setup checks, configuration, and how guest ends are
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import stat
@@ -310,3 +311,23 @@ def test_guest_ends_become_workload_exits(
     end: GuestEnd, stopped: bool, expected: WorkloadExit
 ) -> None:
     assert _status(end, stopped) == expected
+
+
+def test_scratch_left_by_a_dead_process_is_removed_at_start(tmp_path: Path) -> None:
+    work = tmp_path / "run"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan = work / f"web-1.{dead.pid}.abcd1234"
+    mine = work / f"web-2.{os.getpid()}.efgh5678"
+    other = work / "not-a-guest"
+    for directory in (orphan, mine, other):
+        (directory / "sub").mkdir(parents=True)
+    MicrovmRuntime(
+        LayerFiles(tmp_path / "layers"),
+        tmp_path / "oci",
+        files=GuestFiles.at(tmp_path / "data"),
+        accel="tcg",
+        work_dir=work,
+    )
+    assert not orphan.exists()
+    assert mine.exists() and other.exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from berth.microvm_demo import run_demo, summary
 from berth.node.layers import LayerFiles, MountOutcome
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
@@ -307,3 +308,17 @@ def test_a_guest_that_outgrows_its_memory_is_contained(
         assert peak_kib * 1024 < 128 * MIB + 320 * MIB
 
     run(scenario, GUEST_TIMEOUT_S)
+
+
+def test_the_demo_places_a_second_guest_where_its_layers_are_and_skips_the_conversion() -> None:
+    """``berth demo --runtime microvm`` in small: an embedded cluster of microvm agents, the
+    scheduler ranking by colocated layer bytes, the node's layer files behind that rank."""
+    starts = asyncio.run(
+        asyncio.wait_for(run_demo(order=("web", "web"), app_mib=4, nodes=2), GUEST_TIMEOUT_S)
+    )
+    first, second = starts
+    assert first.cold and first.colocated_bytes == 0
+    assert second.node == first.node and not second.cold
+    assert second.colocated_bytes == first.converted_bytes > 0
+    assert first.output == second.output == "app build 100"
+    assert "colocated starts" in summary(starts) and "s saved per start" in summary(starts)

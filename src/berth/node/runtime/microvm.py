@@ -158,6 +158,19 @@ def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
     return WorkloadExit(stopped=stopped)
 
 
+_SCRATCH = re.compile(r".+\.([0-9]{1,10})\.[^.]+")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _hostname(workload_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth"
 
@@ -212,7 +225,25 @@ class MicrovmRuntime:
         self._watchers: set[asyncio.Task[None]] = set()
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
+        self._remove_orphans()
         log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
+
+    def _remove_orphans(self) -> None:
+        """Delete scratch directories left by a process that has died (its guests died with
+        it: ``PR_SET_PDEATHSIG``); a live process's are kept, whoever it is."""
+        try:
+            entries = list(os.scandir(self.work_dir))
+        except OSError:
+            return
+        for entry in entries:
+            match = _SCRATCH.fullmatch(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid = int(match.group(1))
+            if pid == os.getpid() or _alive(pid):
+                continue
+            log.info("removing %s, left by process %d", entry.path, pid)
+            shutil.rmtree(entry.path, ignore_errors=True)
 
     @classmethod
     def from_config(cls, config: AgentConfig) -> MicrovmRuntime:
@@ -300,7 +331,8 @@ class MicrovmRuntime:
         vm: MicroVM | None = None
         try:
             self.work_dir.mkdir(parents=True, exist_ok=True)
-            scratch = Path(tempfile.mkdtemp(prefix=f"{workload_id[:40]}-", dir=self.work_dir))
+            prefix = f"{workload_id[:40]}.{os.getpid()}."  # the pid: see _remove_orphans
+            scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
             upper = await self._upper_disk(scratch, spec.disk_limit)
             nonce = new_nonce()
             config = GuestConfig(

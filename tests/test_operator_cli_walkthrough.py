@@ -152,7 +152,9 @@ def test_the_walkthrough(up: Up) -> None:
     assert "hello" in ok(up, "images")
 
     line = ok(up, "run", "hello", "--type", "micro", "--", "sleep", "600")
-    found = re.match(r"(w-[0-9a-f]+) running on (node-\d\d): default/hello/0, rank \d+", line)
+    found = re.match(
+        r"(w-[0-9a-f]+) running on (node-\d\d): default/hello/0 \(rank \d+, colocated ", line
+    )
     assert found, line
     plain, node = found.groups()
     web = document(up, "run", "hello", "--name", "web", "--type", "micro", "--restartable",

@@ -101,9 +101,16 @@ def _print_json(document: BaseModel | Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _show(table: Table) -> None:
-    """A table on a terminal fits the terminal; piped or captured, it is never cut to 80
-    columns (a node name or an id shortened to ``n…`` would be useless to ``grep``)."""
+def _show(table: Table, whole: tuple[str, ...] = ()) -> None:
+    """A table on a terminal fits the terminal, except the ``whole`` columns (names, ids),
+    which are never shortened; piped or captured, no column is cut to 80 characters (a node
+    name or an id shortened to ``n…`` would be useless to ``grep``)."""
+    for column in table.columns:
+        if column.header in whole:
+            column.no_wrap = True
+            column.min_width = max(len(str(cell)) for cell in [column.header, *column.cells])
+        else:
+            column.overflow = "fold"  # a narrow terminal folds a value, never drops its end
     if console.is_terminal:
         console.print(table)
         return
@@ -197,9 +204,8 @@ def run(
         return
     key = f"{workload.namespace}/{workload.name}/{workload.replica}"
     console.print(
-        f"{workload.id} {workload.state} on {workload.node}: {key}, rank {workload.rank}, "
-        f"{_size(workload.colocated_bytes)} of its layers already there, "
-        f"reservation {workload.reservation_id}",
+        f"{workload.id} {workload.state} on {workload.node}: {key} (rank {workload.rank}, "
+        f"colocated {_size(workload.colocated_bytes)}, reservation {workload.reservation_id})",
         highlight=False,
         soft_wrap=True,
     )
@@ -224,7 +230,7 @@ def ps(
     items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))
     table = Table(title=f"{len(items)} workload{'s' if len(items) != 1 else ''}")
     for column in ("id", "workload", "node", "state", "image", "command", "age"):
-        table.add_column(column, no_wrap=column in ("id", "node", "state"))
+        table.add_column(column, no_wrap=column == "state")
     now = time.time()
     for workload in items:
         state_text: str = workload.state
@@ -241,7 +247,7 @@ def ps(
             shlex.join(workload.command),
             _age(now - workload.created_at),
         )
-    _show(table)
+    _show(table, whole=("id", "node"))
 
 
 def _age(seconds: float) -> str:
@@ -317,7 +323,7 @@ def explain(
             _size(verdict.colocated_bytes),
             "" if verdict.detail == verdict.verdict else verdict.detail,
         )
-    _show(table)
+    _show(table, whole=("node",))
     console.print(explanation.summary, highlight=False, soft_wrap=True)
 
 
@@ -335,8 +341,8 @@ def nodes(
         return
     items = sorted(found.items, key=lambda n: n.name)
     table = Table(title=f"{len(items)} node{'s' if len(items) != 1 else ''}")
-    for column in ("node", "platform", "state", "memory", "disk", "cpu", "disk bw", "net bw"):
-        table.add_column(column, no_wrap=True)
+    for column in ("node", "platform", "state", "mem", "disk", "cpu", "disk bw", "net bw"):
+        table.add_column(column)
     table.add_column("workloads", justify="right")
     table.add_column("layers", justify="right")
     for node in items:
@@ -344,19 +350,17 @@ def nodes(
             node.name,
             node.platform,
             "[yellow]cordoned[/]" if node.cordoned else "[green]ready[/]",
-            f"{_size(node.mem_reserved)} / {_size(node.mem_max)}"
-            f" ({_pct(node.mem_reserved, node.mem_max)})",
-            f"{_size(node.disk_reserved)} / {_size(node.disk_max)}"
-            f" ({_pct(node.disk_reserved, node.disk_max)})",
-            f"{100 * node.cpu_load:.0f}% of {node.cpu_capacity:g}",
-            f"{format_bandwidth(int(node.disk_bw_load))} / "
+            f"{_size(node.mem_reserved)} / {_size(node.mem_max)}",
+            f"{_size(node.disk_reserved)} / {_size(node.disk_max)}",
+            f"{_pct(node.cpu_load, 1.0)} of {node.cpu_capacity:g}",
+            f"{_pct(node.disk_bw_load, node.disk_bw_ceiling)} of "
             f"{format_bandwidth(int(node.disk_bw_ceiling))}",
-            f"{format_bandwidth(int(node.net_bw_load))} / "
+            f"{_pct(node.net_bw_load, node.net_bw_ceiling)} of "
             f"{format_bandwidth(int(node.net_bw_ceiling))}",
             str(node.workloads),
             str(node.layers),
         )
-    _show(table)
+    _show(table, whole=("node",))
 
 
 def cordon(
@@ -432,7 +436,7 @@ def drain(
             replacement = f"{item.new_workload_id} on {item.new_node or '?'}"
         colour = colours.get(item.outcome, "white")
         table.add_row(item.workload_id, f"[{colour}]{item.outcome}[/]", replacement, item.detail)
-    _show(table)
+    _show(table, whole=("workload",))
     failed = sum(1 for item in report.items if item.outcome == "failed")
     console.print(
         f"{report.node} is cordoned and drained"
@@ -506,7 +510,7 @@ def images(
     for image in items:
         table.add_row(image.name, image.platform or "any", str(len(image.layers)),
                       _size(image.size))  # fmt: skip
-    _show(table)
+    _show(table, whole=("image",))
 
 
 def _print_image(image: Any, verb: str) -> None:

@@ -255,6 +255,9 @@ def agent(
         async with node:
             console.print(f"agent {node.name} ({node.platform}) advertising every "
                           f"{node.heartbeat_s:g}s; ^C to stop")  # fmt: skip
+            accel = getattr(node.runtime, "accel_detail", None)
+            if accel is not None:  # the microvm runtime: how its guests run
+                console.print(f"microVMs under {accel}", highlight=False)
             deadline = None if duration is None else asyncio.get_running_loop().time() + duration
             while deadline is None or asyncio.get_running_loop().time() < deadline:
                 state = node.snapshot()

@@ -271,15 +271,15 @@ class MicrovmRuntime:
 
     def _choose_accel(self, accel: AccelChoice) -> tuple[Accel, str]:
         if accel != "auto":
-            return accel, "configured"
+            return accel, f"{accel}: configured"
         recorded = self.files.probed_accel()
         if recorded is not None:
             return recorded
         if not os.access("/dev/kvm", os.R_OK | os.W_OK):
-            return "tcg", "no usable /dev/kvm"
+            return "tcg", "tcg: no usable /dev/kvm"
         ok, detail = probe(self.files, "kvm", qemu=self.qemu, timeout_s=30.0)
         chosen: Accel = "kvm" if ok else "tcg"
-        detail = f"kvm probe: {detail}"
+        detail = f"kvm: {detail}" if ok else f"tcg; kvm: {detail}"
         with contextlib.suppress(OSError):
             self.files.record_accel(chosen, detail)
         return chosen, detail

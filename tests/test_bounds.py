@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from berth import Layer, Platform
 from berth.scheduler.policy import POLICIES
-from berth.sim.bounds import LayerUse, capacity_bound, distinct_layer_bound, peak_nodes
+from berth.sim.bounds import (
+    LayerUse,
+    capacity_bound,
+    distinct_layer_bound,
+    nodes_needed,
+    peak_memory,
+)
 from berth.sim.simulator import SimConfig, Simulation
 from berth.sim.workload import WorkloadConfig, generate_workload
 
@@ -17,13 +23,20 @@ A = (Layer(id="a", size=100),)
 AB = (Layer(id="a", size=100), Layer(id="b", size=7))
 
 
-def test_peak_nodes_counts_memory_held_at_the_same_instant() -> None:
-    assert peak_nodes([], GiB) == 0
-    assert peak_nodes([(0, 10, GiB // 4)], GiB) == 1  # in use at all: on one node at least
-    overlapping = [(0, 10, GiB), (5, 15, GiB), (6, 7, 1)]
-    assert peak_nodes(overlapping, GiB) == 3  # 2 GiB + 1 byte at t = 6
-    back_to_back = [(0, 10, GiB), (10, 20, GiB)]  # an end counts before a start
-    assert peak_nodes(back_to_back, GiB) == 1
+def test_peak_memory_counts_memory_held_at_the_same_instant() -> None:
+    assert peak_memory([]) == 0
+    assert peak_memory([(0, 10, GiB), (5, 15, GiB), (6, 7, 1)]) == 2 * GiB + 1  # at t = 6
+    assert peak_memory([(0, 10, GiB), (10, 20, GiB)]) == GiB  # an end counts before a start
+
+
+def test_nodes_needed_takes_the_largest_first() -> None:
+    fleet = [16 * GiB] + [4 * GiB] * 9
+    assert nodes_needed(1, fleet) == 1
+    assert nodes_needed(20 * GiB, fleet) == 2
+    assert nodes_needed(40 * GiB, fleet) == 7  # the ceil(40 / 16) = 3 is looser
+    assert nodes_needed(10**15, fleet) == 10  # more than the fleet holds: every node
+    for memory in range(0, 60 * GiB, GiB // 3):  # never below the ceil(M / largest)
+        assert nodes_needed(memory, fleet) >= max(1, -(-memory // (16 * GiB)))
 
 
 def test_capacity_bound_per_layer_and_platform() -> None:
@@ -32,12 +45,12 @@ def test_capacity_bound_per_layer_and_platform() -> None:
         LayerUse(0, 10, 3 * GiB, "linux/amd64", A),
         LayerUse(0, 10, GiB, "linux/arm64/v8", A),
     ]
-    largest = {"linux/amd64": 4 * GiB, "linux/arm64/v8": 8 * GiB}
+    mems = {"linux/amd64": [4 * GiB, 4 * GiB, 2 * GiB], "linux/arm64/v8": [8 * GiB]}
     # a: 6 GiB at once on amd64 -> 2 nodes, and 1 node of arm64; b: 3 GiB -> 1 node.
-    assert capacity_bound(uses, largest) == 2 * 100 + 100 + 7
+    assert capacity_bound(uses, mems) == 2 * 100 + 100 + 7
     assert distinct_layer_bound(uses) == 107
     seeded = {"linux/amd64": frozenset({"a"})}
-    assert capacity_bound(uses, largest, seeded) == 100 + 7
+    assert capacity_bound(uses, mems, seeded) == 100 + 7
     assert distinct_layer_bound(uses, seeded) == 107  # arm64 nodes still pull a
 
 
@@ -59,8 +72,8 @@ def test_capacity_bound_is_at_least_the_distinct_bound(
         LayerUse(start, start + span, mem, platform, [Layer(id=i, size=sizes[i]) for i in ids])
         for start, span, mem, platform, ids in raw
     ]
-    largest = {"p": 4 * GiB, "q": 16 * GiB}
-    assert capacity_bound(uses, largest) >= distinct_layer_bound(uses)
+    mems = {"p": [4 * GiB] * 3, "q": [16 * GiB, 2 * GiB]}
+    assert capacity_bound(uses, mems) >= distinct_layer_bound(uses)
 
 
 CASES = {

@@ -183,10 +183,11 @@ def test_each_refusal_costs_a_round_trip() -> None:
 
 
 def test_a_refusal_the_truth_could_have_held_is_recorded() -> None:
-    # One scheduler, snapshots 100 s late: it still counts "a" (assumed) after "a" ended.
-    cfg = config(staleness=100.0)
+    # Snapshots 3 s late: at t = 5 the scheduler's view still shows "a" (published at 0,
+    # received at 3), which ended at t = 4; its end reaches the view only at t = 7.
+    cfg = config(staleness=3.0, assume=False)
     arrivals = [
-        arrival(0.0, "a", [("la", MB)], instance="deci", lifetime=2.0),
+        arrival(0.0, "a", [("la", MB)], instance="deci", lifetime=4.0),
         arrival(5.0, "b", [("lb", MB)], instance="deci", lifetime=2.0),
     ]
     second = run(cfg, arrivals).decisions[1]

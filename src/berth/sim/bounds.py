@@ -15,12 +15,17 @@ Nodes start empty except for pre-seeded layers, so each such layer reaches at le
 by a pull.
 
 **Capacity-aware** (:func:`capacity_bound`).  A layer in use at time t by placed requests
-that together hold M_{L,p}(t) bytes of memory on nodes of platform p is mounted, at t, on at
-least ⌈M_{L,p}(t) / mem_max_p⌉ distinct nodes, where mem_max_p is the largest memory budget
-of a node of p (no node holds more).  Each of those nodes got L by a pull (unless it started
+that together hold M_{L,p}(t) bytes of memory on nodes of platform p is mounted, at t, on
+distinct nodes of p whose memory budgets add up to at least M_{L,p}(t) — so on at least
+``k_p(M)``, the fewest nodes of p whose memories sum to M taking the largest first.  That is
+never less than the issue's ⌈M / mem_max_p⌉ (mem_max_p the largest memory of a node of p)
+and is tighter in a mixed fleet: with one 16 GiB node and the rest 4 GiB, 40 GiB at once
+needs 7 nodes, not ⌈40 / 16⌉ = 3.  Each of those nodes got L by a pull (unless it started
 with it), and a pull serves one node, so::
 
-    capacity = Σ_{L, p not pre-seeded with L} size(L) · max_t ⌈M_{L,p}(t) / mem_max_p⌉
+    capacity = Σ_{L, p not pre-seeded with L} size(L) · k_p(max_t M_{L,p}(t))
+
+(k_p grows with M, so the busiest instant decides.)
 
 *At once* means at the same simulated instant: a request holds its memory and mounts its
 layers from its placement (``start``, the decision) until its workload ends (``end``); at
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 
 from berth.model import Layer
 
-__all__ = ["LayerUse", "capacity_bound", "distinct_layer_bound", "peak_nodes"]
+__all__ = ["LayerUse", "capacity_bound", "distinct_layer_bound", "nodes_needed", "peak_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +80,9 @@ def distinct_layer_bound(
     return sum(needed.values())
 
 
-def peak_nodes(intervals: Iterable[tuple[float, float, int]], mem_max: int) -> int:
-    """``max_t ⌈M(t) / mem_max⌉`` over ``(start, end, mem)`` intervals, ends before starts at
-    equal times; 0 when there are none (``mem_max`` must be positive)."""
+def peak_memory(intervals: Iterable[tuple[float, float, int]]) -> int:
+    """``max_t M(t)``: the most memory ``(start, end, mem)`` intervals hold at one instant,
+    ends before starts at equal times (0 when there are none)."""
     events = sorted(
         (at, kind, mem) for start, end, mem in intervals for at, kind in ((start, 1), (end, 0))
     )
@@ -85,22 +90,32 @@ def peak_nodes(intervals: Iterable[tuple[float, float, int]], mem_max: int) -> i
     for _, kind, mem in events:
         held += mem if kind else -mem
         peak = max(peak, held)
-    if not events:
-        return 0
-    return max(1, -(-peak // mem_max))  # a layer in use is on at least one node
+    return peak
+
+
+def nodes_needed(memory: int, node_mems: Sequence[int]) -> int:
+    """The fewest of ``node_mems`` (sorted largest first) whose sum reaches ``memory``; at
+    least 1 (a layer in use is on some node), all of them if even their sum falls short."""
+    total = 0
+    for count, mem in enumerate(node_mems, start=1):
+        total += mem
+        if total >= memory:
+            return count
+    return max(1, len(node_mems))
 
 
 def capacity_bound(
     uses: Iterable[LayerUse],
-    largest_mem: Mapping[str, int],
+    node_mems: Mapping[str, Sequence[int]],
     preseeded: Mapping[str, Iterable[str]] | None = None,
 ) -> int:
     """The capacity-aware bound (module docstring).
 
-    ``largest_mem`` maps each platform to the largest memory budget of a node of it;
-    ``preseeded`` maps a platform to the layers some node of it started with.
+    ``node_mems`` maps each platform to the memory budgets of its nodes; ``preseeded`` maps a
+    platform to the layers some node of it started with.
     """
     preseeded = preseeded or {}
+    ordered = {platform: sorted(mems, reverse=True) for platform, mems in node_mems.items()}
     intervals: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
     sizes: dict[str, int] = {}
     for use in uses:
@@ -112,5 +127,5 @@ def capacity_bound(
             intervals.setdefault((layer.id, use.platform), []).append((use.start, use.end, use.mem))
     total = 0
     for (layer_id, platform), spans in intervals.items():
-        total += sizes[layer_id] * peak_nodes(spans, largest_mem[platform])
+        total += sizes[layer_id] * nodes_needed(peak_memory(spans), ordered[platform])
     return total

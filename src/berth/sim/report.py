@@ -16,11 +16,11 @@ to the code that computes it:
   accepted; ``requests_with_refusals`` counts the decisions that saw at least one.
 * **bytes_pulled** against two lower bounds of the same run (:mod:`berth.sim.bounds`):
   ``lower_bound_bytes`` — every distinct layer pulled once — and ``capacity_bound_bytes`` —
-  a layer in use at once by requests holding M bytes of memory is on at least
-  ⌈M / largest node memory⌉ nodes of that platform.  ``pull_ratio`` divides by the first,
-  ``pull_ratio_capacity`` by the second (1.0 is the best possible; the capacity bound is the
-  tighter, so its ratio is the smaller and the fairer).  ``bytes_pulled_per_placed``
-  compares runs that placed different counts.
+  a layer in use at once by requests holding M bytes of memory is on at least as many nodes
+  of that platform as it takes, largest first, to hold M (≥ ⌈M / largest node memory⌉).
+  ``pull_ratio`` divides by the first, ``pull_ratio_capacity`` by the second (1.0 is the
+  best possible; the capacity bound is the tighter, so its ratio is the smaller and the
+  fairer).  ``bytes_pulled_per_placed`` compares runs that placed different counts.
 * **start latency** p50/p99 — modelled: time from arrival until the layers the workload needs
   are unpacked on the node (refusal round trips, pulls through the node's and the registry's
   shared bandwidth, unpacking, or another workload's pull still in flight) plus the fixed
@@ -75,8 +75,9 @@ DEFINITIONS: Mapping[str, str] = {
         "requests mounted, less those some node of the platform started with"
     ),
     "capacity_bound_bytes": (
-        "capacity-aware: per layer and platform, size x max over time of ceil(memory held at "
-        "once by placed requests using it / largest node memory of the platform)"
+        "capacity-aware: per layer and platform, size x the fewest nodes of the platform "
+        "(largest first) whose memory holds the most memory placed requests using the layer "
+        "hold at one instant (at least ceil(that memory / largest node memory))"
     ),
     "pull_ratio": "bytes_pulled / lower_bound_bytes (the every-distinct-layer-once bound)",
     "pull_ratio_capacity": "bytes_pulled / capacity_bound_bytes (the capacity-aware bound)",

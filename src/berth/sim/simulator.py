@@ -671,9 +671,9 @@ class Simulation:
             for d in tally.decisions
             if d.placed and d.ends_at is not None and d.node_platform is not None
         ]
-        largest: dict[str, int] = {}
+        node_mems: dict[str, list[int]] = {}
         for info in self.info.values():
-            largest[info.platform] = max(largest.get(info.platform, 0), info.mem_max)
+            node_mems.setdefault(info.platform, []).append(info.mem_max)
         return SimResult(
             config=self.config,
             policy=self.policy_name,
@@ -685,7 +685,7 @@ class Simulation:
             lower_bound_bytes=distinct_layer_bound(uses, self.preseeded),
             end_time=self.now,
             wall_seconds=time.perf_counter() - started,
-            capacity_bound_bytes=capacity_bound(uses, largest, self.preseeded),
+            capacity_bound_bytes=capacity_bound(uses, node_mems, self.preseeded),
             preseeded=self.preseeded,
         )
 

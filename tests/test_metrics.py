@@ -187,6 +187,7 @@ def test_outcomes_name_the_error_kinds() -> None:
     assert outcome_of(NoMatchingPlatform(("linux/arm64",), "linux/amd64 on 3 nodes")) == "invalid"
     assert outcome_of(Invalid("bad", field="spec")) == "invalid"
     assert outcome_of(Unavailable("down")) == "unavailable"
+    assert outcome_of(asyncio.CancelledError()) == "unavailable"  # a scheduler shutting down
     assert outcome_of(RuntimeError("bug")) == "error"
 
 

@@ -50,6 +50,7 @@ or one past the first ``MAX_REASONS`` distinct codes is counted as ``other``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -99,14 +100,15 @@ _REASON = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 def outcome_of(error: BaseException | None) -> str:
     """A decision's outcome label: ``placed`` (no error), ``no_capacity``, ``invalid`` (bad
-    input, ``NoMatchingPlatform`` included), ``unavailable`` or ``error``."""
+    input, ``NoMatchingPlatform`` included), ``unavailable`` (a decision cancelled — its
+    scheduler is shutting down — included) or ``error``."""
     if error is None:
         return "placed"
     if isinstance(error, NoCapacity):
         return "no_capacity"
     if isinstance(error, Invalid):
         return "invalid"
-    if isinstance(error, Unavailable):
+    if isinstance(error, Unavailable | asyncio.CancelledError):  # cancelled: shutting down
         return "unavailable"
     return "error"
 

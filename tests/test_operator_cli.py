@@ -14,11 +14,12 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from berth.cli import app
-from berth.errors import Invalid, Unavailable
+from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
 from berth.service.client import ApiClient, ApiLocation, api_file, locate
 
 
@@ -111,10 +112,34 @@ def test_no_api_anywhere_says_how_to_get_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["127.0.0.1:8080", "nats://127.0.0.1:4222", "http://", "http://h/?a=1"]
+    "url",
+    [
+        "127.0.0.1:8080",
+        "nats://127.0.0.1:4222",
+        "http://",
+        "http://h/?a=1",
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "http://127.0.0.1:9/\n",
+        "http://127.0.0.1 :9",
+    ],
 )
 def test_a_bad_api_url_is_named(url: str) -> None:
     one_line(("ps", "--api", url), "--api")
+
+
+@pytest.mark.parametrize("token", ["", "é", "a b", "a\nb", "x" * 5000])
+def test_a_token_that_cannot_be_sent_is_named_not_shown(token: str) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    line = one_line(("ps", "--api", url, "--token", token), "--token")
+    assert "characters that are not" in line and (not token or token not in line)
+
+
+def test_a_bad_token_in_the_api_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "api.json").write_text(json.dumps({"url": "http://127.0.0.1:1", "token": "a b"}))
+    with pytest.raises(Invalid) as caught:
+        locate(None, None, environ={"BERTH_HOME": str(tmp_path)})
+    assert caught.value.field == f"{tmp_path / 'api.json'}: token"
 
 
 # -- an API that is not there ----------------------------------------------------------------
@@ -156,6 +181,10 @@ def test_a_server_that_never_answers_times_out(silent_server: str) -> None:
         (("images", "add", "img", "--layer", "nocolon"), "--layer"),
         (("images", "add", "img", "--layer", "sha256:ab:-1GiB"), "--layer"),
         (("images", "add", "img", "--layer", "sha256:ab:8 GiBs"), "--layer"),
+        (("stop", ""), "ID"),
+        (("cordon", "a b"), "NODE"),
+        (("uncordon", "x" * 300), "NODE"),
+        (("drain", "node\u200b"), "NODE"),
     ],
 )
 def test_bad_flags_are_one_line_and_send_nothing(args: tuple[str, ...], flag: str) -> None:
@@ -164,3 +193,56 @@ def test_bad_flags_are_one_line_and_send_nothing(args: tuple[str, ...], flag: st
     one_line(
         (*args[:-2], "--api", url, *args[-2:]) if "--" in args else (*args, "--api", url), flag
     )
+
+
+# -- a server that answers badly -------------------------------------------------------------
+# (httpx's MockTransport plays a broken or hostile server; the real API is in the walk-through)
+def answering(status: int, content: bytes, kind: str = "application/problem+json") -> ApiClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=content, headers={"content-type": kind})
+
+    return ApiClient(ApiLocation("http://api", "t", "test"), transport=httpx.MockTransport(handler))
+
+
+def problem(status: int, **fields: object) -> bytes:
+    return json.dumps({"type": "x", "title": "t", "status": status, **fields}).encode()
+
+
+def test_a_validation_problem_names_the_request_field_once() -> None:
+    body = problem(400, detail="query.state: Input should be 'running'", field="query.state")
+    with answering(400, body) as client, pytest.raises(Invalid) as caught:
+        client.workloads(state="x")
+    assert caught.value.field == "state" and str(caught.value) == "state: must be 'running'"
+
+
+def test_no_capacity_keeps_the_counts_and_tolerates_junk_in_them() -> None:
+    body = problem(409, detail="0/3 nodes can run it", reasons={"mem_exhausted": 3})
+    with answering(409, body) as client, pytest.raises(NoCapacity) as caught:
+        client.nodes()
+    assert caught.value.reasons == {"mem_exhausted": "3"}
+    junk = problem(409, detail="x", reasons=[1, 2])
+    with answering(409, junk) as client, pytest.raises(NoCapacity) as caught:
+        client.nodes()
+    assert caught.value.reasons == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "expected"),
+    [
+        (500, b"boom", "failed with HTTP 500: boom"),
+        (502, b"\xff\xfe", "failed with HTTP 502"),
+        (404, problem(404, detail="no node 'x'"), "not found: no node 'x'"),
+        (503, problem(503, detail="no scheduler answers"), "no scheduler answers"),
+        (200, b"<html>", "the answer is not JSON"),
+        (200, b'{"items": [{"name": 5}]}', "does not match its schema: items.0"),
+        (200, b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        (500, b"[" * 100_000 + b"]" * 100_000, "failed with HTTP 500"),
+        (500, problem(500, detail="y" * 100_000), "y" * 100 + "…"),
+    ],
+)
+def test_a_broken_answer_is_one_error_not_a_traceback(
+    status: int, content: bytes, expected: str
+) -> None:
+    with answering(status, content) as client, pytest.raises(BerthError) as caught:
+        client.nodes()
+    assert expected in str(caught.value) and len(str(caught.value)) < 2200

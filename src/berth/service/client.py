@@ -37,6 +37,9 @@ __all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "loca
 API_FILE = "api.json"
 """The file under ``$BERTH_HOME`` (default ``~/.berth``) where ``berth up`` puts its API."""
 MAX_API_FILE_BYTES = 64 * 1024
+MAX_TOKEN = 4096
+MAX_DETAIL = 2000
+"""The most of a problem's ``detail`` an error line repeats (a broken server may send more)."""
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -69,12 +72,36 @@ class ApiLocation:
 
 
 def _checked_url(url: str, field: str) -> str:
-    parts = urlsplit(url)
+    expected = f"expected an http:// or https:// URL, got {shown(url)}"
+    if not url.isprintable() or any(character.isspace() for character in url):
+        raise Invalid(expected, field=field)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError when out of range
+    except ValueError as error:
+        raise Invalid(f"{expected}: {error}", field=field) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise Invalid(f"expected an http:// or https:// URL, got {shown(url)}", field=field)
+        raise Invalid(expected, field=field)
     if parts.query or parts.fragment:
         raise Invalid(f"expected a URL without a query, got {shown(url)}", field=field)
     return url.rstrip("/")
+
+
+def _checked_token(token: str | None, field: str) -> str | None:
+    """A token travels in a header: printable ASCII without spaces (the server says more)."""
+    if token is None:
+        return None
+    if not token or len(token) > MAX_TOKEN or not token.isascii() or not _visible(token):
+        raise Invalid(  # a secret: its value is not repeated
+            f"expected 1-{MAX_TOKEN} printable ASCII characters without spaces, got "
+            f"{len(token)} characters that are not",
+            field=field,
+        )
+    return token
+
+
+def _visible(text: str) -> bool:
+    return all(33 <= ord(character) <= 126 for character in text)
 
 
 def _read_api_file(path: Path) -> dict[str, Any] | None:
@@ -89,7 +116,7 @@ def _read_api_file(path: Path) -> dict[str, Any] | None:
         raise Invalid(f"larger than {MAX_API_FILE_BYTES} bytes", field=str(path))
     try:
         document = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested too deeply
         raise Invalid(f"not a JSON document: {error}", field=str(path)) from None
     if not isinstance(document, dict) or not isinstance(document.get("url"), str):
         raise Invalid('expected {"url": ..., "token": ...}', field=str(path))
@@ -106,12 +133,13 @@ def locate(
     else ``$BERTH_HOME/api.json``.  The file's token is used with the file's URL, or with an
     ``api`` equal to it; a token given explicitly always wins."""
     path = api_file(environ)
+    token = _checked_token(token, "--token")
     if api is not None:
         url = _checked_url(api, "--api")
         if token is None:
             written = _read_api_file(path)
             if written is not None and written["url"].rstrip("/") == url:
-                token = written.get("token")
+                token = _checked_token(written.get("token"), f"{path}: token")
         return ApiLocation(url, token, "--api")
     written = _read_api_file(path)
     if written is None:
@@ -121,21 +149,18 @@ def locate(
             field="--api",
         )
     url = _checked_url(written["url"], str(path))
-    return ApiLocation(url, token if token is not None else written.get("token"), str(path))
+    if token is None:
+        token = _checked_token(written.get("token"), f"{path}: token")
+    return ApiLocation(url, token, str(path))
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:
+    """The problem document of an error answer; whatever else it is, its text, shortened."""
     try:
         document = response.json()
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply
         return {"detail": one_line(response.text[:200]) or response.reason_phrase}
     return document if isinstance(document, dict) else {"detail": shown(document)}
-
-
-def _counts(reasons: object) -> str:
-    if not isinstance(reasons, dict) or not reasons:
-        return ""
-    return ", ".join(f"{count} {reason}" for reason, count in reasons.items())
 
 
 class ApiClient:
@@ -203,7 +228,7 @@ class ApiClient:
             return None
         try:
             return response.json()
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply
             raise ApiError(
                 f"{method} {url}: the answer is not JSON: {shown(response.text[:100])}",
                 status=response.status_code,
@@ -213,6 +238,8 @@ class ApiClient:
         status = response.status_code
         problem = _problem(response)
         detail = str(problem.get("detail") or problem.get("title") or response.reason_phrase)
+        if len(detail) > MAX_DETAIL:
+            detail = detail[:MAX_DETAIL] + "…"
         if status == 400 or status == 422:
             field = _field(problem.get("field"))
             if field and detail.startswith(f"{problem.get('field')}: "):  # said twice otherwise
@@ -221,10 +248,9 @@ class ApiClient:
             return Invalid(detail.replace("Input should be", "must be"), field=field)
         if status == 409:
             error = NoCapacity(detail)
-            error.reasons = {
-                str(reason): str(count)
-                for reason, count in dict(problem.get("reasons") or {}).items()
-            }
+            reasons = problem.get("reasons")  # {"mem_exhausted": 3, …}: counts per reason
+            if isinstance(reasons, dict):
+                error.reasons = {str(reason): str(count) for reason, count in reasons.items()}
             return error
         if status == 503:
             return Unavailable(detail)
@@ -244,6 +270,8 @@ class ApiClient:
     def _parsed(self, model: type[M], document: Any, what: str) -> M:
         try:
             return model.model_validate(document)
+        except RecursionError:
+            raise ApiError(f"the API's answer to {what} is nested too deeply") from None
         except ValidationError as error:
             first = error.errors()[0]
             where = ".".join(map(str, first.get("loc", ()))) or "the document"

@@ -36,7 +36,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from berth.errors import Invalid
-from berth.model import Layer, Seconds
+from berth.model import Layer, Name, Seconds
 from berth.service.client import ApiClient, locate
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
@@ -49,6 +49,7 @@ progress_console = Console(stderr=True)
 T = TypeVar("T")
 
 _SECONDS: Rule[float] = Rule(Seconds)
+_NAME: Rule[str] = Rule(Name)
 MAX_PIPED_WIDTH = 1000
 """The widest a table printed to a pipe or a file gets (a long command is folded there)."""
 DRAIN_POLL_S = 0.5
@@ -267,6 +268,7 @@ def stop(
 ) -> None:
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
     grace = _SECONDS(grace, "--grace")
+    _NAME(workload_id, "ID")
     with _client(api, token) as client, fields_as({"grace_s": "--grace", "id": "ID"}):
         workload = client.stop(workload_id, grace_s=grace)
     if as_json:
@@ -370,6 +372,7 @@ def cordon(
     as_json: JsonOption = False,
 ) -> None:
     """Mark a node unschedulable: it gets no new placements; its workloads keep running."""
+    _NAME(node, "NODE")
     with _client(api, token) as client:
         info = client.cordon(node)
     if as_json:
@@ -390,6 +393,7 @@ def uncordon(
     as_json: JsonOption = False,
 ) -> None:
     """Make a cordoned node schedulable again."""
+    _NAME(node, "NODE")
     with _client(api, token) as client:
         info = client.uncordon(node)
     if as_json:
@@ -407,6 +411,7 @@ def drain(
 ) -> None:
     """Cordon a node, then stop its workloads (restartable ones are placed again elsewhere)."""
     grace = _SECONDS(grace, "--grace")
+    _NAME(node, "NODE")
     location = locate(api, token)
     with ApiClient(location) as client:
         info = client.node(node)  # an unknown node is a 404 before anything changes

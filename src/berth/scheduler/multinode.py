@@ -42,6 +42,10 @@ moment a node is asked until the lease is released, its workload :meth:`ended`, 
 leaves, or an unbound lease runs out).  A hard spread is re-checked on each node just before
 it is asked, so concurrent requests of one function cannot both take the same slot.
 
+**Measured.**  Each decision reports to a probe (:mod:`berth.observability.probe`): with
+``metrics`` it is counted by outcome and timed, its rankings, attempts and refusals too; with
+tracing on it is a ``berth.scheduler.place`` span.  Without either the probe is a shared no-op.
+
 Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
 A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first
 (unless a soft spread moved it to the second tier: then it keeps its place there).

@@ -24,6 +24,9 @@ the node holds the reservation until told, and this client releases it when the 
 before its next call to that node, so the release is never overtaken (see
 :class:`~berth.nodeclient.nats_server.HeldUntilReleased`).  Bind to workload ids where the
 workload runs on the node.
+
+Every request carries the current trace context in its headers, under a
+``berth.nodeclient.<op>`` client span when tracing is on (:mod:`berth.observability.tracing`).
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ deliberately does not:
 ``admit``, ``bind`` and ``release`` are answered in arrival order, one at a time (they are
 quick and synchronous on the agent); ``run`` and ``stop`` boot or stop a workload, so each is
 answered from its own task and a slow boot never holds up admissions.
+
+Each request continues the trace whose context its headers carry (a ``berth.node.<op>``
+server span when tracing is on; :mod:`berth.observability.tracing`), so a node's admission
+and boot join the placement that asked for them.
 """
 
 from __future__ import annotations

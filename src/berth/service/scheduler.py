@@ -25,6 +25,11 @@ On a confirmed placement the service records a route (:mod:`berth.service.routes
 has a registry, and on ``release`` removes it; when a node leaves its replica (expired or
 shut down) it purges that node's routes.  Registry failures are logged, never a failed
 placement: the node's reservation is the truth, the route an index of it.
+
+Traces cross the queue group: :class:`NatsScheduler` sends the caller's trace context in the
+request's headers and the service continues it (``berth.scheduler.<op>`` spans), passing it on
+to the nodes (:mod:`berth.observability.tracing`).  ``scheduler_service`` measures its
+scheduler with a :class:`~berth.observability.metrics.Metrics` (``GET /metrics``).
 """
 
 from __future__ import annotations

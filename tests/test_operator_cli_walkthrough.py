@@ -221,6 +221,14 @@ def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
     assert "refused the token" in line and "BERTH_TOKEN" in line
 
 
+def test_names_and_commands_with_markup_print_as_typed(up: Up) -> None:
+    # rich reads "[red]" as a style and "[/]" alone as an error: API strings are escaped
+    line = ok(up, "run", "hello", "--name", "[/]odd[red]", "--", "echo", "[bold]x[/bold]", "[/]")
+    assert "default/[/]odd[red]/0" in line, line
+    table = ok(up, "ps", "--namespace", "default")
+    assert "[/]odd[red]" in table and "echo '[bold]x[/bold]' '[/]'" in table, table
+
+
 def test_stopping_berth_up_removes_the_api_file(up: Up) -> None:
     # last in this module: the fixture's cluster is gone after it
     up.process.send_signal(signal.SIGINT)

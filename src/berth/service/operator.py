@@ -31,6 +31,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -208,6 +209,7 @@ def run(
         f"{workload.id} {workload.state} on {workload.node}: {key} (rank {workload.rank}, "
         f"colocated {_size(workload.colocated_bytes)}, reservation {workload.reservation_id})",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
 
@@ -240,13 +242,18 @@ def ps(
         if workload.replaced_by:
             state_text += f" → {workload.replaced_by}"
         table.add_row(
-            workload.id,
-            f"{workload.namespace}/{workload.name}/{workload.replica}",
-            workload.node,
-            state_text,
-            workload.image or "-",
-            shlex.join(workload.command),
-            _age(now - workload.created_at),
+            *map(
+                escape,
+                (
+                    workload.id,
+                    f"{workload.namespace}/{workload.name}/{workload.replica}",
+                    workload.node,
+                    state_text,
+                    workload.image or "-",
+                    shlex.join(workload.command),
+                    _age(now - workload.created_at),
+                ),
+            )
         )
     _show(table, whole=("id", "node"))
 
@@ -278,6 +285,7 @@ def stop(
         f"{workload.id} {workload.state}: {workload.namespace}/{workload.name}/"
         f"{workload.replica} on {workload.node}",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
 
@@ -309,7 +317,9 @@ def explain(
     if as_json:
         _print_json(explanation)
         return
-    table = Table(title=f"where {body['namespace']}/{body['name']} ({image}, {type_}) could go")
+    table = Table(
+        title=escape(f"where {body['namespace']}/{body['name']} ({image}, {type_}) could go")
+    )
     for column in ("node", "verdict", "rank", "colocated", "detail"):
         table.add_column(column, no_wrap=column != "detail")
     verdicts = sorted(
@@ -319,14 +329,14 @@ def explain(
     for verdict in verdicts:
         fits = verdict.verdict == "fits"
         table.add_row(
-            verdict.node,
-            f"[green]{verdict.verdict}[/]" if fits else f"[red]{verdict.verdict}[/]",
+            escape(verdict.node),
+            f"[{'green' if fits else 'red'}]{escape(verdict.verdict)}[/]",
             "-" if verdict.rank is None else str(verdict.rank),
             _size(verdict.colocated_bytes),
-            "" if verdict.detail == verdict.verdict else verdict.detail,
+            "" if verdict.detail == verdict.verdict else escape(verdict.detail),
         )
     _show(table, whole=("node",))
-    console.print(explanation.summary, highlight=False, soft_wrap=True)
+    console.print(explanation.summary, highlight=False, soft_wrap=True, markup=False)
 
 
 # -- nodes -----------------------------------------------------------------------------------
@@ -349,8 +359,8 @@ def nodes(
     table.add_column("layers", justify="right")
     for node in items:
         table.add_row(
-            node.name,
-            node.platform,
+            escape(node.name),
+            escape(node.platform),
             "[yellow]cordoned[/]" if node.cordoned else "[green]ready[/]",
             f"{_size(node.mem_reserved)} / {_size(node.mem_max)}",
             f"{_size(node.disk_reserved)} / {_size(node.disk_max)}",
@@ -382,6 +392,7 @@ def cordon(
         f"{info.name} cordoned: no new placements; {info.workloads} workload"
         f"{'s' if info.workloads != 1 else ''} keep running (berth drain {info.name} stops them)",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
 
@@ -399,7 +410,9 @@ def uncordon(
     if as_json:
         _print_json(info)
         return
-    console.print(f"{info.name} uncordoned: it takes placements again", highlight=False)
+    console.print(
+        f"{info.name} uncordoned: it takes placements again", highlight=False, markup=False
+    )
 
 
 def drain(
@@ -430,8 +443,8 @@ def drain(
     if as_json:
         _print_json(report)
         return
-    table = Table(title=f"drained {report.node}: {len(report.items)} workload"
-                  f"{'s' if len(report.items) != 1 else ''}")  # fmt: skip
+    table = Table(title=escape(f"drained {report.node}: {len(report.items)} workload"
+                               f"{'s' if len(report.items) != 1 else ''}"))  # fmt: skip
     for column in ("workload", "outcome", "replacement", "detail"):
         table.add_column(column, no_wrap=column != "detail")
     colours = {"stopped": "green", "replaced": "cyan", "failed": "red"}
@@ -440,13 +453,19 @@ def drain(
         if item.new_workload_id:
             replacement = f"{item.new_workload_id} on {item.new_node or '?'}"
         colour = colours.get(item.outcome, "white")
-        table.add_row(item.workload_id, f"[{colour}]{item.outcome}[/]", replacement, item.detail)
+        table.add_row(
+            escape(item.workload_id),
+            f"[{colour}]{escape(item.outcome)}[/]",
+            escape(replacement),
+            escape(item.detail),
+        )
     _show(table, whole=("workload",))
     failed = sum(1 for item in report.items if item.outcome == "failed")
     console.print(
         f"{report.node} is cordoned and drained"
         + (f"; {failed} workload{'s' if failed != 1 else ''} failed to stop" if failed else ""),
         highlight=False,
+        markup=False,
     )
     if failed:
         raise typer.Exit(1)
@@ -472,7 +491,7 @@ def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: st
         console=progress_console,
         transient=True,
     ) as progress:
-        task = progress.add_task(f"draining {node}", total=max(total, 1))
+        task = progress.add_task(escape(f"draining {node}"), total=max(total, 1))
         worker.start()
         while worker.is_alive():
             worker.join(DRAIN_POLL_S)
@@ -513,8 +532,8 @@ def images(
     for column in ("image", "platform", "layers", "size"):
         table.add_column(column, no_wrap=column != "image")
     for image in items:
-        table.add_row(image.name, image.platform or "any", str(len(image.layers)),
-                      _size(image.size))  # fmt: skip
+        table.add_row(escape(image.name), escape(image.platform or "any"),
+                      str(len(image.layers)), _size(image.size))  # fmt: skip
     _show(table, whole=("image",))
 
 
@@ -523,6 +542,7 @@ def _print_image(image: Any, verb: str) -> None:
         f"{verb} {image.name}: {len(image.layers)} layer{'s' if len(image.layers) != 1 else ''}"
         f", {_size(image.size)}, platform {image.platform or 'any'}",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
 

@@ -27,6 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from berth.cli import app
+from berth.oci import ImageSpec, file, write_layout
 
 NODES = ("node-00", "node-01", "node-02")
 START_TIMEOUT_S = 120.0
@@ -219,6 +220,21 @@ def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
     assert error_line(up, "ps", "--state", "sleeping").startswith("error: --state: must be ")
     line = error_line(up, "nodes", env={"BERTH_TOKEN": "x" * 43})
     assert "refused the token" in line and "BERTH_TOKEN" in line
+
+
+def test_images_import_an_oci_layout(
+    up: Up, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_layout(tmp_path / "layout", ImageSpec(layers=[[file("hello", "hi")]], cmd=("true",)))
+    monkeypatch.chdir(tmp_path)  # a relative PATH is sent as an absolute one
+    line = ok(up, "images", "import-oci", "layout", "--name", "from-oci")
+    assert line.strip() == "imported from-oci: 1 layer, " + line.split(", ", 1)[1].strip(), line
+    assert line.strip().endswith("platform linux/amd64"), line
+    image = document(up, "images", "import-oci", "layout", "--name", "again")
+    assert image["name"] == "again" and image["layers"][0]["id"].startswith("sha256:")
+    assert {"from-oci", "again"} <= {item["name"] for item in document(up, "images")["items"]}
+    line = error_line(up, "images", "import-oci", "nowhere")
+    assert f"'{tmp_path / 'nowhere'}' does not exist" in line, line
 
 
 def test_names_and_commands_with_markup_print_as_typed(up: Up) -> None:

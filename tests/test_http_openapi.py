@@ -3,9 +3,12 @@ the application answers problem+json for what it refuses, without a cluster behi
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from berth.errors import Invalid
@@ -76,3 +79,29 @@ def test_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert path == tmp_path / "home" / "api.json"
     assert json.loads(path.read_text()) == {"url": "http://127.0.0.1:1", "token": "c" * 20}
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_large_bodies_are_413_and_nothing_is_read_past_the_limit() -> None:
+    from berth.service.http.app import MAX_BODY_BYTES, create_app
+
+    token = "t" * 20
+    app = create_app(None, token=token)  # no backend: the call never reaches a route
+    headers = {"Authorization": f"Bearer {token}", "content-type": "application/json"}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"name": "'
+        for _ in range(MAX_BODY_BYTES // 65536 + 2):
+            yield b"x" * 65536
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            big = b'{"name": "' + b"x" * MAX_BODY_BYTES + b'"}'
+            response = await http.post("/v1/workloads", content=big, headers=headers)
+            assert response.status_code == 413, response.text
+            assert response.headers["content-type"] == "application/problem+json"
+            chunked = await http.post("/v1/workloads", content=chunks(), headers=headers)
+            assert chunked.status_code in (400, 413), chunked.text
+            assert chunked.headers["content-type"] == "application/problem+json"
+
+    asyncio.run(main())

@@ -18,13 +18,14 @@ from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.openapi.utils import get_openapi
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
 from berth.service.http import dashboard, metrics, schemas
 from berth.service.http.auth import require_token
 from berth.service.http.backend import ClusterBackend
-from berth.service.http.problems import ProblemBody, install, problem_responses
+from berth.service.http.problems import Problem, ProblemBody, install, problem_responses
 from berth.service.images import Image
 from berth.service.workloads import Workload
 
@@ -226,6 +227,61 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     return api
 
 
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body accepted (a workload's request is a few KiB); more is ``413``."""
+
+
+class BodyLimit:
+    """ASGI middleware: a body larger than ``limit`` bytes is answered ``413`` (problem+json)
+    before it is read — by its ``Content-Length``, or, for a chunked body, as soon as the
+    bytes received pass the limit (the rest is not read)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            await self._too_large(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, sending)
+        except _TooLarge:
+            if not started:
+                await self._too_large(scope, receive, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        problem = Problem(413, "too_large", "request too large",
+                          f"the body is larger than {self.limit} bytes")  # fmt: skip
+        await problem.response()(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    """A chunked body passed the limit."""
+
+
 def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
     """The application over ``backend``, requiring ``token`` (see the module docstring)."""
     app = FastAPI(
@@ -237,6 +293,7 @@ def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
         redoc_url=None,
     )
     app.state.token = token
+    app.add_middleware(BodyLimit)
     if backend is not None:  # None: generated_openapi (routes declared, never called)
         app.state.metrics = backend.scheduler.metrics  # served by GET /metrics (http/metrics.py)
     install(app)

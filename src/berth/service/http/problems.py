@@ -46,6 +46,7 @@ _TITLES = {
     404: "not found",
     405: "method not allowed",
     409: "conflict",
+    413: "request too large",
     500: "internal error",
     503: "unavailable",
 }

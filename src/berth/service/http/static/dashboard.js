@@ -8,6 +8,7 @@
 (function () {
   const PERIOD_MS = 1000;
   const PLACEMENTS = 25;
+  const MAX_WORKLOADS = 200;
   let polls = 0;
 
   function el(tag, attributes, children) {
@@ -209,11 +210,20 @@
         get("/v1/placements/recent?limit=" + PLACEMENTS),
       ]);
       const nodeItems = nodes.items.slice().sort((a, b) => (a.name < b.name ? -1 : 1));
-      const workloadItems = workloads.items.slice().sort((a, b) => b.created_at - a.created_at);
+      // running first, newest first; the rest of a long history is `berth ps`'s
+      const workloadItems = workloads.items.slice().sort((a, b) =>
+        (a.state !== "running") - (b.state !== "running") || b.created_at - a.created_at);
       const placementItems = placements.items.slice().sort((a, b) => b.at - a.at);
       summary(nodeItems, workloadItems);
       fill("nodes", nodeItems.map(nodeRow), "no nodes in the cluster", 10);
-      fill("workloads", workloadItems.map(workloadRow), "no workloads yet", 8);
+      const workloadRows = workloadItems.slice(0, MAX_WORKLOADS).map(workloadRow);
+      if (workloadItems.length > MAX_WORKLOADS) {
+        const more = el("td", { text: "… and " + (workloadItems.length - MAX_WORKLOADS) +
+          " more (berth ps lists them all)" });
+        more.colSpan = 8;
+        workloadRows.push(el("tr", { class: "empty" }, [more]));
+      }
+      fill("workloads", workloadRows, "no workloads yet", 8);
       fill("placements", placementItems.map(placementRow), "no placements yet", 7);
       status("live · updated " + new Date().toLocaleTimeString(), "ok");
       document.body.dataset.state = "live";

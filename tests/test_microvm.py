@@ -331,3 +331,22 @@ def test_scratch_left_by_a_dead_process_is_removed_at_start(tmp_path: Path) -> N
     )
     assert not orphan.exists()
     assert mine.exists() and other.exists()
+
+
+def test_an_initramfs_from_another_berth_is_reported_and_refused(tmp_path: Path) -> None:
+    files = GuestFiles.at(tmp_path / "data")
+    kernel_dir = files.kernel_root / "6.1.0-test"
+    kernel_dir.mkdir(parents=True)
+    (kernel_dir / "vmlinuz").write_bytes(b"not really a kernel")
+    (files.kernel_root / "current").write_text("6.1.0-test\n")
+    files.initramfs.write_bytes(newc_archive([CpioEntry("init", stat.S_IFREG | 0o755, b"old")]))
+    assert any("another berth's: berth microvm setup" in line for line in problems(files))
+    runtime = MicrovmRuntime(
+        LayerFiles(tmp_path / "layers"), tmp_path / "oci", files=files, accel="tcg"
+    )
+
+    async def scenario() -> None:
+        with pytest.raises(BootFailed, match="another berth's"):
+            await runtime.start(BootSpec(name="x", command=("true",)))
+
+    run(scenario)

@@ -20,8 +20,7 @@ powers off, so the host never waits for a guest that cannot start):
    and report ``boot-failed not-found`` if it is not there;
 5. run the workload — ``env -i`` with exactly its environment, ``chroot`` into the image,
    stdin ``/dev/null``, output on the console — and print ``running``;
-6. on a ``berth-stop`` line on the console, ``SIGTERM`` every process but init
-   (``berth-kill``: ``SIGKILL``);
+6. on a ``berth-stop`` line on the console, ``SIGTERM`` every process but init;
 7. when the workload ends, print ``exit <status> <oom kills>`` (the shell's status: 128 + the
    signal for a killed process; the kernel's ``oom_kill`` counter) and power off.
 
@@ -154,10 +153,7 @@ child=$!
 say running
 (
   while read -r line; do
-    case "$line" in
-      berth-stop) kill -TERM -1 ;;
-      berth-kill) kill -KILL -1 ;;
-    esac
+    [ "$line" = berth-stop ] && kill -TERM -1
   done
 ) </dev/console &
 watcher=$!

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from berth.errors import Invalid
+from berth.node.microvm.initramfs import INIT_SCRIPT
 from berth.validation import shown
 
 __all__ = [
@@ -111,6 +112,14 @@ class GuestFiles:
         """The default OCI image layout workloads' images are read from."""
         return self.data_dir / "images"
 
+    def initramfs_is_current(self) -> bool:
+        """Whether the initramfs holds this berth's init (one built by another version of
+        berth would speak another protocol)."""
+        try:
+            return INIT_SCRIPT.encode() in self.initramfs.read_bytes()
+        except OSError:
+            return False
+
     def probed_accel(self) -> tuple[Accel, str] | None:
         """What ``berth microvm setup`` found (``("tcg", "kvm: …")``), or ``None``."""
         try:
@@ -145,4 +154,6 @@ def problems(files: GuestFiles, qemu: str = DEFAULT_QEMU) -> list[str]:
         found.append(f"no guest kernel in {files.kernel_root}: {setup}")
     if not files.initramfs.is_file():
         found.append(f"no initramfs at {files.initramfs}: {setup}")
+    elif not files.initramfs_is_current():
+        found.append(f"the initramfs at {files.initramfs} is another berth's: {setup}")
     return found

@@ -124,6 +124,7 @@ class MicroVM:
         self._on_output = on_output
         self._prefix = f"berth:{nonce}:"
         self._stderr: deque[str] = deque(maxlen=20)
+        self._first_output = asyncio.Event()
         loop = asyncio.get_running_loop()
         self.running: asyncio.Future[None] = loop.create_future()
         self._end: asyncio.Future[GuestEnd] = loop.create_future()
@@ -175,6 +176,7 @@ class MicroVM:
                 self._end.set_exception(error)
             raise
         finally:
+            self._first_output.set()  # no more output will come: wake whoever waits for it
             if self._console_log is not None:
                 with contextlib.suppress(OSError):
                     self._console_log.close()
@@ -212,6 +214,7 @@ class MicroVM:
         self.output.append(line)
         if self.first_output_at is None and not _KERNEL_LINE.match(line):
             self.first_output_at = time.monotonic()
+            self._first_output.set()
         if self._on_output is not None:
             self._on_output(line)
 
@@ -244,16 +247,18 @@ class MicroVM:
         """Ask the init to ``SIGTERM`` the workload (it reports the exit and powers off)."""
         await self._send(b"berth-stop\n")
 
-    async def request_kill(self) -> None:
-        """Ask the init to ``SIGKILL`` the workload."""
-        await self._send(b"berth-kill\n")
-
     def kill(self) -> None:
         """Kill QEMU at once."""
         if self.process.returncode is None:
             self.killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def first_output(self) -> float | None:
+        """The monotonic time of the workload's first line, once there is one; ``None`` if
+        the guest ended without printing any."""
+        await self._first_output.wait()
+        return self.first_output_at
 
     @property
     def ended(self) -> bool:

@@ -131,10 +131,10 @@ class MicrovmWorkload(Workload):
         return None if running is None else running - self.vm.launched_at
 
     async def first_output(self) -> float:
-        """Wait for the workload's first line of output; its monotonic time (or the end's)."""
-        while self.vm.first_output_at is None and not self.done:
-            await asyncio.sleep(0.01)
-        return self.vm.first_output_at or time.monotonic()
+        """Wait for the workload's first line of output; its monotonic time (or, for a
+        workload that printed nothing, the time its guest ended)."""
+        first = await self.vm.first_output()
+        return first if first is not None else time.monotonic()
 
 
 @dataclass
@@ -307,7 +307,7 @@ class MicrovmRuntime:
             raise Invalid(f"expected a BootSpec, got {shown(spec)}", field="spec")
         workload_id = self._ids.next(spec)
         kernel = self.files.kernel
-        if kernel is None or not kernel.is_file() or not self.files.initramfs.is_file():
+        if kernel is None or not kernel.is_file() or not self.files.initramfs_is_current():
             missing = "; ".join(self.problems()) or "no guest kernel"
             raise BootFailed(f"microVMs are not set up: {missing}")
         if "=" in spec.command[0]:

@@ -17,7 +17,7 @@ from berth.nodeclient.local import LocalNodes
 from berth.ownership import Admission
 from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.spread import SPREAD, Replicas, SpreadRule
+from berth.scheduler.spread import SPREAD, LabelIndex, Replicas, SpreadRule
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 
@@ -385,11 +385,34 @@ def test_rule_domains_are_the_label_values_of_nodes_on_the_requests_platforms() 
                          net_bw_ceiling=1.0)  # fmt: skip
 
     states = [state("x", "a", "linux/amd64"), state("y", "b", "linux/arm64")]
-    amd = SpreadRule(HARD_ZONE, ("d", "fn"), states, (Platform.parse("linux/amd64"),))
+    amd = SpreadRule.of(HARD_ZONE, ("d", "fn"), states, (Platform.parse("linux/amd64"),))
     assert amd.domains == {"a"}
-    every = SpreadRule(HARD_ZONE, ("d", "fn"), states)
+    every = SpreadRule.of(HARD_ZONE, ("d", "fn"), states)
     assert every.domains == {"a", "b"}
     # One replica in a: with b a domain, a is one ahead; b is the least loaded.
     assert every.judge({"x": 1}).violation("x") is not None
     assert every.judge({"x": 1}).violation("y") is None
     assert amd.judge({"x": 1}).violation("x") is None
+
+
+def test_label_index_follows_joins_relabels_and_leaves_and_rules_stay_values() -> None:
+    def state(name: str, zone: str | None, generation: int = 0) -> NodeState:
+        return NodeState(node=name, platform="linux/amd64", generation=generation,
+                         labels={} if zone is None else {"zone": zone}, mem_free=GiB,
+                         disk_free=GiB, cpu_capacity=1.0, disk_bw_ceiling=1.0,
+                         net_bw_ceiling=1.0)  # fmt: skip
+
+    index = LabelIndex()
+    index.update(state("x", "a"))
+    index.update(state("y", "b"))
+    before = index.rule(HARD_ZONE, ("d", "fn"))
+    assert before.domains == {"a", "b"} and dict(before.values) == {"x": "a", "y": "b"}
+    assert index.rule(HARD_ZONE, ("d", "fn")).values is before.values  # frozen, shared
+    index.update(state("y", "c", generation=1))  # relabelled
+    index.update(state("z", None))  # joined without the label
+    after = index.rule(HARD_ZONE, ("d", "fn"))
+    assert after.domains == {"a", "c"} and dict(after.values) == {"x": "a", "y": "c"}
+    assert dict(before.values) == {"x": "a", "y": "b"}  # a rule made earlier is unchanged
+    index.remove("x")
+    assert index.rule(HARD_ZONE, ("d", "fn")).domains == {"c"}
+    assert index.rule(HARD_NODE, ("d", "fn")).domains == frozenset()

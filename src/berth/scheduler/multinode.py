@@ -90,7 +90,7 @@ from berth.scheduler.explain import Explanation, verdicts
 from berth.scheduler.policy import Policy
 from berth.scheduler.ranking import Ranker, Ranking
 from berth.scheduler.reference import ReferenceRanker
-from berth.scheduler.spread import Function, Replicas, SpreadRanking, SpreadRule, spread_for
+from berth.scheduler.spread import Function, LabelIndex, Replicas, SpreadRanking, SpreadRule
 from berth.state import NodeState, colocation_score
 from berth.store.port import StateEvent, StateStore
 from berth.validation import Rule, shown
@@ -175,6 +175,7 @@ class ClusterScheduler:
             AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
         )
         self.replicas = Replicas(self.lease_ttl_s, clock=clock)
+        self._labels = LabelIndex()  # the nodes' labels, for label spreads
         self._base: dict[str, NodeState] = {}  # the nodes' own latest snapshots
         self._states: dict[str, NodeState] = {}  # the view ranked: snapshots + assumptions
         self._unsubscribe = store.subscribe(self._on_event)
@@ -189,6 +190,7 @@ class ClusterScheduler:
             if current is not None and current.generation > event.state.generation:
                 return
             self._base[event.node] = event.state
+            self._labels.update(event.state)
             if self.assumed is not None:
                 self.assumed.covered(event.state)
             self._refresh(event.node)
@@ -198,6 +200,7 @@ class ClusterScheduler:
             if self.assumed is not None:
                 self.assumed.drop_node(event.node)
             self.replicas.drop_node(event.node)
+            self._labels.remove(event.node)
             self.ranker.remove(event.node)
 
     def _refresh(self, node: str) -> None:
@@ -339,7 +342,7 @@ class ClusterScheduler:
     def _spread_rule(
         self, spread: Spread | None, function: Function, platforms: Sequence[Platform]
     ) -> SpreadRule | None:
-        return spread_for(spread, function, self._states.values, platforms)
+        return None if spread is None else self._labels.rule(spread, function, platforms)
 
     async def place(
         self,

@@ -49,8 +49,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import overload
 
 from berth.model import Spread
@@ -59,7 +60,15 @@ from berth.platform import Platform, matches_any
 from berth.scheduler.ranking import Ranking
 from berth.state import NodeState
 
-__all__ = ["SPREAD", "Function", "Judge", "Replicas", "SpreadRanking", "SpreadRule"]
+__all__ = [
+    "SPREAD",
+    "Function",
+    "Judge",
+    "LabelIndex",
+    "Replicas",
+    "SpreadRanking",
+    "SpreadRule",
+]
 
 SPREAD = "spread"
 """The reason code of a node a hard spread excludes (in ``NoCapacity`` and explanations)."""
@@ -71,31 +80,38 @@ Function = tuple[str, str]
 class SpreadRule:
     """One request's spread over one view of the cluster (see the module docstring).
 
-    Built once per ranking from the view's snapshots; :meth:`judge` binds it to replica
-    counts (a snapshot of them for a ranking, the live ones for a walk's re-check).
+    ``values`` maps each node to its value of the spread's label (nodes without it absent),
+    ``domains`` are the values counted (those of nodes running one of the request's
+    platforms); both are fixed for the rule's life.  Built once per ranking
+    (:meth:`LabelIndex.rule`, or :meth:`of` from snapshots); :meth:`judge` binds it to
+    replica counts (a copy of them for a ranking, the live ones for a walk's re-check).
     """
 
     def __init__(
         self,
         spread: Spread,
         function: Function,
-        states: Iterable[NodeState],
-        platforms: Sequence[Platform] = (),
+        values: Mapping[str, str] | None = None,
+        domains: frozenset[str] = frozenset(),
     ) -> None:
         self.spread = spread
         self.function = function
-        self.values: dict[str, str] = {}
-        domains: set[str] = set()
-        label = spread.label
-        if label is not None:
-            for state in states:
-                value = state.labels.get(label)
-                if value is None:
-                    continue
-                self.values[state.node] = value
-                if matches_any(state.platform, platforms):
-                    domains.add(value)
-        self.domains = frozenset(domains)
+        self.values: Mapping[str, str] = _EMPTY_VALUES if values is None else values
+        self.domains = domains
+
+    @classmethod
+    def of(
+        cls,
+        spread: Spread,
+        function: Function,
+        states: Iterable[NodeState],
+        platforms: Sequence[Platform] = (),
+    ) -> SpreadRule:
+        """The rule for ``spread`` over the nodes of ``states``."""
+        index = LabelIndex()
+        for state in states:
+            index.update(state)
+        return index.rule(spread, function, platforms)
 
     def judge(self, counts: Mapping[str, int]) -> Judge:
         """The rule against ``counts`` (node → this function's replicas there)."""
@@ -232,6 +248,77 @@ class SpreadRanking(Ranking):
         return len(self._order)
 
 
+class LabelIndex:
+    """Every live node's platform and labels, kept as its snapshots arrive, so that a label
+    spread reads a label's values without a pass over every node per request.
+
+    Labels change rarely (a node joins, leaves or is relabelled) and placements never change
+    them, so each label's values are frozen into an immutable copy on first use after a
+    change and shared by every rule until the next one (rules are values: a later change
+    never reaches one already made).
+    """
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[Platform, dict[str, str]]] = {}
+        self._frozen: dict[str, tuple[Mapping[str, str], Mapping[str, frozenset[Platform]]]] = {}
+        self._domains: dict[tuple[str, tuple[Platform, ...]], frozenset[str]] = {}
+
+    def update(self, state: NodeState) -> None:
+        """Take ``state``'s platform and labels as its node's (a no-op if unchanged)."""
+        known = self._nodes.get(state.node)
+        if known is not None and known[0] == state.platform and known[1] == state.labels:
+            return
+        self._nodes[state.node] = (state.platform, dict(state.labels))
+        self._changed()
+
+    def remove(self, node: str) -> None:
+        """Forget a node that left."""
+        if self._nodes.pop(node, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        if self._frozen or self._domains:
+            self._frozen.clear()
+            self._domains.clear()
+
+    def _label(self, label: str) -> tuple[Mapping[str, str], Mapping[str, frozenset[Platform]]]:
+        frozen = self._frozen.get(label)
+        if frozen is None:
+            values: dict[str, str] = {}
+            offered: dict[str, set[Platform]] = {}
+            for node, (platform, labels) in self._nodes.items():
+                value = labels.get(label)
+                if value is not None:
+                    values[node] = value
+                    offered.setdefault(value, set()).add(platform)
+            frozen = (
+                MappingProxyType(values),
+                MappingProxyType(
+                    {value: frozenset(platforms) for value, platforms in offered.items()}
+                ),
+            )
+            self._frozen[label] = frozen
+        return frozen
+
+    def rule(
+        self, spread: Spread, function: Function, platforms: Sequence[Platform] = ()
+    ) -> SpreadRule:
+        """The rule of ``spread`` for a request of ``function`` on ``platforms``."""
+        label = spread.label
+        if label is None:
+            return SpreadRule(spread, function)
+        values, offered = self._label(label)
+        key = (label, tuple(platforms))
+        domains = self._domains.get(key)
+        if domains is None:
+            domains = self._domains[key] = frozenset(
+                value
+                for value, on in offered.items()
+                if any(matches_any(platform, platforms) for platform in on)
+            )
+        return SpreadRule(spread, function, values, domains)
+
+
 @dataclass
 class _Entry:
     function: Function
@@ -350,16 +437,5 @@ class Replicas:
                 del self._counts[function]
 
 
-_EMPTY: Mapping[str, int] = {}
-
-
-def spread_for(
-    spread: Spread | None,
-    function: Function,
-    states: Callable[[], Iterable[NodeState]],
-    platforms: Sequence[Platform],
-) -> SpreadRule | None:
-    """The rule for a request (``None`` without a spread); ``states`` is read only if needed."""
-    if spread is None:
-        return None
-    return SpreadRule(spread, function, states() if spread.label is not None else (), platforms)
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+_EMPTY_VALUES: Mapping[str, str] = MappingProxyType({})

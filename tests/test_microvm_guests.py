@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from berth.microvm_demo import run_demo, summary
-from berth.node.layers import LayerFiles, MountOutcome
+from berth.node.layers import LayerFiles
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.microvm.qemu import MIB
@@ -202,18 +202,20 @@ def test_a_layer_already_on_the_node_is_not_converted_again(
 ) -> None:
     layers, _ = guests
     image = read_layout(layout, ref="busybox")
-    mounted = layers.registry.mount(image.layers[0].digest, image.layers[0].size)
-    layers.registry.unmount(image.layers[0].digest)
-    assert mounted.outcome is not MountOutcome.PULLED  # the contract's boots left it cached
-    before = layers.conversions
 
     async def scenario() -> None:
+        await layers.acquire_all(image.layers)  # on the node now, converted if it was not
+        for layer in image.layers:
+            layers.release(layer.digest)
+        assert all(layers.registry.is_cached(layer.digest) for layer in image.layers)
+        before = layers.conversions
         runtime = make(guests, layout)
         workload = await runtime.start(BootSpec(name="warm", image="busybox", command=("true",)))
         assert (await workload.wait()).code == 0
+        assert layers.conversions == before
+        assert all(layers.registry.is_cached(layer.digest) for layer in image.layers)
 
     run(scenario, GUEST_TIMEOUT_S)
-    assert layers.conversions == before
 
 
 def test_a_program_the_image_lacks_is_a_boot_failure(

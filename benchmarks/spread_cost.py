@@ -22,12 +22,19 @@ leads the least-loaded zone (among the nodes of the request's platforms) by more
 exits 1 otherwise); with K schedulers (``--schedulers 1,4``) each knows only its own
 placements, and the violations that remain measure that.
 
+Beside the simulation, the decision's own cost (``decision_us``): CPU time per in-process
+``ClusterScheduler.schedule()`` of one function on ``--decision-nodes`` idle nodes in three
+zones (the seed's ranking, the NumPy engine), ``--decision-placements`` placements per
+setting, released between settings; ``decision_ratio`` is each setting's time over no
+spread's, measured in the same run.
+
 ``--quick`` runs a small cluster in seconds (CI); ``--json`` prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import json
 import sys
@@ -38,10 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from berth.model import Spread
+from berth.model import Placement, Request, Spec, Spread
+from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform, matches_any
+from berth.scheduler.multinode import ClusterScheduler
 from berth.sim.simulator import SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
+from berth.state import NodeState
+from berth.store.memory import MemoryStore
 
 SETTINGS: dict[str, Spread | None] = {
     "none": None,
@@ -150,6 +162,48 @@ def measure(
     return rows
 
 
+def decision_cost(nodes: int, placements: int) -> dict[str, float]:
+    """CPU microseconds per ``schedule()`` for each setting (see the module docstring)."""
+    gib = 2**30
+    store, local = MemoryStore(), LocalNodes()
+    for i in range(nodes):
+        name = f"node-{i:05d}"
+        limits = BudgetLimits(mem_max=1024 * gib, disk_max=2**50, cpu_capacity=4096,
+                              disk_bw_cap=gib, net_bw_cap=gib)  # fmt: skip
+        local.add(name, NodeBudget(limits, StaticLoad()))
+        store.publish_now(
+            NodeState(
+                node=name,
+                platform="linux/amd64",
+                labels={"zone": f"z{i % 3}"},
+                mem_free=1024 * gib,
+                disk_free=2**50,
+                cpu_capacity=4096.0,
+                disk_bw_ceiling=float(gib),
+                net_bw_ceiling=float(gib),
+                layers=frozenset({"base"}) if i % 7 == 0 else frozenset(),
+            )
+        )
+    scheduler = ClusterScheduler(store, local)
+    spec = Spec(vcpus=0.001, mem=2**20, disk=2**20)
+
+    async def run() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, spread in SETTINGS.items():
+            request = Request(namespace="bench", name="fn", spec=spec,
+                              layers=(("base", 10**6),), spread=spread)  # fmt: skip
+            placed: list[Placement] = []
+            started = time.thread_time()
+            for _ in range(placements):
+                placed.append(await scheduler.schedule(request))
+            out[name] = (time.thread_time() - started) / placements * 1e6
+            for placement in placed:
+                await scheduler.release(placement)
+        return out
+
+    return asyncio.run(run())
+
+
 def checks(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What must hold: one scheduler never violates a hard spread on the ground truth."""
     hard_node = sum(
@@ -199,12 +253,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--schedulers", default="1,4", help="K values, comma-separated")
     parser.add_argument("--staleness", type=float, default=5.0, help="Δ in s, for K > 1")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decision-nodes", type=int, default=10_000)
+    parser.add_argument("--decision-placements", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="print only one JSON object")
     parser.add_argument("--quick", action="store_true", help="small, seconds-long CI run")
     args = parser.parse_args(argv)
     if args.quick:
         args.nodes, args.requests, args.rate, args.lifetime = 20, 200, 3.0, 30.0
         args.policies, args.schedulers = "seed", "1"
+        args.decision_nodes, args.decision_placements = 1000, 50
     started = time.perf_counter()
     rows = measure(
         nodes=args.nodes,
@@ -218,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     summary = checks(rows)
+    decision_us = decision_cost(args.decision_nodes, args.decision_placements)
     output = {
         "benchmark": "spread_cost",
         "config": {
@@ -231,6 +289,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "quick": args.quick,
         },
         "rows": rows,
+        "decision_nodes": args.decision_nodes,
+        "decision_us": {name: round(us, 1) for name, us in decision_us.items()},
+        "decision_ratio": {
+            name: round(us / decision_us["none"], 2) for name, us in decision_us.items()
+        },
         **summary,
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -238,6 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(output))
     else:
         print(table(rows))
+        print()
+        print(f"CPU µs per schedule() on {args.decision_nodes} nodes: " + ", ".join(
+            f"{name} {us:.0f} ({us / decision_us['none']:.2f}×)"
+            for name, us in decision_us.items()
+        ))  # fmt: skip
         print()
         print(json.dumps({k: v for k, v in output.items() if k != "rows"}, indent=2))
     return 0 if all(summary["met"].values()) else 1

@@ -41,7 +41,7 @@ def service() -> Iterator[tuple[str, dict[str, str]]]:
 
 @schema.parametrize()
 @settings(
-    max_examples=12,
+    max_examples=10,
     deadline=None,
     derandomize=True,
     database=None,

@@ -260,9 +260,11 @@ def _serve_agents(
                     state_dir=node_dir,
                 )
                 await stack.enter_async_context(service)
+                accel = getattr(service.agent.runtime, "accel_detail", None)
                 console.print(
                     f"agent {service.name} ({service.agent.platform}) on {url}, "
-                    f"heartbeat {config.agent.heartbeat_s:g}s",
+                    f"heartbeat {config.agent.heartbeat_s:g}s"
+                    + ("" if accel is None else f", microVMs under {accel}"),
                     highlight=False,
                 )
             await stop.wait()

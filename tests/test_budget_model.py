@@ -311,7 +311,14 @@ class BudgetModelMachine(RuleBasedStateMachine):
     @rule(rid=reservations)
     def release(self, rid: str) -> None:
         lease = self._lease(rid)
-        assert self.b.release(rid) is self.m.drop(rid)
+        held = self.m.held.get(rid)
+        if held is not None and held.deadline is not None and self.m.now >= held.deadline:
+            # a release at or after the deadline finds the lease expired (reaped or not)
+            self.m.drop(rid)
+            expected = False
+        else:
+            expected = self.m.drop(rid)
+        assert self.b.release(rid) is expected
         if lease is not None:
             assert lease.done()  # a released lease is over: no later bind can succeed
             assert lease.renew(1.0) is False

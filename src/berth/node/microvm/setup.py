@@ -9,7 +9,10 @@ nothing installed into the host's ``/boot``:
 2. keep its ``vmlinuz`` and the modules the init loads (:data:`~berth.node.microvm.initramfs.
    MODULES`) under ``<data_dir>/kernel/<version>/`` and point ``kernel/current`` at it;
 3. build the initramfs from the static busybox of ``busybox-static`` and those modules;
-4. boot a probe guest under KVM (if ``/dev/kvm`` is usable) and under TCG, and record which
+4. start the default OCI image layout (``<data_dir>/images``) with one image, ``busybox``
+   (the same static busybox), if there is no layout there yet — a node can boot a guest at
+   once;
+5. boot a probe guest under KVM (if ``/dev/kvm`` is usable) and under TCG, and record which
    acceleration works in ``accel.json`` — the runtime reads it instead of probing again.
 
 A kernel already set up is kept (``force`` fetches again); the initramfs is always rebuilt,
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from berth.errors import BerthError
+from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.initramfs import MODULES, build_initramfs
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
 from berth.node.microvm.vm import probe
@@ -176,6 +180,9 @@ def setup(
         fetched = True
     size = build_initramfs(busybox, modules, files.initramfs)
     say(f"initramfs {files.initramfs} ({size / 2**20:.1f} MiB, busybox from {busybox})")
+    if not (files.images_dir / "index.json").exists():
+        write_image(files.images_dir, "busybox", [busybox_layer(busybox)])
+        say(f"an OCI image layout at {files.images_dir} with one image, busybox")
     accel, detail = choose_accel(files, qemu, say)
     files.record_accel(accel, detail)
     return SetupReport(files.data_dir, version, fetched, size, accel, detail)

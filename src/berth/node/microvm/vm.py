@@ -106,7 +106,6 @@ class MicroVM:
         process: asyncio.subprocess.Process,
         nonce: str,
         console_log: IO[str] | None = None,
-        on_output: Callable[[str], None] | None = None,
     ) -> None:
         self.process = process
         self.pid = process.pid
@@ -118,10 +117,8 @@ class MicroVM:
         self.status: int | None = None
         self.oom_kills = 0
         self.boot_failed: str | None = None
-        self.probe_ok = False
         self.killed = False
         self._console_log = console_log
-        self._on_output = on_output
         self._prefix = f"berth:{nonce}:"
         self._stderr: deque[str] = deque(maxlen=20)
         self._first_output = asyncio.Event()
@@ -137,7 +134,6 @@ class MicroVM:
         nonce: str,
         *,
         console_log: IO[str] | None = None,
-        on_output: Callable[[str], None] | None = None,
     ) -> MicroVM:
         """Start QEMU with ``argv``; ``OSError`` when it cannot be executed."""
         process = await asyncio.create_subprocess_exec(
@@ -148,7 +144,7 @@ class MicroVM:
             start_new_session=True,
             preexec_fn=_pdeathsig(),
         )
-        return cls(process, nonce, console_log, on_output)
+        return cls(process, nonce, console_log)
 
     # -- the console ------------------------------------------------------------------------
     async def _read(self) -> None:
@@ -215,8 +211,6 @@ class MicroVM:
         if self.first_output_at is None and not _KERNEL_LINE.match(line):
             self.first_output_at = time.monotonic()
             self._first_output.set()
-        if self._on_output is not None:
-            self._on_output(line)
 
     def _event(self, words: list[str]) -> None:
         if not words:
@@ -225,8 +219,6 @@ class MicroVM:
         if event == "running" and not self.running.done():
             self.running_at = time.monotonic()
             self.running.set_result(None)
-        elif event == "probe-ok":
-            self.probe_ok = True
         elif event == "boot-failed":
             self.boot_failed = " ".join(args) or "unknown"
         elif event == "exit" and args:

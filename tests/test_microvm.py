@@ -41,7 +41,7 @@ from berth.node.microvm.qemu import (
 from berth.node.microvm.setup import is_static_elf
 from berth.node.microvm.vm import GuestEnd, probe
 from berth.node.runtime import BootFailed, BootSpec, WorkloadExit
-from berth.node.runtime.microvm import MicrovmRuntime, _status
+from berth.node.runtime.microvm import MicrovmRuntime, _status, _workdir
 from berth.store.memory import MemoryStore
 from berth.testing.runtime_contract import run
 
@@ -111,8 +111,10 @@ def test_the_config_hands_arguments_and_environment_over_byte_for_byte(
     environment = dict(env)
     environment.setdefault("PATH", GUEST_PATH)
     assert argv == [f"{key}={value}" for key, value in environment.items()] + [
-        "/bin/chroot",
-        "/newroot",
+        "/bin/nsenter",
+        "-r/newroot",
+        "-w/newroot/",
+        "-F",
         *command,
     ]
 
@@ -350,3 +352,16 @@ def test_an_initramfs_from_another_berth_is_reported_and_refused(tmp_path: Path)
             await runtime.start(BootSpec(name="x", command=("true",)))
 
     run(scenario)
+
+
+def test_the_working_directory_stays_inside_the_image() -> None:
+    assert [_workdir(path) for path in ("", "/", "app", "/srv/app/", "/a/../../b", "/..")] == [
+        "/",
+        "/",
+        "/app",
+        "/srv/app",
+        "/b",
+        "/",
+    ]
+    with pytest.raises(Invalid, match="workdir"):
+        GuestConfig(nonce="n", workdir="relative")

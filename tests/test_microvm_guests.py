@@ -44,7 +44,7 @@ GUEST_TIMEOUT_S = 120.0
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``busybox`` (one layer) and ``stacked`` (busybox + two layers that overwrite, delete
-    and hide what is below them)."""
+    and hide what is below them; its WorkingDir is ``/srv/app``, which no layer has)."""
     root = tmp_path_factory.mktemp("oci")
     base = busybox_layer()
     write_image(root, "busybox", [base])
@@ -63,7 +63,7 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         file("hidden/new", "new\n"),
         file("etc/motd", "top\n"),
     ]
-    write_image(root, "stacked", [base, middle, top])
+    write_image(root, "stacked", [base, middle, top], working_dir="/srv/app")
     return root
 
 
@@ -139,7 +139,7 @@ def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
             "cat /etc/motd; ls /data; ls /hidden; nproc; "
             "awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo; "
             "df -k / | awk 'NR == 2 {print int($2 / 1024)}'; "
-            "echo written > /data/new && cat /data/new; exit 4"
+            "echo written > /data/new && cat /data/new; pwd; exit 4"
         )
         quoting = (
             "sh",
@@ -175,7 +175,8 @@ def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
         look_vm, quote_vm, small_vm = workloads
         assert isinstance(look_vm, MicrovmWorkload) and isinstance(small_vm, MicrovmWorkload)
         text = [line for line in look_vm.output if not line.startswith("[")]
-        motd, data, hidden, cpus, mem_mib, disk_mib, written = text[:7]
+        motd, data, hidden, cpus, mem_mib, disk_mib, written, workdir = text[:8]
+        assert workdir == "/srv/app"  # the image's WorkingDir, made in the upper layer
         assert (motd, data.split(), hidden.split(), written) == (
             "top",
             ["kept"],

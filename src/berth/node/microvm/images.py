@@ -72,8 +72,15 @@ def app_layer(size_bytes: int, seed: int, *, prefix: str = "app") -> list[TarMem
 
 
 def write_image(
-    layout: Path, ref: str, layers: Sequence[Sequence[TarMember]], *, cmd: Sequence[str] = ()
+    layout: Path,
+    ref: str,
+    layers: Sequence[Sequence[TarMember]],
+    *,
+    cmd: Sequence[str] = (),
+    working_dir: str = "",
 ) -> Path:
     """Write one linux/amd64 image of ``layers`` (base first) as ``ref`` into ``layout``."""
-    spec = ImageSpec(layers=[list(layer) for layer in layers], cmd=tuple(cmd))
+    spec = ImageSpec(
+        layers=[list(layer) for layer in layers], cmd=tuple(cmd), working_dir=working_dir
+    )
     return write_layout(layout, spec, ref=ref)

@@ -18,8 +18,9 @@ powers off, so the host never waits for a guest that cannot start):
    ``lowerdir`` lists the topmost layer first, as overlayfs reads it;
 4. look the program up inside the image (its ``PATH``, symlinks resolved inside the image)
    and report ``boot-failed not-found`` if it is not there;
-5. run the workload — ``env -i`` with exactly its environment, ``chroot`` into the image,
-   stdin ``/dev/null``, output on the console — and print ``running``;
+5. run the workload — ``env -i`` with exactly its environment, entering the image as root
+   directory and its working directory (busybox ``nsenter -r -w``), stdin ``/dev/null``,
+   output on the console — and print ``running``;
 6. on a ``berth-stop`` line on the console, ``SIGTERM`` every process but init;
 7. when the workload ends, print ``exit <status> <oom kills>`` (the shell's status: 128 + the
    signal for a killed process; the kernel's ``oom_kill`` counter) and power off.
@@ -135,10 +136,12 @@ mount -t proc proc /newroot/proc
 mount -t sysfs sys /newroot/sys
 mount -t devtmpfs dev /newroot/dev
 hostname "$BERTH_HOSTNAME"
-# The program, looked up inside the image with the workload's PATH.
+mkdir -p "/newroot$BERTH_WORKDIR" || fail workdir
+# The program, looked up inside the image (its PATH, from its working directory).
 mkdir /newroot/.berth-lookup && : > /newroot/.berth-lookup/busybox || fail "upper read-only"
 mount --bind /bin/busybox /newroot/.berth-lookup/busybox
-env -i PATH="$BERTH_PATH" chroot /newroot /.berth-lookup/busybox sh -c '
+env -i PATH="$BERTH_PATH" nsenter -r/newroot "-w/newroot$BERTH_WORKDIR" -F \
+  /.berth-lookup/busybox sh -c '
   case "$1" in
     */*) [ -f "$1" ] && [ -x "$1" ] && exit 0 ;;
     *) IFS=:; for dir in $PATH; do [ -f "$dir/$1" ] && [ -x "$dir/$1" ] && exit 0; done ;;
@@ -164,7 +167,9 @@ kill -KILL "$watcher" 2>/dev/null
 say "exit $status ${oom:-0}"
 halt_now
 """
-"""``/init``.  ``$@`` is set by the config to ``K=V … /bin/chroot /newroot PROGRAM ARGS…``."""
+"""``/init``.  ``$@`` is set by the config to ``K=V … /bin/nsenter -r/newroot -w/newroot/WORKDIR
+-F PROGRAM ARGS…``: busybox ``nsenter`` enters the image as its root and working directory
+(``chroot`` would start the workload in ``/``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +259,19 @@ class GuestConfig:
     tmpfs_size: int = 0
     hostname: str = "berth"
     probe: bool = False
+    workdir: str = "/"
+    """The workload's working directory inside the image (absolute; made if missing)."""
+
+    def __post_init__(self) -> None:
+        if not self.workdir.startswith("/") or "\0" in self.workdir:
+            raise Invalid(f"not an absolute path: {self.workdir!r}", field="workdir")
 
     def script(self) -> str:
         """``/berth/config``: shell assignments, every value quoted."""
         env = dict(self.env or {})
         env.setdefault("PATH", GUEST_PATH)
         argv = [f"{key}={value}" for key, value in env.items()]
-        argv += ["/bin/chroot", "/newroot", *self.command]
+        argv += ["/bin/nsenter", "-r/newroot", f"-w/newroot{self.workdir}", "-F", *self.command]
         q = shlex.quote
         lines = [
             f"BERTH_NONCE={q(self.nonce)}",
@@ -271,6 +282,7 @@ class GuestConfig:
             f"BERTH_HOSTNAME={q(self.hostname)}",
             f"BERTH_PATH={q(env['PATH'])}",
             f"BERTH_PROGRAM={q(self.command[0] if self.command else '')}",
+            f"BERTH_WORKDIR={q(self.workdir)}",
             "set -- " + " ".join(q(arg) for arg in argv),
         ]
         return "\n".join(lines) + "\n"

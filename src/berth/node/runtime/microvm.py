@@ -15,7 +15,8 @@ disks and stacked by berth's init with overlayfs, topmost layer first.  The gues
   bytes made per guest (a ``tmpfs`` of that size, in guest memory, when the budget is under
   16 MiB or absent) and deleted when the guest ends.
 * **its command as the guest's main process**: with the image's environment overlaid by the
-  spec's ``env``, ``chroot``-ed into the stacked image.  A program the image lacks is a
+  spec's ``env``, in the stacked image, starting in the image's ``WorkingDir`` (``/`` if
+  none; made if missing).  A program the image lacks is a
   :class:`BootFailed` (``command not found: 'x'``), as with the process runtime.
 
 ``start`` returns once the guest's init reports the workload running (a real boot: ~2 s
@@ -39,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import posixpath
 import re
 import shutil
 import signal
@@ -169,6 +171,12 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _workdir(working_dir: str) -> str:
+    # The image's WorkingDir (OCI: absolute; a relative one is taken from /), normalised
+    # lexically, so no ``..`` climbs out of the image.
+    return posixpath.normpath("/" + working_dir.lstrip("/"))
 
 
 def _hostname(workload_id: str) -> str:
@@ -343,6 +351,7 @@ class MicrovmRuntime:
                 upper_disk=upper is not None,
                 tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
                 hostname=_hostname(workload_id),
+                workdir=_workdir(image.config.working_dir),
             )
             initrd = scratch / "initrd"
             await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)

@@ -207,6 +207,11 @@ def test_the_walkthrough(up: Up) -> None:
     assert ok(up, "uncordon", node).strip() == f"{node} uncordoned: it takes placements again"
     assert not document(up, "nodes")["items"][NODES.index(node)]["cordoned"]
 
+    # -- a node with nothing on it drains at once --------------------------------------------
+    idle = next(name for name in NODES if name not in (node, after[replacement]["node"]))
+    assert f"drained {idle}: 0 workloads" in ok(up, "drain", idle)
+    assert ok(up, "uncordon", idle)
+
 
 def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
     assert "not found: no workload 'w-000000000000'" in error_line(up, "stop", "w-000000000000")

@@ -439,7 +439,10 @@ def drain(
         def remaining() -> int:
             return len(client.workloads(node=info.name, state="running").items)
 
-        report = call() if as_json else _with_progress(call, remaining, info.name, len(before))
+        if as_json or not before:  # nothing to count down
+            report = call()
+        else:
+            report = _with_progress(call, remaining, info.name, len(before))
     if as_json:
         _print_json(report)
         return
@@ -491,7 +494,7 @@ def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: st
         console=progress_console,
         transient=True,
     ) as progress:
-        task = progress.add_task(escape(f"draining {node}"), total=max(total, 1))
+        task = progress.add_task(escape(f"draining {node}"), total=total)
         worker.start()
         while worker.is_alive():
             worker.join(DRAIN_POLL_S)
@@ -501,7 +504,7 @@ def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: st
                 except Exception:  # the poll is cosmetic; the drain's own answer decides
                     continue
                 progress.update(task, completed=min(max(total - left, 0), total))
-        progress.update(task, completed=max(total, 1))
+        progress.update(task, completed=total)
     if "error" in outcome:
         raise outcome["error"]
     value: T = outcome["value"]

@@ -13,7 +13,9 @@ What they are not: a second scheduler or validator.  The server checks every req
 answers ``application/problem+json``; these commands only rename a problem's field to the flag
 the user typed (``type`` → ``--type``) and let berth's command group print it as its one
 ``error:`` line.  Only what never reaches the server is checked here (``--layer ID:SIZE``,
-``--env KEY=VALUE``, ``--grace``, a missing command).
+``--env KEY=VALUE``, ``--grace``, a missing command, a NODE or ID that is no name).  Every
+string from the API is printed as text: rich markup in a name or a command (``[red]``,
+``[/]``) is escaped, never interpreted.
 """
 
 from __future__ import annotations

@@ -13,6 +13,15 @@ in bucket ``berth_routes``, valued with the node, the reservation and the spec
 * **purged** for a node that leaves the cluster (expired or shut down): every scheduler
   purges the node's routes when the node leaves its replica.
 
+**Every scheduler follows the registry** (:meth:`RouteRegistry.follow`, an ordered consumer
+of the bucket like the state store's watch): a route carries its function's identity
+(``namespace``, ``name``), so each scheduler counts the replicas the others placed as soon as
+their routes land (:class:`~berth.service.scheduler.RouteReplicas`), which is what a spread
+judges.  The function fields were added to version 1 of the record as optional fields: a
+reader that predates them ignores them, and a route without them (written by an older
+scheduler) is still a route, only not counted for spreading.  A field that is present must be
+valid (a name, both or neither); otherwise the whole value is malformed, logged and skipped.
+
 Keys are ``<node>.<workload>`` (both escaped as subject tokens,
 :func:`~berth.store.nats.node_token`), so one node's routes are one subject filter — a single
 purge, and a NATS permission can confine an agent to its own.  :meth:`RouteRegistry.whereis`
@@ -28,40 +37,79 @@ died between confirming and recording.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
+from nats.js.api import DeliverPolicy, KeyValueConfig
 from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
-from berth.model import Placement, Spec
-from berth.store.nats import MalformedMessage, node_token
+from berth.model import Name, Placement, Spec
+from berth.store.nats import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
+from berth.store.nats_connection import settle
+from berth.validation import Rule
 
-__all__ = ["ROUTES_BUCKET", "Route", "RouteRegistry", "decode_route", "encode_route"]
+__all__ = [
+    "ROUTES_BUCKET",
+    "Route",
+    "RouteEvent",
+    "RouteRegistry",
+    "RouteWatch",
+    "decode_route",
+    "encode_route",
+]
 
 log = logging.getLogger("berth.service.routes")
 
 ROUTES_BUCKET = "berth_routes"
 SCHEMA_VERSION = 1
+_NAME: Rule[str] = Rule(Name)
 
 
 @dataclass(frozen=True)
 class Route:
-    """Where a workload runs: the node, the reservation it holds there, its spec."""
+    """Where a workload runs: the node, the reservation it holds there, its spec, and the
+    function it is a replica of (``namespace``, ``name``; ``None`` in a route written before
+    routes carried it)."""
 
     workload: str
     node: str
     reservation_id: str | None = None
     spec: Spec | None = None
     placed_at: float = 0.0
+    namespace: str | None = None
+    name: str | None = None
+
+    @property
+    def function(self) -> tuple[str, str] | None:
+        """``(namespace, name)``, or ``None`` when the route does not say."""
+        if self.namespace is None or self.name is None:
+            return None
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class RouteEvent:
+    """A change :meth:`RouteRegistry.follow` saw: a route stored under ``key`` (``put``), or
+    the key deleted (``delete``; ``route`` is ``None`` — a delete carries no value)."""
+
+    kind: Literal["put", "delete"]
+    key: str
+    route: Route | None = None
+
+
+RouteListener = Callable[[RouteEvent], None]
 
 
 def encode_route(route: Route) -> bytes:
@@ -73,6 +121,8 @@ def encode_route(route: Route) -> bytes:
         "spec": None if route.spec is None else route.spec.model_dump(mode="json"),
         "placed_at": route.placed_at,
     }
+    if route.function is not None:
+        document["namespace"], document["name"] = route.function
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -100,7 +150,21 @@ def decode_route(data: bytes, *, source: str) -> Route:
             spec = Spec.from_dict(document["spec"])
         except Invalid as error:
             raise MalformedMessage(error.message, source=source, field="spec") from None
-    return Route(workload, node, reservation_id, spec, float(placed_at))
+    namespace, name = document.get("namespace"), document.get("name")
+    if (namespace is None) != (name is None):
+        missing = "name" if name is None else "namespace"
+        raise MalformedMessage(
+            "a route names its function by namespace and name, both or neither",
+            source=source,
+            field=missing,
+        )
+    if namespace is not None:
+        for field, value in (("namespace", namespace), ("name", name)):
+            try:
+                _NAME(value, field)
+            except Invalid as error:
+                raise MalformedMessage(error.message, source=source, field=field) from None
+    return Route(workload, node, reservation_id, spec, float(placed_at), namespace, name)
 
 
 class RouteRegistry:
@@ -129,9 +193,26 @@ class RouteRegistry:
     def key(workload: str, node: str) -> str:
         return f"{node_token(node)}.{node_token(workload)}"
 
-    async def record(self, workload: str, placement: Placement, spec: Spec | None = None) -> None:
-        """``workload`` now runs on ``placement.worker_node`` under its reservation."""
-        route = Route(workload, placement.worker_node, placement.reservation_id, spec, time.time())
+    async def record(
+        self,
+        workload: str,
+        placement: Placement,
+        spec: Spec | None = None,
+        *,
+        function: tuple[str, str] | None = None,
+    ) -> None:
+        """``workload`` now runs on ``placement.worker_node`` under its reservation, a replica
+        of ``function`` (``(namespace, name)``) when given."""
+        namespace, name = (None, None) if function is None else function
+        route = Route(
+            workload,
+            placement.worker_node,
+            placement.reservation_id,
+            spec,
+            time.time(),
+            namespace,
+            name,
+        )
         await self._bucket().put(self.key(workload, route.node), encode_route(route))
 
     async def remove(self, workload: str, node: str) -> None:
@@ -166,6 +247,20 @@ class RouteRegistry:
             )
         return len(routes)
 
+    async def follow(
+        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+    ) -> RouteWatch:
+        """Call ``listener`` with every route in the bucket, then with every change as it
+        lands; returns once the routes stored now were delivered (or ``sync_timeout_s``
+        passed: logged, the watch goes on).  Stop it with :meth:`RouteWatch.stop`.
+
+        An ordered consumer with a short idle heartbeat, as the state store's watch: after a
+        server restart nats-py resumes it from the last message it saw.  A stream purge
+        (:meth:`purge_node`) is not delivered — the node left, and every follower learns
+        that from the state store instead.
+        """
+        return await RouteWatch(self, listener).start(idle_heartbeat_s, sync_timeout_s)
+
     async def _read(self, pattern: str) -> builtins.list[Route]:
         watcher = await self._bucket().watch(pattern)
         routes: builtins.list[Route] = []
@@ -186,3 +281,82 @@ class RouteRegistry:
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
         return routes
+
+
+class RouteWatch:
+    """A running :meth:`RouteRegistry.follow`; ``rejected`` counts malformed values skipped."""
+
+    def __init__(self, registry: RouteRegistry, listener: RouteListener) -> None:
+        self.registry = registry
+        self.listener = listener
+        self.rejected = 0
+        self._subscription: Any = None
+        self._synced = asyncio.Event()
+
+    async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> RouteWatch:
+        registry = self.registry
+        registry._bucket()  # started?
+        self._subscription = await registry._js.subscribe(
+            f"{registry._prefix}>",
+            stream=f"KV_{registry.bucket}",
+            cb=self._on_message,
+            ordered_consumer=True,
+            idle_heartbeat=idle_heartbeat_s,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=max(30.0, 10 * idle_heartbeat_s),
+        )
+        await settle(registry.client)
+        info = await self._subscription.consumer_info()
+        if info.num_pending == 0 and info.delivered.stream_seq == 0:
+            self._synced.set()  # an empty bucket
+        try:
+            await asyncio.wait_for(self._synced.wait(), sync_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "the watch of routes bucket %s did not catch up within %gs; it goes on",
+                registry.bucket,
+                sync_timeout_s,
+            )
+        return self
+
+    async def stop(self) -> None:
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            event = self._event(msg)
+            if event is not None:
+                try:
+                    self.listener(event)
+                except Exception:
+                    log.exception("a route listener failed on %s of %s", event.kind, event.key)
+        finally:
+            if not self._synced.is_set():
+                with contextlib.suppress(Exception):
+                    if msg.metadata.num_pending == 0:
+                        self._synced.set()
+
+    def _event(self, msg: Msg) -> RouteEvent | None:
+        key = msg.subject[len(self.registry._prefix) :]
+        headers = msg.headers or {}
+        if KV_OPERATION in headers or MARKER_REASON in headers:
+            return RouteEvent("delete", key)
+        try:
+            route = decode_route(msg.data, source=msg.subject)
+        except MalformedMessage as error:
+            self.rejected += 1
+            log.warning("ignored: %s", error)
+            return None
+        if key != RouteRegistry.key(route.workload, route.node):
+            self.rejected += 1
+            log.warning(
+                "ignored: %s holds a route of %r on %r, which belongs under another key",
+                msg.subject,
+                route.workload,
+                route.node,
+            )
+            return None
+        return RouteEvent("put", key, route)

@@ -26,6 +26,20 @@ has a registry, and on ``release`` removes it; when a node leaves its replica (e
 shut down) it purges that node's routes.  Registry failures are logged, never a failed
 placement: the node's reservation is the truth, the route an index of it.
 
+**Replicas are shared through the routes** (``share_replicas``, on by default with a
+registry): a route names its function, and every service follows the registry
+(:meth:`~berth.service.routes.RouteRegistry.follow`) into its scheduler's replica index
+(:class:`RouteReplicas`), so a spread counts the replicas every scheduler placed, not only
+its own.  A scheduler's own replica is keyed by its node and reservation from the moment the
+node is asked; its route, when it comes back through the watch, names the same node and
+reservation, so it is the same entry (now bound: it lives until its route goes), never a
+second one.  A route deleted (released, or dropped by its node when the workload ended or its
+lease expired) ends the replica; a node that leaves drops all of its replicas (its routes are
+purged in one stream purge, which a watch does not see).  What stays open is the window
+between a scheduler asking a node and its route reaching the others (a confirmation plus a
+KV round trip): two schedulers deciding for one function within it can still share a node.
+``benchmarks/spread_nats.py`` measures how often.
+
 Traces cross the queue group: :class:`NatsScheduler` sends the caller's trace context in the
 request's headers and the service continues it (``berth.scheduler.<op>`` spans), passing it on
 to the nodes (:mod:`berth.observability.tracing`).  ``scheduler_service`` measures its
@@ -64,7 +78,8 @@ from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
-from berth.service.routes import RouteRegistry
+from berth.scheduler.spread import Replicas
+from berth.service.routes import RouteEvent, RouteRegistry, RouteWatch
 from berth.store.nats import (
     DEFAULT_BUCKET,
     SCHEMA_VERSION,
@@ -79,6 +94,7 @@ __all__ = [
     "QUEUE",
     "SCHEDULER_PREFIX",
     "NatsScheduler",
+    "RouteReplicas",
     "SchedulerService",
     "scheduler_service",
 ]
@@ -105,6 +121,45 @@ def _placement_error(error: BaseException) -> bytes:
     return error_reply(error)
 
 
+class RouteReplicas:
+    """Feeds a replica index from the routing registry's changes (a route listener).
+
+    A route with its function and reservation counts as a bound replica on its node
+    (:meth:`Replicas.add`, idempotent per node and reservation: a scheduler's own placement
+    is the entry it already holds).  Deletes carry only their key (``<node>.<workload>``),
+    so the feed remembers which node and reservation each key counted, and ends that one
+    when the key is deleted or stored again with another reservation.  A route without a
+    function (an older writer) or without a reservation is not counted.
+    """
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+        self._keys: dict[str, tuple[str, str]] = {}  # route key → (node, reservation id)
+
+    def __len__(self) -> int:
+        """Routes counted now."""
+        return len(self._keys)
+
+    def __call__(self, event: RouteEvent) -> None:
+        route = event.route
+        counted: tuple[str, str] | None = None
+        function = None if route is None else route.function
+        if route is not None and route.reservation_id is not None and function is not None:
+            counted = (route.node, route.reservation_id)
+        before = self._keys.pop(event.key, None)
+        if before is not None and before != counted:
+            self.replicas.ended(*before)
+        if counted is not None and function is not None:
+            self._keys[event.key] = counted
+            self.replicas.add(function, counted[0], counted[1], bound=True)
+
+    def drop_node(self, node: str) -> None:
+        """Forget the keys of a node that left (its replicas are dropped with it)."""
+        for key in [key for key, (on, _) in self._keys.items() if on == node]:
+            reservation = self._keys.pop(key)
+            self.replicas.ended(*reservation)
+
+
 class SchedulerService:
     """Serves one ``ClusterScheduler`` on NATS in the schedulers' queue group."""
 
@@ -118,6 +173,7 @@ class SchedulerService:
         prefix: str = SCHEDULER_PREFIX,
         queue: str = QUEUE,
         max_in_flight: int = 512,
+        share_replicas: bool = True,
     ) -> None:
         self.client = client
         self.scheduler = scheduler
@@ -135,8 +191,20 @@ class SchedulerService:
         self._census: Any = None
         self.id = uuid.uuid4().hex[:12]
         """This member's name in a census (:meth:`NatsScheduler.census`)."""
+        self.shared: RouteReplicas | None = None
+        """The feed of every scheduler's routes into this one's replica index (``None``
+        without a registry, or with ``share_replicas=False``)."""
+        if routes is not None and share_replicas:
+            self.shared = RouteReplicas(scheduler.replicas)
+        self._route_watch: RouteWatch | None = None
 
     async def start(self) -> SchedulerService:
+        if self.routes is not None and self.shared is not None:
+            # before joining the queue group: count the replicas placed so far first
+            try:
+                self._route_watch = await self.routes.follow(self.shared)
+            except Exception as error:
+                log.warning("cannot follow the routes; spreading counts own replicas: %s", error)
         # One subscription per operation, not ``prefix.*``: a census would match both that and
         # its own subscription, and nats-server refuses the reply to a message a connection
         # received twice (a response-permission violation under berth up's authentication).
@@ -156,6 +224,8 @@ class SchedulerService:
     def _on_state_event(self, event: StateEvent) -> None:
         if event.kind != "delete" or self.routes is None:
             return
+        if self.shared is not None:
+            self.shared.drop_node(event.node)
         task = asyncio.get_running_loop().create_task(self._purge(event.node))
         self._purges.add(task)
         task.add_done_callback(self._purges.discard)
@@ -181,6 +251,9 @@ class SchedulerService:
         if self._unwatch is not None:
             self._unwatch()
             self._unwatch = None
+        if self._route_watch is not None:
+            await self._route_watch.stop()
+            self._route_watch = None
         if self._in_flight:
             _, late = await asyncio.wait(list(self._in_flight), timeout=grace_s)
             for task in late:
@@ -263,7 +336,12 @@ class SchedulerService:
         self.placed += 1
         if self.routes is not None and placement.reservation_id is not None:
             try:
-                await self.routes.record(request.key, placement, request.spec)
+                await self.routes.record(
+                    request.key,
+                    placement,
+                    request.spec,
+                    function=(request.namespace, request.name),
+                )
             except Exception as error:
                 log.warning("could not record the route of %s: %s", request.key, error)
         return placement.model_dump(mode="json")
@@ -413,12 +491,15 @@ async def scheduler_service(
     node_timeout_s: float = 2.0,
     grace_s: float = 5.0,
     metrics: Metrics | None = None,
+    share_replicas: bool = True,
 ) -> AsyncIterator[SchedulerService]:
     """A whole scheduler on ``client``: its replica, its node client, its service; stopped
     gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them).
     ``metrics`` (a new :class:`~berth.observability.metrics.Metrics` when not given; one per
     scheduler) counts its decisions and reports its view, a node stale after two heartbeats
-    without a snapshot: ``service.scheduler.metrics``."""
+    without a snapshot: ``service.scheduler.metrics``.  With ``routes``, the replicas every
+    scheduler placed count for spreading unless ``share_replicas`` is false (then only its
+    own do — how schedulers worked before; the benchmark compares the two)."""
     # the watch's idle heartbeat: half a node heartbeat (at most 1 s), so after a server
     # restart the replica resumes within about one node heartbeat (two missed idle beats)
     idle_s = min(1.0, heartbeat_s / 2)
@@ -430,7 +511,14 @@ async def scheduler_service(
             store, nodes, lease_ttl_s=lease_ttl_s, policy=policy, metrics=metrics
         )
         metrics.watch(scheduler, stale_after_s=2 * heartbeat_s)
-        service = SchedulerService(client, scheduler, store=store, routes=routes, prefix=prefix)
+        service = SchedulerService(
+            client,
+            scheduler,
+            store=store,
+            routes=routes,
+            prefix=prefix,
+            share_replicas=share_replicas,
+        )
         await service.start()
         try:
             yield service

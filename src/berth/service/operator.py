@@ -158,9 +158,11 @@ def _pct(used: float, total: float) -> str:
 
 # -- workloads -------------------------------------------------------------------------------
 def run(
-    image: Annotated[str, typer.Argument(help="A registered image (see `berth images`).")],
+    image: Annotated[
+        str, typer.Argument(metavar="IMAGE", help="A registered image (see `berth images`).")
+    ],
     command: Annotated[
-        list[str] | None, typer.Argument(help="The workload's command, after --.")
+        list[str] | None, typer.Argument(metavar="-- CMD", help="The workload's command.")
     ] = None,
     type_: Annotated[
         str, typer.Option("--type", help="Instance type: micro, milli, centi, deci, base, …")
@@ -294,7 +296,9 @@ def stop(
 
 # -- placement questions ---------------------------------------------------------------------
 def explain(
-    image: Annotated[str, typer.Argument(help="A registered image (see `berth images`).")],
+    image: Annotated[
+        str, typer.Argument(metavar="IMAGE", help="A registered image (see `berth images`).")
+    ],
     type_: Annotated[str, typer.Option("--type", help="Instance type, e.g. micro.")] = "micro",
     platform: Annotated[
         list[str] | None, typer.Option(help="A platform the image provides (repeatable).")
@@ -514,7 +518,9 @@ def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: st
 
 
 # -- images ----------------------------------------------------------------------------------
-images_app = typer.Typer(help="Registered images: list, add one, import an OCI layout.")
+images_app = typer.Typer(
+    help="Registered images: list them (no command), add one, import an OCI layout."
+)
 
 
 @images_app.callback(invoke_without_command=True)

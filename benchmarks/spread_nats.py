@@ -77,6 +77,7 @@ class Row:
 class SpreadCluster:
     caller: NatsScheduler
     services: list[SchedulerService]
+    nodes: dict[str, NodeService]
 
 
 @contextlib.asynccontextmanager
@@ -98,8 +99,9 @@ async def spread_cluster(
         caller = await connection("spread-caller")
         agents = await connection("spread-agents")
         agent_routes = await RouteRegistry(agents, bucket=names.routes_bucket).start()
+        node_services = {}
         for config in configs:
-            await stack.enter_async_context(
+            node_services[config.node.name] = await stack.enter_async_context(
                 NodeService(
                     agents,
                     config,
@@ -130,7 +132,8 @@ async def spread_cluster(
             if time.monotonic() > deadline:
                 raise RuntimeError("the schedulers did not see every node within 10 s")
             await asyncio.sleep(0.01)
-        yield SpreadCluster(NatsScheduler(caller, prefix=names.scheduler_prefix), services)
+        caller_port = NatsScheduler(caller, prefix=names.scheduler_prefix)
+        yield SpreadCluster(caller_port, services, node_services)
 
 
 async def trial(

@@ -1,0 +1,264 @@
+"""Replica spreading across several NATS schedulers: the route registry feeds every
+scheduler's replica index.
+
+* the route record carries its function (optional version-1 fields; malformed ones refused);
+* :class:`RouteReplicas` keys replicas by node and reservation, so a scheduler's own
+  placement coming back through the watch is the same replica, and deletes end it;
+* on a real ``nats-server`` with several scheduler services, each one counts the replicas
+  the others placed, a hard per-node spread holds across them for requests that do not race,
+  releases and a departed node decrement, and malformed peer routes are logged and ignored;
+* the harness of ``benchmarks/spread_nats.py`` runs, and sharing removes the violations that
+  schedulers counting only their own replicas make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from berth.errors import NoCapacity
+from berth.model import Placement, Request, Spec, Spread
+from berth.scheduler.spread import Replicas
+from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
+from berth.service.scheduler import RouteReplicas
+from berth.store.nats import MalformedMessage
+from berth.testing.nats import NatsServer
+
+MiB = 2**20
+SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
+HARD = Spread(hard=True)
+FN = ("t", "fn")
+HARNESS = Path(__file__).resolve().parent.parent / "benchmarks" / "spread_nats.py"
+
+
+def _harness() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("spread_nats", HARNESS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("spread_nats", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the route record --------------------------------------------------------------------------
+def test_a_route_carries_its_function_and_older_routes_still_read() -> None:
+    route = Route("t/fn/0", "node-1", "r1", SMALL, 12.5, "t", "fn")
+    decoded = decode_route(encode_route(route), source="test")
+    assert decoded == route and decoded.function == FN
+    older = json.dumps({"v": 1, "workload": "t/fn/0", "node": "node-1", "reservation_id": "r1"})
+    route = decode_route(older.encode(), source="test")
+    assert route.function is None and route.reservation_id == "r1"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "message"),
+    [
+        ({"namespace": "t"}, "name", "both or neither"),
+        ({"name": "fn"}, "namespace", "both or neither"),
+        ({"namespace": "t", "name": "a b"}, "name", "whitespace"),
+        ({"namespace": 7, "name": "fn"}, "namespace", "string"),
+    ],
+)
+def test_a_malformed_function_is_a_malformed_route(
+    extra: dict[str, object], field: str, message: str
+) -> None:
+    document = {"v": 1, "workload": "t/fn/0", "node": "node-1", "reservation_id": "r1", **extra}
+    with pytest.raises(MalformedMessage, match=message) as caught:
+        decode_route(json.dumps(document).encode(), source="test")
+    assert caught.value.field == field
+
+
+# -- the feed, without a network ---------------------------------------------------------------
+def _put(
+    workload: str, node: str, reservation: str | None, function: tuple[str, str] | None = FN
+) -> RouteEvent:
+    namespace, name = (None, None) if function is None else function
+    route = Route(workload, node, reservation, SMALL, 0.0, namespace, name)
+    return RouteEvent("put", RouteRegistry.key(workload, node), route)
+
+
+def _delete(workload: str, node: str) -> RouteEvent:
+    return RouteEvent("delete", RouteRegistry.key(workload, node))
+
+
+def test_the_feed_counts_peer_routes_and_ends_them_on_delete() -> None:
+    replicas = Replicas()
+    feed = RouteReplicas(replicas)
+    feed(_put("t/fn/0", "a", "r1"))
+    feed(_put("t/fn/1", "b", "r2"))
+    feed(_put("t/fn/1", "b", "r2"))  # delivered twice (a consumer reset): still one
+    assert replicas.where(FN) == {"a": 1, "b": 1} and len(feed) == 2
+    feed(_delete("t/fn/0", "a"))
+    feed(_delete("t/fn/0", "a"))
+    feed(_delete("t/other/0", "a"))  # never counted
+    assert replicas.where(FN) == {"b": 1}
+    # the same workload placed again on the same node: the old reservation ends
+    feed(_put("t/fn/1", "b", "r3"))
+    assert replicas.where(FN) == {"b": 1}
+    feed(_delete("t/fn/1", "b"))
+    assert replicas.where(FN) == {} and len(replicas) == 0
+
+
+def test_the_feed_does_not_count_a_schedulers_own_replica_twice() -> None:
+    now = [0.0]
+    replicas = Replicas(lease_ttl_s=30.0, clock=lambda: now[0])
+    feed = RouteReplicas(replicas)
+    token = replicas.hold(FN, "a")  # this scheduler is asking node a
+    assert replicas.where(FN) == {"a": 1}
+    replicas.confirm(token, "r1")
+    feed(_put("t/fn/0", "a", "r1"))  # its own route comes back through the watch
+    assert replicas.where(FN) == {"a": 1}
+    now[0] = 60.0  # bound by its route: it outlives the unbound lease's time to live
+    assert replicas.where(FN) == {"a": 1}
+    replicas.ended("a", "r1")  # released by this scheduler; then the route's delete arrives
+    feed(_delete("t/fn/0", "a"))
+    assert replicas.where(FN) == {} and len(replicas) == 0
+
+
+def test_the_feed_skips_routes_it_cannot_count_and_forgets_a_departed_node() -> None:
+    replicas = Replicas()
+    feed = RouteReplicas(replicas)
+    feed(_put("t/fn/0", "a", "r1", function=None))  # written by an older scheduler
+    feed(_put("t/fn/1", "a", None))  # no reservation: holds nothing
+    assert replicas.where(FN) == {} and len(feed) == 0
+    feed(_put("t/fn/2", "a", "r2"))
+    feed(_put("t/fn/3", "b", "r3"))
+    replicas.drop_node("a")  # what the scheduler does when the node leaves
+    feed.drop_node("a")
+    assert replicas.where(FN) == {"b": 1} and len(feed) == 1
+    feed(_delete("t/fn/2", "a"))  # the purge was not seen; a late delete is harmless
+    assert replicas.where(FN) == {"b": 1}
+
+
+# -- on a real nats-server ---------------------------------------------------------------------
+async def _eventually(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "did not happen in time"
+        await asyncio.sleep(0.01)
+
+
+def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_them(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness = _harness()
+
+    async def scenario() -> None:
+        async with harness.spread_cluster(
+            nats_server.url, nodes=3, schedulers=3, shared=True
+        ) as cluster:
+            services = cluster.services
+
+            def everyone_counts(expected: dict[str, int]) -> bool:
+                return all(s.scheduler.replicas.where(FN) == expected for s in services)
+
+            placements: list[Placement] = []
+            for replica in range(3):
+                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
+                                  spread=HARD)  # fmt: skip
+                placements.append(await cluster.caller.schedule(request))
+                expected = {p.worker_node: 1 for p in placements}
+                await _eventually(lambda expected=expected: everyone_counts(expected))
+            assert len({p.worker_node for p in placements}) == 3
+            # every scheduler knows all three nodes are taken, whichever gets the request
+            for replica in range(3, 6):
+                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
+                                  spread=HARD)  # fmt: skip
+                with pytest.raises(NoCapacity, match="spread") as caught:
+                    await cluster.caller.schedule(request)
+                assert set(caught.value.reasons.values()) == {"spread"}
+            for service in services:
+                explanation = service.scheduler.explain(
+                    Request(namespace="t", name="fn", replica=9, spec=SMALL, spread=HARD)
+                )
+                assert {v.verdict for v in explanation.verdicts} == {"spread"}
+            # a release through any scheduler ends the replica in every one
+            await cluster.caller.release(placements[0], workload="t/fn/0")
+            freed = placements[0].worker_node
+            await _eventually(lambda: everyone_counts({p.worker_node: 1 for p in placements[1:]}))
+            again = await cluster.caller.schedule(
+                Request(namespace="t", name="fn", replica=0, spec=SMALL, spread=HARD)
+            )
+            assert again.worker_node == freed
+
+            # malformed peer data in the routes bucket: logged, ignored, nothing changes
+            routes = services[0].routes
+            assert routes is not None
+            bucket = routes._bucket()
+            before = [s.scheduler.replicas.where(FN) for s in services]
+            with caplog.at_level(logging.WARNING, logger="berth.service.routes"):
+                await bucket.put("x.y", b"not json")
+                bad = {"v": 1, "workload": "t/fn/7", "node": freed, "reservation_id": "r",
+                       "namespace": "t", "name": "a b"}  # fmt: skip
+                await bucket.put(RouteRegistry.key("t/fn/7", freed), json.dumps(bad).encode())
+                elsewhere = encode_route(Route("t/fn/8", freed, "r8", None, 0.0, "t", "fn"))
+                await bucket.put("other.key", elsewhere)  # a route under another's key
+                await bucket.put("late", encode_route(Route("late", freed, "r9", None, 0.0)))
+                await _eventually(
+                    lambda: all(
+                        s._route_watch is not None and s._route_watch.rejected >= 4
+                        for s in services
+                    )
+                )
+            assert [s.scheduler.replicas.where(FN) for s in services] == before
+            assert "not JSON" in caplog.text and "whitespace" in caplog.text
+            assert "belongs under another key" in caplog.text
+
+    asyncio.run(scenario())
+
+
+def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) -> None:
+    harness = _harness()
+
+    async def scenario() -> None:
+        async with harness.spread_cluster(
+            nats_server.url, nodes=3, schedulers=2, shared=True
+        ) as cluster:
+            placements = []
+            for replica in range(3):
+                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
+                                  spread=HARD)  # fmt: skip
+                placements.append(await cluster.caller.schedule(request))
+                await _eventually(
+                    lambda n=replica + 1: all(
+                        sum(s.scheduler.replicas.where(FN).values()) == n for s in cluster.services
+                    )
+                )
+            victim = placements[0].worker_node
+            node = cluster.nodes[victim]
+            await node.stop()
+            await _eventually(
+                lambda: all(victim not in s.scheduler.replicas.where(FN) for s in cluster.services)
+            )
+            assert all(victim not in s.shared._keys.values() for s in cluster.services)
+
+    asyncio.run(scenario())
+
+
+def test_sharing_removes_the_violations_of_schedulers_that_count_only_their_own(
+    nats_server: NatsServer,
+) -> None:
+    """Requests paced far enough apart that routes land in between (200 ms on a loaded
+    machine): with sharing no replica shares a node; counting only their own replicas, four
+    schedulers put siblings together (the queue group spreads the requests over them)."""
+    harness = _harness()
+
+    async def scenario() -> None:
+        shared = await harness.measure(
+            nats_server.url, nodes=4, schedulers=4, shared=True, gaps_s=[0.2], trials=2
+        )
+        own = await harness.measure(
+            nats_server.url, nodes=4, schedulers=4, shared=False, gaps_s=[0.0], trials=4
+        )
+        assert shared[0].placed == 8 and shared[0].violations == 0 and shared[0].refused == 0
+        assert own[0].violations > 0
+
+    asyncio.run(scenario())

@@ -120,9 +120,10 @@ class ClusterBackend:
             "platforms": platforms,
             "layers": layers,
         }
-        if isinstance(body, schemas.ExplainBody):
-            extra = {"preferred_node": body.preferred_node, "spread": body.spread}
-            document.update({key: value for key, value in extra.items() if value is not None})
+        if body.spread is not None:
+            document["spread"] = body.spread.model_dump()
+        if isinstance(body, schemas.ExplainBody) and body.preferred_node is not None:
+            document["preferred_node"] = body.preferred_node
         spec = body.type if body.type is not None else body.spec
         if spec is not None:
             document["spec"] = spec

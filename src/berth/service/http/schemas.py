@@ -36,6 +36,7 @@ __all__ = [
     "PlacementRecord",
     "RecentPlacements",
     "RequestBody",
+    "SpreadBody",
     "StopRequest",
     "Verdict",
     "Workload",
@@ -60,10 +61,26 @@ class LayerRef(BaseModel):
     size: Size
 
 
+class SpreadBody(BaseModel):
+    """How the replicas of one function (same ``namespace`` and ``name``) spread over nodes
+    (:class:`berth.model.Spread`, which checks the bounds).  No ``label``: at most one
+    replica per node; ``label`` (``"zone"``): across the values of that node label, at most
+    ``max_skew`` (1–1024, label spreads only) ahead of the least-loaded value.  ``hard``: a
+    node that would break it is not eligible (a refusal names ``spread``); soft: such nodes
+    are tried last.  Decided by the schedulers, on the replicas every scheduler placed (the
+    routing registry); schedulers deciding for one function at the same moment can still
+    share a node."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    label: str | None = None
+    hard: bool
+    max_skew: int = 1
+
+
 class RequestBody(BaseModel):
     """A placement request (:class:`berth.model.Request`): ``spec`` is an instance type name
     (``"micro"``) or ``{vcpus, mem, disk, disk_bw?, net_bw?}``; ``platforms`` the artifact's
-    (``os/arch[/variant]``, empty: any); ``spread`` as :class:`berth.model.Spread`."""
+    (``os/arch[/variant]``, empty: any); ``spread`` as :class:`SpreadBody`."""
 
     model_config = _STRICT
     namespace: str = "default"
@@ -73,7 +90,7 @@ class RequestBody(BaseModel):
     spec: str | dict[str, Any] | None = None
     layers: list[LayerRef] = Field(default_factory=list)
     preferred_node: str | None = None
-    spread: dict[str, Any] | None = None
+    spread: SpreadBody | None = None
 
 
 class _Target(BaseModel):
@@ -86,6 +103,7 @@ class _Target(BaseModel):
     type: str | None = None
     spec: str | dict[str, Any] | None = None
     platforms: list[str] | None = None
+    spread: SpreadBody | None = None
 
 
 class ExplainBody(_Target):
@@ -93,12 +111,12 @@ class ExplainBody(_Target):
     of ``layers``, ``type`` for an instance type)."""
 
     preferred_node: str | None = None
-    spread: dict[str, Any] | None = None
 
 
 class WorkloadCreate(_Target):
     """Place and boot a workload.  Give ``image`` (a registered image's name) or ``layers``;
-    ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments."""
+    ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments;
+    ``spread`` how this function's replicas spread over nodes."""
 
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)

@@ -34,6 +34,7 @@ from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
+from berth.service.client import api_file
 from berth.service.http.app import create_app
 from berth.service.http.backend import ClusterBackend
 from berth.service.images import ImageRegistry
@@ -43,8 +44,6 @@ from berth.validation import shown
 
 __all__ = [
     "ApiServer",
-    "api_file",
-    "berth_home",
     "parse_address",
     "remove_api_file",
     "resolve_token",
@@ -108,16 +107,6 @@ def _checked_token(token: str, flag: str) -> str:
     if not 16 <= len(token) <= 512 or any(ch.isspace() or not ch.isprintable() for ch in token):
         raise Invalid("a token is 16-512 printable characters without spaces", field=flag)
     return token
-
-
-def berth_home() -> Path:
-    """``$BERTH_HOME``, default ``~/.berth``."""
-    home = os.environ.get("BERTH_HOME")
-    return Path(home) if home else Path.home() / ".berth"
-
-
-def api_file() -> Path:
-    return berth_home() / "api.json"
 
 
 def write_api_file(url: str, token: str, path: Path | None = None) -> Path:

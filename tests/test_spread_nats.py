@@ -153,7 +153,7 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
 
     async def scenario() -> None:
         async with harness.spread_cluster(
-            nats_server.url, nodes=3, schedulers=3, shared=True
+            nats_server.url, nodes=3, schedulers=3, mode="watch"
         ) as cluster:
             services = cluster.services
 
@@ -219,9 +219,7 @@ def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) 
     harness = _harness()
 
     async def scenario() -> None:
-        async with harness.spread_cluster(
-            nats_server.url, nodes=3, schedulers=2, shared=True
-        ) as cluster:
+        async with harness.spread_cluster(nats_server.url, nodes=3, schedulers=2) as cluster:
             placements = []
             for replica in range(3):
                 request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
@@ -243,22 +241,28 @@ def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) 
     asyncio.run(scenario())
 
 
-def test_sharing_removes_the_violations_of_schedulers_that_count_only_their_own(
+def test_sharing_and_settling_remove_the_violations_of_schedulers_counting_their_own(
     nats_server: NatsServer,
 ) -> None:
-    """Requests paced far enough apart that routes land in between (200 ms on a loaded
-    machine): with sharing no replica shares a node; counting only their own replicas, four
-    schedulers put siblings together (the queue group spreads the requests over them)."""
+    """Four schedulers, four nodes, four replicas at once per trial.  Counting only their own
+    replicas, schedulers put siblings together (the queue group spreads the requests over
+    them); fed by the registry they do not when requests are paced far enough apart for
+    routes to land in between (200 ms, on a loaded machine); settling the race, they do not
+    even when the requests arrive together."""
     harness = _harness()
 
     async def scenario() -> None:
-        shared = await harness.measure(
-            nats_server.url, nodes=4, schedulers=4, shared=True, gaps_s=[0.2], trials=2
-        )
         own = await harness.measure(
-            nats_server.url, nodes=4, schedulers=4, shared=False, gaps_s=[0.0], trials=4
+            nats_server.url, nodes=4, schedulers=4, mode="own", gaps_s=[0.0], trials=4
         )
-        assert shared[0].placed == 8 and shared[0].violations == 0 and shared[0].refused == 0
         assert own[0].violations > 0
+        watch = await harness.measure(
+            nats_server.url, nodes=4, schedulers=4, mode="watch", gaps_s=[0.2], trials=2
+        )
+        assert (watch[0].placed, watch[0].violations, watch[0].refused) == (8, 0, 0)
+        settle = await harness.measure(
+            nats_server.url, nodes=4, schedulers=4, mode="settle", gaps_s=[0.0], trials=6
+        )
+        assert (settle[0].placed, settle[0].violations, settle[0].refused) == (24, 0, 0)
 
     asyncio.run(scenario())

@@ -200,9 +200,10 @@ class RouteRegistry:
         spec: Spec | None = None,
         *,
         function: tuple[str, str] | None = None,
-    ) -> None:
+    ) -> int:
         """``workload`` now runs on ``placement.worker_node`` under its reservation, a replica
-        of ``function`` (``(namespace, name)``) when given."""
+        of ``function`` (``(namespace, name)``) when given; the route's revision (the bucket's
+        sequence number: a later put has a higher one)."""
         namespace, name = (None, None) if function is None else function
         route = Route(
             workload,
@@ -213,7 +214,7 @@ class RouteRegistry:
             namespace,
             name,
         )
-        await self._bucket().put(self.key(workload, route.node), encode_route(route))
+        return await self._bucket().put(self.key(workload, route.node), encode_route(route))
 
     async def remove(self, workload: str, node: str) -> None:
         """The workload ended (idempotent)."""
@@ -221,14 +222,20 @@ class RouteRegistry:
 
     async def whereis(self, workload: str) -> Route | None:
         """The route of ``workload``, or ``None`` if it is not placed."""
-        routes = await self._read(f"*.{node_token(workload)}")
-        routes = [route for route in routes if route.workload == workload]
+        read = await self._read(f"*.{node_token(workload)}")
+        routes = [route for _, route in read if route.workload == workload]
         return max(routes, key=lambda route: route.placed_at) if routes else None
 
     async def list(self, node: str | None = None) -> builtins.list[Route]:
         """Every route (of ``node`` when given), by workload."""
         pattern = ">" if node is None else f"{node_token(node)}.>"
-        return sorted(await self._read(pattern), key=lambda route: (route.workload, route.node))
+        routes = [route for _, route in await self._read(pattern)]
+        return sorted(routes, key=lambda route: (route.workload, route.node))
+
+    async def on_node(self, node: str) -> builtins.list[tuple[int, Route]]:
+        """Every route of ``node`` with its revision, read from the server (not a watch's
+        copy): a route stored before this call began is in it."""
+        return await self._read(f"{node_token(node)}.>")
 
     async def clear_node(self, node: str) -> int:
         """Remove every route of ``node`` key by key (what a node's own user may do)."""
@@ -261,9 +268,9 @@ class RouteRegistry:
         """
         return await RouteWatch(self, listener).start(idle_heartbeat_s, sync_timeout_s)
 
-    async def _read(self, pattern: str) -> builtins.list[Route]:
+    async def _read(self, pattern: str) -> builtins.list[tuple[int, Route]]:
         watcher = await self._bucket().watch(pattern)
-        routes: builtins.list[Route] = []
+        routes: builtins.list[tuple[int, Route]] = []
         try:
             while True:
                 entry: Any = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
@@ -271,9 +278,8 @@ class RouteRegistry:
                     break
                 if entry.operation is None and entry.value:
                     try:
-                        routes.append(
-                            decode_route(entry.value, source=f"{self._prefix}{entry.key}")
-                        )
+                        route = decode_route(entry.value, source=f"{self._prefix}{entry.key}")
+                        routes.append((int(entry.revision or 0), route))
                     except MalformedMessage as error:
                         log.warning("ignored: %s", error)
                 if not entry.delta:

@@ -35,10 +35,18 @@ node is asked; its route, when it comes back through the watch, names the same n
 reservation, so it is the same entry (now bound: it lives until its route goes), never a
 second one.  A route deleted (released, or dropped by its node when the workload ended or its
 lease expired) ends the replica; a node that leaves drops all of its replicas (its routes are
-purged in one stream purge, which a watch does not see).  What stays open is the window
-between a scheduler asking a node and its route reaching the others (a confirmation plus a
-KV round trip): two schedulers deciding for one function within it can still share a node.
-``benchmarks/spread_nats.py`` measures how often.
+purged in one stream purge, which a watch does not see).
+
+That leaves a window: between a scheduler asking a node and its route reaching the others (a
+confirmation plus a KV round trip), two schedulers deciding for one function can pick the
+same node.  For a *hard per-node* spread the service closes it after the fact: once its route
+is stored it reads the node's routes from the server, and if a sibling's route has a lower
+revision (stored first) it gives the node up — releases the lease, removes its route — and
+places again, now counting the sibling.  Of two racing routes the later one always sees the
+earlier (it was stored before the later read), so exactly one yields; it costs one KV read
+per placement under a hard per-node spread.  A label (zone) spread is not re-checked: its
+rule depends on every node's count, and a race can leave one zone a replica ahead.
+``benchmarks/spread_nats.py`` measures both.
 
 Traces cross the queue group: :class:`NatsScheduler` sends the caller's trace context in the
 request's headers and the service continues it (``berth.scheduler.<op>`` spans), passing it on
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import uuid
@@ -79,7 +88,7 @@ from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.scheduler.spread import Replicas
-from berth.service.routes import RouteEvent, RouteRegistry, RouteWatch
+from berth.service.routes import Route, RouteEvent, RouteRegistry, RouteWatch
 from berth.store.nats import (
     DEFAULT_BUCKET,
     SCHEMA_VERSION,
@@ -104,6 +113,8 @@ log = logging.getLogger("berth.service.scheduler")
 SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
 OPERATIONS = ("schedule", "release", "ping")
+MAX_RACE_RETRIES = 4
+"""Times a placement under a hard per-node spread gives up a node it raced for."""
 
 
 def _placement_error(error: BaseException) -> bytes:
@@ -174,6 +185,7 @@ class SchedulerService:
         queue: str = QUEUE,
         max_in_flight: int = 512,
         share_replicas: bool = True,
+        settle_races: bool = True,
     ) -> None:
         self.client = client
         self.scheduler = scheduler
@@ -183,6 +195,8 @@ class SchedulerService:
         self.queue = queue
         self.rejected = 0
         self.placed = 0
+        self.yielded = 0
+        """Nodes given up to a sibling another scheduler placed first (hard per-node spread)."""
         self._slots = asyncio.Semaphore(max_in_flight)
         self._subscriptions: list[Any] = []
         self._in_flight: dict[asyncio.Task[None], Msg] = {}
@@ -197,6 +211,8 @@ class SchedulerService:
         if routes is not None and share_replicas:
             self.shared = RouteReplicas(scheduler.replicas)
         self._route_watch: RouteWatch | None = None
+        self.settle_races = settle_races
+        """Re-check a hard per-node spread's node after recording (module docstring)."""
 
     async def start(self) -> SchedulerService:
         if self.routes is not None and self.shared is not None:
@@ -332,19 +348,98 @@ class SchedulerService:
     async def _schedule(self, document: dict[str, Any], source: str) -> Any:
         request = _model(Request, document, "request", source)
         tracing.annotate({"berth.workload": request.key})
-        placement = await self.scheduler.schedule(request)
+        placement = await self._place(request)
         self.placed += 1
-        if self.routes is not None and placement.reservation_id is not None:
-            try:
-                await self.routes.record(
-                    request.key,
-                    placement,
-                    request.spec,
-                    function=(request.namespace, request.name),
-                )
-            except Exception as error:
-                log.warning("could not record the route of %s: %s", request.key, error)
         return placement.model_dump(mode="json")
+
+    async def _place(self, request: Request) -> Placement:
+        """Place ``request`` and record its route; under a hard per-node spread, settle a race
+        with the other schedulers (see the module docstring): if the node already holds a
+        sibling whose route was stored first, give the node up and place again."""
+        for attempt in itertools.count():
+            placement = await self.scheduler.schedule(request)
+            revision = await self._record(request, placement)
+            spread = request.spread
+            if (
+                revision is None
+                or self.shared is None
+                or not self.settle_races
+                or spread is None
+                or not spread.hard
+                or spread.label is not None
+            ):
+                return placement
+            earlier = await self._earlier_siblings(request, placement, revision)
+            if not earlier:
+                return placement
+            if attempt >= MAX_RACE_RETRIES:
+                log.warning("%s stays on %s beside %d sibling(s) after %d retries",
+                            request.key, placement.worker_node, len(earlier), attempt)  # fmt: skip
+                return placement
+            self.yielded += 1
+            log.info(
+                "%s: %s holds %s, placed first by another scheduler; placing again",
+                request.key,
+                placement.worker_node,
+                ", ".join(route.workload for route in earlier),
+            )
+            for route in earlier:  # counted until the watch brings it (or a lease's ttl)
+                assert route.function is not None and route.reservation_id is not None
+                self.scheduler.replicas.add(
+                    route.function, route.node, route.reservation_id, bound=False
+                )
+            await self._give_up(request, placement)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns
+
+    async def _record(self, request: Request, placement: Placement) -> int | None:
+        """Record ``placement``'s route; its revision, or ``None`` (no registry, nothing
+        reserved, or the registry failed: logged)."""
+        if self.routes is None or placement.reservation_id is None:
+            return None
+        try:
+            return await self.routes.record(
+                request.key,
+                placement,
+                request.spec,
+                function=(request.namespace, request.name),
+            )
+        except Exception as error:
+            log.warning("could not record the route of %s: %s", request.key, error)
+            return None
+
+    async def _earlier_siblings(
+        self, request: Request, placement: Placement, revision: int
+    ) -> list[Route]:
+        """Replicas of ``request``'s function on its node whose routes came before ours."""
+        assert self.routes is not None
+        function = (request.namespace, request.name)
+        try:
+            routes = await self.routes.on_node(placement.worker_node)
+        except Exception as error:
+            log.warning("could not read the routes of %s: %s", placement.worker_node, error)
+            return []
+        return [
+            route
+            for stored, route in routes
+            if stored < revision
+            and route.function == function
+            and route.reservation_id is not None
+            and route.reservation_id != placement.reservation_id
+        ]
+
+    async def _give_up(self, request: Request, placement: Placement) -> None:
+        """Release a placement that lost a race, and its route (best effort: an unbound
+        lease expires on the node anyway, and the node drops its route then)."""
+        assert self.routes is not None
+        try:
+            await self.scheduler.release(placement)
+        except (Refused, Unavailable) as error:
+            log.warning("could not release %s on %s: %s", request.key, placement.worker_node,
+                        error)  # fmt: skip
+        try:
+            await self.routes.remove(request.key, placement.worker_node)
+        except Exception as error:
+            log.warning("could not remove the route of %s: %s", request.key, error)
 
     async def _release(self, document: dict[str, Any], source: str) -> bool:
         placement = _model(Placement, document, "placement", source)
@@ -492,6 +587,7 @@ async def scheduler_service(
     grace_s: float = 5.0,
     metrics: Metrics | None = None,
     share_replicas: bool = True,
+    settle_races: bool = True,
 ) -> AsyncIterator[SchedulerService]:
     """A whole scheduler on ``client``: its replica, its node client, its service; stopped
     gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them).
@@ -499,7 +595,8 @@ async def scheduler_service(
     scheduler) counts its decisions and reports its view, a node stale after two heartbeats
     without a snapshot: ``service.scheduler.metrics``.  With ``routes``, the replicas every
     scheduler placed count for spreading unless ``share_replicas`` is false (then only its
-    own do — how schedulers worked before; the benchmark compares the two)."""
+    own do — how schedulers worked before); ``settle_races=False`` leaves out the re-check of
+    a hard per-node spread (the benchmark compares the three)."""
     # the watch's idle heartbeat: half a node heartbeat (at most 1 s), so after a server
     # restart the replica resumes within about one node heartbeat (two missed idle beats)
     idle_s = min(1.0, heartbeat_s / 2)
@@ -518,6 +615,7 @@ async def scheduler_service(
             routes=routes,
             prefix=prefix,
             share_replicas=share_replicas,
+            settle_races=settle_races,
         )
         await service.start()
         try:

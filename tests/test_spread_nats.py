@@ -78,11 +78,15 @@ def test_a_malformed_function_is_a_malformed_route(
 
 # -- the feed, without a network ---------------------------------------------------------------
 def _put(
-    workload: str, node: str, reservation: str | None, function: tuple[str, str] | None = FN
+    workload: str,
+    node: str,
+    reservation: str | None,
+    function: tuple[str, str] | None = FN,
+    revision: int = 0,
 ) -> RouteEvent:
     namespace, name = (None, None) if function is None else function
     route = Route(workload, node, reservation, SMALL, 0.0, namespace, name)
-    return RouteEvent("put", RouteRegistry.key(workload, node), route)
+    return RouteEvent("put", RouteRegistry.key(workload, node), route, revision)
 
 
 def _delete(workload: str, node: str) -> RouteEvent:
@@ -136,6 +140,19 @@ def test_the_feed_skips_routes_it_cannot_count_and_forgets_a_departed_node() -> 
     assert replicas.where(FN) == {"b": 1} and len(feed) == 1
     feed(_delete("t/fn/2", "a"))  # the purge was not seen; a late delete is harmless
     assert replicas.where(FN) == {"b": 1}
+
+
+def test_the_feed_names_the_siblings_stored_before_a_revision() -> None:
+    feed = RouteReplicas(Replicas())
+    feed(_put("t/fn/0", "a", "r1", revision=3))
+    feed(_put("t/fn/1", "a", "r2", revision=5))
+    feed(_put("t/other/0", "a", "r3", function=("t", "other"), revision=1))
+    feed(_put("t/fn/2", "b", "r4", revision=2))
+    assert [r.workload for r in feed.earlier("a", FN, 5, "r2")] == ["t/fn/0"]
+    assert feed.earlier("a", FN, 3, "r1") == []  # the first stays
+    assert sorted(r.workload for r in feed.earlier("a", FN, 9, "r9")) == ["t/fn/0", "t/fn/1"]
+    feed(_delete("t/fn/0", "a"))
+    assert feed.earlier("a", FN, 5, "r2") == []
 
 
 # -- on a real nats-server ---------------------------------------------------------------------
@@ -236,7 +253,9 @@ def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) 
             await _eventually(
                 lambda: all(victim not in s.scheduler.replicas.where(FN) for s in cluster.services)
             )
-            assert all(victim not in s.shared._keys.values() for s in cluster.services)
+            for service in cluster.services:
+                assert service.shared is not None
+                assert all(route.node != victim for _, route in service.shared._keys.values())
 
     asyncio.run(scenario())
 

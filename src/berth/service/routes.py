@@ -102,11 +102,13 @@ class Route:
 @dataclass(frozen=True)
 class RouteEvent:
     """A change :meth:`RouteRegistry.follow` saw: a route stored under ``key`` (``put``), or
-    the key deleted (``delete``; ``route`` is ``None`` — a delete carries no value)."""
+    the key deleted (``delete``; ``route`` is ``None`` — a delete carries no value).
+    ``revision`` is the bucket's sequence number of the change (0 when unknown)."""
 
     kind: Literal["put", "delete"]
     key: str
     route: Route | None = None
+    revision: int = 0
 
 
 RouteListener = Callable[[RouteEvent], None]
@@ -290,14 +292,47 @@ class RouteRegistry:
 
 
 class RouteWatch:
-    """A running :meth:`RouteRegistry.follow`; ``rejected`` counts malformed values skipped."""
+    """A running :meth:`RouteRegistry.follow`; ``rejected`` counts malformed values skipped.
+
+    It delivers in the bucket's order, so once it has delivered revision ``r``
+    (:meth:`reached`) every change stored before ``r`` has reached its listener too.
+    """
 
     def __init__(self, registry: RouteRegistry, listener: RouteListener) -> None:
         self.registry = registry
         self.listener = listener
         self.rejected = 0
+        self.seen = 0
+        """The highest revision delivered so far."""
         self._subscription: Any = None
         self._synced = asyncio.Event()
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    async def reached(self, revision: int, timeout_s: float) -> bool:
+        """Wait until the watch has delivered ``revision``; False if ``timeout_s`` passed."""
+        if self.seen >= revision:
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (revision, waiter)
+        self._waiters.append(entry)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            if entry in self._waiters:
+                self._waiters.remove(entry)
+        return True
+
+    def _advance(self, revision: int) -> None:
+        if revision <= self.seen:
+            return
+        self.seen = revision
+        if self._waiters:
+            for entry in [entry for entry in self._waiters if entry[0] <= revision]:
+                self._waiters.remove(entry)
+                if not entry[1].done():
+                    entry[1].set_result(None)
 
     async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> RouteWatch:
         registry = self.registry
@@ -333,23 +368,25 @@ class RouteWatch:
 
     async def _on_message(self, msg: Msg) -> None:
         try:
-            event = self._event(msg)
+            revision = _revision(msg)
+            event = self._event(msg, revision)
             if event is not None:
                 try:
                     self.listener(event)
                 except Exception:
                     log.exception("a route listener failed on %s of %s", event.kind, event.key)
+            self._advance(revision)
         finally:
             if not self._synced.is_set():
                 with contextlib.suppress(Exception):
                     if msg.metadata.num_pending == 0:
                         self._synced.set()
 
-    def _event(self, msg: Msg) -> RouteEvent | None:
+    def _event(self, msg: Msg, revision: int) -> RouteEvent | None:
         key = msg.subject[len(self.registry._prefix) :]
         headers = msg.headers or {}
         if KV_OPERATION in headers or MARKER_REASON in headers:
-            return RouteEvent("delete", key)
+            return RouteEvent("delete", key, None, revision)
         try:
             route = decode_route(msg.data, source=msg.subject)
         except MalformedMessage as error:
@@ -365,4 +402,11 @@ class RouteWatch:
                 route.node,
             )
             return None
-        return RouteEvent("put", key, route)
+        return RouteEvent("put", key, route, revision)
+
+
+def _revision(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.sequence.stream)
+    except Exception:  # not a JetStream message: no revision to follow
+        return 0

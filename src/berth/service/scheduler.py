@@ -43,9 +43,12 @@ same node.  For a *hard per-node* spread the service closes it after the fact: o
 is stored it reads the node's routes from the server, and if a sibling's route has a lower
 revision (stored first) it gives the node up — releases the lease, removes its route — and
 places again, now counting the sibling.  Of two racing routes the later one always sees the
-earlier (it was stored before the later read), so exactly one yields; it costs one KV read
-per placement under a hard per-node spread.  A label (zone) spread is not re-checked: its
-rule depends on every node's count, and a race can leave one zone a replica ahead.
+earlier (it was stored before the later read), so exactly one yields.  The read is the
+service's own watch: it delivers in the bucket's order, so once it has brought back our own
+route every earlier one has arrived too; only when the watch lags (2 s) is the server read.
+It costs a wait for one watch round trip per placement under a hard per-node spread.  A
+label (zone) spread is not re-checked: its rule depends on every node's count, and a race
+can leave one zone a replica ahead.
 ``benchmarks/spread_nats.py`` measures both.
 
 Traces cross the queue group: :class:`NatsScheduler` sends the caller's trace context in the
@@ -114,6 +117,7 @@ SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
 OPERATIONS = ("schedule", "release", "ping")
 MAX_RACE_RETRIES = 4
+WATCH_WAIT_S = 2.0
 """Times a placement under a hard per-node spread gives up a node it raced for."""
 
 
@@ -138,14 +142,16 @@ class RouteReplicas:
     A route with its function and reservation counts as a bound replica on its node
     (:meth:`Replicas.add`, idempotent per node and reservation: a scheduler's own placement
     is the entry it already holds).  Deletes carry only their key (``<node>.<workload>``),
-    so the feed remembers which node and reservation each key counted, and ends that one
-    when the key is deleted or stored again with another reservation.  A route without a
-    function (an older writer) or without a reservation is not counted.
+    so the feed remembers the route each key counted (and its revision, for
+    :meth:`earlier`), and ends that replica when the key is deleted or stored again with
+    another reservation.  A route without a function (an older writer) or without a
+    reservation is not counted.
     """
 
     def __init__(self, replicas: Replicas) -> None:
         self.replicas = replicas
-        self._keys: dict[str, tuple[str, str]] = {}  # route key → (node, reservation id)
+        self._keys: dict[str, tuple[int, Route]] = {}  # route key → (revision, route) counted
+        self._by_node: dict[str, set[str]] = {}
 
     def __len__(self) -> int:
         """Routes counted now."""
@@ -153,22 +159,55 @@ class RouteReplicas:
 
     def __call__(self, event: RouteEvent) -> None:
         route = event.route
-        counted: tuple[str, str] | None = None
-        function = None if route is None else route.function
-        if route is not None and route.reservation_id is not None and function is not None:
-            counted = (route.node, route.reservation_id)
-        before = self._keys.pop(event.key, None)
-        if before is not None and before != counted:
-            self.replicas.ended(*before)
-        if counted is not None and function is not None:
-            self._keys[event.key] = counted
-            self.replicas.add(function, counted[0], counted[1], bound=True)
+        counted = None
+        if route is not None and route.reservation_id is not None and route.function is not None:
+            counted = route
+        before = self._forget(event.key)
+        if before is not None and (
+            counted is None
+            or (before.node, before.reservation_id) != (counted.node, counted.reservation_id)
+        ):
+            assert before.reservation_id is not None
+            self.replicas.ended(before.node, before.reservation_id)
+        if counted is not None:
+            assert counted.function is not None and counted.reservation_id is not None
+            self._keys[event.key] = (event.revision, counted)
+            self._by_node.setdefault(counted.node, set()).add(event.key)
+            self.replicas.add(counted.function, counted.node, counted.reservation_id, bound=True)
+
+    def _forget(self, key: str) -> Route | None:
+        known = self._keys.pop(key, None)
+        if known is None:
+            return None
+        keys = self._by_node.get(known[1].node)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_node[known[1].node]
+        return known[1]
+
+    def earlier(
+        self, node: str, function: tuple[str, str], revision: int, reservation_id: str
+    ) -> list[Route]:
+        """The routes counted on ``node`` of ``function``, stored before ``revision``, other
+        than ``reservation_id``'s."""
+        found = []
+        for key in self._by_node.get(node, ()):
+            stored, route = self._keys[key]
+            if (
+                stored < revision
+                and route.function == function
+                and route.reservation_id != reservation_id
+            ):
+                found.append(route)
+        return found
 
     def drop_node(self, node: str) -> None:
         """Forget the keys of a node that left (its replicas are dropped with it)."""
-        for key in [key for key, (on, _) in self._keys.items() if on == node]:
-            reservation = self._keys.pop(key)
-            self.replicas.ended(*reservation)
+        for key in list(self._by_node.get(node, ())):
+            route = self._forget(key)
+            if route is not None and route.reservation_id is not None:
+                self.replicas.ended(node, route.reservation_id)
 
 
 class SchedulerService:
@@ -410,9 +449,16 @@ class SchedulerService:
     async def _earlier_siblings(
         self, request: Request, placement: Placement, revision: int
     ) -> list[Route]:
-        """Replicas of ``request``'s function on its node whose routes came before ours."""
-        assert self.routes is not None
+        """Replicas of ``request``'s function on its node whose routes came before ours: from
+        this service's own watch once it has delivered our route (it delivers in order, so
+        every earlier route is in), else (it lags by seconds) read from the server."""
+        assert self.routes is not None and placement.reservation_id is not None
         function = (request.namespace, request.name)
+        watch, shared = self._route_watch, self.shared
+        if watch is not None and shared is not None and await watch.reached(revision, WATCH_WAIT_S):
+            return shared.earlier(
+                placement.worker_node, function, revision, placement.reservation_id
+            )
         try:
             routes = await self.routes.on_node(placement.worker_node)
         except Exception as error:

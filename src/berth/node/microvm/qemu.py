@@ -3,7 +3,7 @@
 This module owns how berth asks QEMU for a guest — nothing else in berth spells a QEMU
 option.  :func:`qemu_argv` builds::
 
-    qemu-system-x86_64 -M microvm -accel tcg -cpu max -smp N -m MiB
+    qemu-system-x86_64 -M microvm,pit=off,pic=off -accel tcg -cpu max -smp N -m MiB
         -nodefaults -no-user-config -display none -serial stdio -no-reboot
         -kernel vmlinuz -initrd initrd -append "console=ttyS0 quiet panic=-1 …"
         -drive id=layer0,file=L0,format=raw,if=none,readonly=on
@@ -11,7 +11,9 @@ option.  :func:`qemu_argv` builds::
         -drive id=upper,file=UPPER,format=raw,if=none
         -device virtio-blk-device,drive=upper,serial=berth-upper
 
-Facts it relies on (checked on Debian 12's QEMU 7.2 with Debian's cloud kernel 6.1):
+Facts it relies on (checked on Debian 12's QEMU 7.2 with Debian's cloud kernel 6.1): the
+legacy PIT and PIC are not needed (the kernel uses the TSC and the IO-APIC; dropping them
+saves ~0.2 s of a ~1.5 s boot under TCG — dropping the RTC too makes the boot 2 s slower);
 devices are found through ACPI (``acpi=off`` loses the disks and poweroff); the machine has
 :data:`MAX_DISKS` virtio-mmio transports; guests booted concurrently on a busy host hang at TSC
 calibration unless the kernel is told the TSC frequency (``tsc_early_khz``, from
@@ -128,7 +130,7 @@ def qemu_argv(
         raise ValueError(f"{len(layers)} layers: at most {MAX_LAYERS}")
     argv = [
         qemu,
-        "-M", "microvm",
+        "-M", "microvm,pit=off,pic=off",
         "-accel", accel,
         "-cpu", "host" if accel == "kvm" else "max",
         "-smp", str(size.vcpus),

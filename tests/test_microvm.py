@@ -4,6 +4,7 @@ line and sizing, host facts, setup checks, configuration, and how guest ends are
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import stat
@@ -23,6 +24,7 @@ from berth.node.config import AgentConfig
 from berth.node.layers import LayerFiles
 from berth.node.microvm.initramfs import (
     GUEST_PATH,
+    INIT_SCRIPT,
     CpioEntry,
     GuestConfig,
     config_archive,
@@ -41,7 +43,7 @@ from berth.node.microvm.qemu import (
 from berth.node.microvm.setup import is_static_elf
 from berth.node.microvm.vm import GuestEnd, probe
 from berth.node.runtime import BootFailed, BootSpec, WorkloadExit
-from berth.node.runtime.microvm import MicrovmRuntime, _status, _workdir
+from berth.node.runtime.microvm import MicrovmRuntime, _status, _user, _workdir
 from berth.store.memory import MemoryStore
 from berth.testing.runtime_contract import run
 
@@ -100,10 +102,18 @@ ARG = st.text(st.characters(codec="utf-8", exclude_characters="\0"), max_size=40
 def test_the_config_hands_arguments_and_environment_over_byte_for_byte(
     command: list[str], env: dict[str, str]
 ) -> None:
-    """The guest's shell (busybox sh, as in the guest) reads the config back to exactly the
-    command and environment it was written from — quotes, ``$``, backslashes, newlines."""
-    config = GuestConfig(nonce="n", command=command, env=env, layers=2)
-    script = config.script() + 'printf "%s\\0" "$BERTH_PROGRAM" "$@"'
+    """The guest's shell (busybox sh, as in the guest) runs the init's own ``eval`` line on
+    the config and gets back exactly the command and environment it was written from —
+    quotes, ``$``, backslashes, newlines — around the options the init puts between them."""
+    config = GuestConfig(nonce="n", command=command, env=env, layers=2, workdir="/srv")
+    match = re.search(r'^eval "set -- .*?"$', INIT_SCRIPT, re.MULTILINE | re.DOTALL)
+    assert match is not None
+    script = (
+        config.script()
+        + 'ids="-S 7 -G 8"\n'
+        + match.group(0)
+        + '\nprintf "%s\\0" "$BERTH_PROGRAM" "$@"'
+    )
     assert BUSYBOX is not None
     out = subprocess.run([BUSYBOX, "sh", "-c", script], capture_output=True, check=True).stdout
     program, *argv = out.decode().split("\0")[:-1]
@@ -113,7 +123,11 @@ def test_the_config_hands_arguments_and_environment_over_byte_for_byte(
     assert argv == [f"{key}={value}" for key, value in environment.items()] + [
         "/bin/nsenter",
         "-r/newroot",
-        "-w/newroot/",
+        "-w/newroot/srv",
+        "-S",
+        "7",
+        "-G",
+        "8",
         "-F",
         *command,
     ]
@@ -365,3 +379,19 @@ def test_the_working_directory_stays_inside_the_image() -> None:
     ]
     with pytest.raises(Invalid, match="workdir"):
         GuestConfig(nonce="n", workdir="relative")
+
+
+def test_image_users_are_checked() -> None:
+    assert [_user(user) for user in ("", "app", "1000", "app:staff", ":100", " 7 ")] == [
+        "",
+        "app",
+        "1000",
+        "app:staff",
+        "0:100",
+        "7",
+    ]
+    for bad in ("a:b:c", "a b", "x\ty"):
+        with pytest.raises(BootFailed, match="is not a user"):
+            _user(bad)
+    with pytest.raises(Invalid, match="user"):
+        GuestConfig(nonce="n", user="a:b:c")

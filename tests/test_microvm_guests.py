@@ -64,6 +64,13 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         file("etc/motd", "top\n"),
     ]
     write_image(root, "stacked", [base, middle, top], working_dir="/srv/app")
+    accounts = [
+        file("etc/passwd", "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n"),
+        file("etc/group", "root:x:0:\napp:x:1001:\nstaff:x:50:\n"),
+    ]
+    write_image(root, "nonroot", [base, accounts], user="app")
+    write_image(root, "nonroot-staff", [base, accounts], user="1000:staff")
+    write_image(root, "ghost", [base, accounts], user="nobody-here")
     return root
 
 
@@ -126,9 +133,10 @@ class TestMicrovmRuntimeContract(RuntimeContract):
 def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
     guests: tuple[LayerFiles, Path], layout: Path
 ) -> None:
-    """Three guests at once: the stacked image seen through overlayfs (topmost layer wins,
+    """Five guests at once: the stacked image seen through overlayfs (topmost layer wins,
     whiteouts and opaque directories honoured), arguments and environment byte for byte,
-    vCPUs, memory and the disk budget as the guest sees them, output and exit codes back."""
+    vCPUs, memory and the disk budget as the guest sees them, the image's working directory
+    and user, output and exit codes back."""
     layers, _ = guests
 
     async def scenario() -> None:
@@ -168,11 +176,16 @@ def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
             BootSpec(
                 name="small", image="busybox", command=("sh", "-c", "exit 0"), mem_limit=32 * MIB
             ),
+            BootSpec(name="user", image="nonroot", command=("sh", "-c", "id -u; id -g")),
+            BootSpec(name="group", image="nonroot-staff", command=("sh", "-c", "id -u; id -g")),
         ]
         workloads = await asyncio.gather(*(runtime.start(spec) for spec in specs))
         ends = await asyncio.gather(*(workload.wait() for workload in workloads))
-        assert [end.code for end in ends] == [4, 0, 0]
-        look_vm, quote_vm, small_vm = workloads
+        assert [end.code for end in ends] == [4, 0, 0, 0, 0]
+        look_vm, quote_vm, small_vm, user_vm, group_vm = workloads
+        assert isinstance(user_vm, MicrovmWorkload) and isinstance(group_vm, MicrovmWorkload)
+        assert user_vm.output == ("1000", "1001")  # the image's User, by name
+        assert group_vm.output == ("1000", "50")  # uid:group
         assert isinstance(look_vm, MicrovmWorkload) and isinstance(small_vm, MicrovmWorkload)
         text = [line for line in look_vm.output if not line.startswith("[")]
         motd, data, hidden, cpus, mem_mib, disk_mib, written, workdir = text[:8]
@@ -219,13 +232,20 @@ def test_a_layer_already_on_the_node_is_not_converted_again(
     run(scenario, GUEST_TIMEOUT_S)
 
 
-def test_a_program_the_image_lacks_is_a_boot_failure(
+def test_a_program_or_a_user_the_image_lacks_is_a_boot_failure(
     guests: tuple[LayerFiles, Path], layout: Path
 ) -> None:
     async def scenario() -> None:
         runtime = make(guests, layout)
-        with pytest.raises(BootFailed, match="command not found: 'nosuchprogram'"):
-            await runtime.start(BootSpec(name="x", image="busybox", command=("nosuchprogram",)))
+        missing, ghost = await asyncio.gather(
+            runtime.start(BootSpec(name="x", image="busybox", command=("nosuchprogram",))),
+            runtime.start(BootSpec(name="y", image="ghost", command=("true",))),
+            return_exceptions=True,
+        )
+        assert isinstance(missing, BootFailed)
+        assert "command not found: 'nosuchprogram'" in str(missing)
+        assert isinstance(ghost, BootFailed)
+        assert "the image's user 'nobody-here' is not in its /etc/passwd" in str(ghost)
         assert runtime.list() == ()
 
     run(scenario, GUEST_TIMEOUT_S)

@@ -78,9 +78,16 @@ def write_image(
     *,
     cmd: Sequence[str] = (),
     working_dir: str = "",
+    user: str = "",
 ) -> Path:
-    """Write one linux/amd64 image of ``layers`` (base first) as ``ref`` into ``layout``."""
+    """Write one linux/amd64 image of ``layers`` (base first) as ``ref`` into ``layout``;
+    ``user`` is its config's ``User`` (empty: root)."""
     spec = ImageSpec(
         layers=[list(layer) for layer in layers], cmd=tuple(cmd), working_dir=working_dir
     )
+    if user:  # ImageSpec has no User: give the whole runtime config, with it
+        config = {"Env": list(spec.env), "Cmd": list(cmd) or None, "WorkingDir": working_dir,
+                  "User": user}  # fmt: skip
+        spec = ImageSpec(layers=spec.layers, cmd=spec.cmd, working_dir=working_dir,
+                         extra_config={"config": config})  # fmt: skip
     return write_layout(layout, spec, ref=ref)

@@ -19,8 +19,9 @@ powers off, so the host never waits for a guest that cannot start):
 4. look the program up inside the image (its ``PATH``, symlinks resolved inside the image)
    and report ``boot-failed not-found`` if it is not there;
 5. run the workload — ``env -i`` with exactly its environment, entering the image as root
-   directory and its working directory (busybox ``nsenter -r -w``), stdin ``/dev/null``,
-   output on the console — and print ``running``;
+   directory and its working directory (busybox ``nsenter -r -w``), as the image's user
+   (``-S``/``-G``, names looked up in the image's ``/etc/passwd`` and ``/etc/group``), stdin
+   ``/dev/null``, output on the console — and print ``running``;
 6. on a ``berth-stop`` line on the console, ``SIGTERM`` every process but init;
 7. when the workload ends, print ``exit <status> <oom kills>`` (the shell's status: 128 + the
    signal for a killed process; the kernel's ``oom_kill`` counter) and power off.
@@ -151,6 +152,38 @@ looked=$?
 umount /newroot/.berth-lookup/busybox
 rm -rf /newroot/.berth-lookup
 [ "$looked" = 0 ] || fail not-found
+# The user the image names (OCI "User": uid, name, uid:gid, name:group), looked up in its
+# /etc/passwd and /etc/group; root when it names none.
+ids=""
+if [ -n "$BERTH_USER" ]; then
+  user=${BERTH_USER%%:*}
+  group=""
+  case "$BERTH_USER" in *:*) group=${BERTH_USER#*:} ;; esac
+  case "$user" in
+    *[!0-9]*)
+      entry=$(awk -F: -v u="$user" '$1 == u { print $3 ":" $4; exit }' /newroot/etc/passwd)
+      [ -n "$entry" ] || fail user
+      uid=${entry%%:*}
+      gid=${entry#*:}
+      ;;
+    *)
+      uid=$user
+      gid=$(awk -F: -v u="$user" '$3 == u { print $4; exit }' /newroot/etc/passwd)
+      ;;
+  esac
+  case "$group" in
+    "") ;;
+    *[!0-9]*)
+      gid=$(awk -F: -v g="$group" '$1 == g { print $3; exit }' /newroot/etc/group)
+      [ -n "$gid" ] || fail group
+      ;;
+    *) gid=$group ;;
+  esac
+  case "$uid:${gid:-0}" in *[!0-9:]*) fail user ;; esac
+  ids="-S $uid -G ${gid:-0}"
+fi
+eval "set -- $BERTH_ENV_WORDS /bin/nsenter -r/newroot \"-w/newroot\$BERTH_WORKDIR\" $ids -F \
+  $BERTH_COMMAND_WORDS"
 env -i -- "$@" </dev/null &
 child=$!
 say running
@@ -167,9 +200,11 @@ kill -KILL "$watcher" 2>/dev/null
 say "exit $status ${oom:-0}"
 halt_now
 """
-"""``/init``.  ``$@`` is set by the config to ``K=V … /bin/nsenter -r/newroot -w/newroot/WORKDIR
--F PROGRAM ARGS…``: busybox ``nsenter`` enters the image as its root and working directory
-(``chroot`` would start the workload in ``/``)."""
+"""``/init``.  It runs ``env -i -- K=V … /bin/nsenter -r/newroot -w/newroot/WORKDIR [-S UID -G
+GID] -F PROGRAM ARGS…``: busybox ``nsenter`` enters the image as its root and working
+directory (``chroot`` would start the workload in ``/``) as the image's user.  The config
+gives the environment and the command as lists of single-quoted words, which ``eval`` turns
+back into exactly those words."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,18 +296,24 @@ class GuestConfig:
     probe: bool = False
     workdir: str = "/"
     """The workload's working directory inside the image (absolute; made if missing)."""
+    user: str = ""
+    """The image's user (``uid``, ``name``, ``uid:gid``, ``name:group``; empty: root)."""
 
     def __post_init__(self) -> None:
         if not self.workdir.startswith("/") or "\0" in self.workdir:
             raise Invalid(f"not an absolute path: {self.workdir!r}", field="workdir")
+        if not self.user.isprintable() or self.user.count(":") > 1 or " " in self.user:
+            raise Invalid(f"not a user: {self.user!r}", field="user")
 
     def script(self) -> str:
         """``/berth/config``: shell assignments, every value quoted."""
         env = dict(self.env or {})
         env.setdefault("PATH", GUEST_PATH)
-        argv = [f"{key}={value}" for key, value in env.items()]
-        argv += ["/bin/nsenter", "-r/newroot", f"-w/newroot{self.workdir}", "-F", *self.command]
         q = shlex.quote
+
+        def words(values: Iterable[str]) -> str:
+            return q(" ".join(q(value) for value in values))
+
         lines = [
             f"BERTH_NONCE={q(self.nonce)}",
             f"BERTH_PROBE={1 if self.probe else 0}",
@@ -283,7 +324,9 @@ class GuestConfig:
             f"BERTH_PATH={q(env['PATH'])}",
             f"BERTH_PROGRAM={q(self.command[0] if self.command else '')}",
             f"BERTH_WORKDIR={q(self.workdir)}",
-            "set -- " + " ".join(q(arg) for arg in argv),
+            f"BERTH_USER={q(self.user)}",
+            f"BERTH_ENV_WORDS={words(f'{key}={value}' for key, value in env.items())}",
+            f"BERTH_COMMAND_WORDS={words(self.command)}",
         ]
         return "\n".join(lines) + "\n"
 

@@ -16,7 +16,7 @@ disks and stacked by berth's init with overlayfs, topmost layer first.  The gues
   16 MiB or absent) and deleted when the guest ends.
 * **its command as the guest's main process**: with the image's environment overlaid by the
   spec's ``env``, in the stacked image, starting in the image's ``WorkingDir`` (``/`` if
-  none; made if missing).  A program the image lacks is a
+  none; made if missing), as the image's ``User`` (root if none).  A program the image lacks is a
   :class:`BootFailed` (``command not found: 'x'``), as with the process runtime.
 
 ``start`` returns once the guest's init reports the workload running (a real boot: ~2 s
@@ -177,6 +177,16 @@ def _workdir(working_dir: str) -> str:
     # The image's WorkingDir (OCI: absolute; a relative one is taken from /), normalised
     # lexically, so no ``..`` climbs out of the image.
     return posixpath.normpath("/" + working_dir.lstrip("/"))
+
+
+def _user(user: str) -> str:
+    # The image's User; an empty user part means root (``:100`` is root with group 100).
+    user = user.strip()
+    if user.startswith(":"):
+        user = "0" + user
+    if not user.isprintable() or user.count(":") > 1 or " " in user:
+        raise BootFailed(f"the image's user {user!r} is not a user, uid, user:group or uid:gid")
+    return user
 
 
 def _hostname(workload_id: str) -> str:
@@ -352,6 +362,7 @@ class MicrovmRuntime:
                 tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
                 hostname=_hostname(workload_id),
                 workdir=_workdir(image.config.working_dir),
+                user=_user(image.config.user),
             )
             initrd = scratch / "initrd"
             await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
@@ -456,6 +467,8 @@ class MicrovmRuntime:
             return f"the guest could not mount layer {which}"
         if word == "disks":
             return f"the guest found only {rest} of its disks"
+        if word in ("user", "group"):
+            return f"the image's user {image.config.user!r} is not in its /etc/passwd or /etc/group"
         return said
 
     async def _watch(self, guest: _Guest) -> None:

@@ -37,11 +37,14 @@ function see each other) until its lease ends: released (``ClusterScheduler.rele
 failed bind), its workload ended (``ClusterScheduler.ended``, or the owner object it was
 bound to reported its end), its node left the cluster, or
 — for a lease never bound — the lease's time to live ran out, as on the node.  Replicas
-placed by *other* schedulers are invisible unless fed in (:meth:`Replicas.add`, e.g. from
-the routing registry): with K schedulers each following only its own placements, a hard
-per-node spread holds per scheduler, and two schedulers can still put two replicas of one
-function on the same node.  A placement without a reservation (a request with no ``spec``)
-holds nothing on the node and has no lifetime to follow, so it is not counted.
+placed by *other* schedulers are invisible unless fed in (:meth:`Replicas.add`): the NATS
+scheduler service feeds every route of the routing registry in
+(:class:`~berth.service.scheduler.RouteReplicas`, keyed by node and reservation like its own
+placements, so its own come back as the same entry) and settles a hard per-node spread's
+races after the fact; schedulers fed nothing each follow only their own placements, and two
+of them can put two replicas of one function on the same node.  A placement without a
+reservation (a request with no ``spec``) holds nothing on the node and has no lifetime to
+follow, so it is not counted.
 """
 
 from __future__ import annotations

@@ -257,8 +257,8 @@ def build_initramfs(busybox: Path, modules: Mapping[str, Path], target: Path) ->
     """Write the base initramfs to ``target`` (atomically); return its size in bytes.
 
     ``busybox`` is a *static* busybox binary; ``modules`` maps each name of :data:`MODULES`
-    to its ``.ko`` file.  Uncompressed on purpose: under software emulation the guest
-    spends longer inflating a gzip archive than the host spends reading ~3 MB more.
+    to its ``.ko`` file.  Uncompressed: nothing for the guest to inflate, and the per-boot
+    config archive is appended as is.
     """
     missing = [name for name in MODULES if name not in modules]
     if missing:

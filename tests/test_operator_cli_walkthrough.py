@@ -240,7 +240,12 @@ def test_images_import_an_oci_layout(
     assert {"from-oci", "again"} <= {item["name"] for item in document(up, "images")["items"]}
     line = error_line(up, "images", "import-oci", "nowhere")
     # the absolute path (the API's machine has no idea of this working directory)
-    assert line.startswith("error: path") and re.search(r"'/\S*/nowhere' does not exist", line)
+    assert line.startswith("error: PATH: the OCI layout: "), line
+    assert re.search(r"'/\S*/nowhere' does not exist", line), line
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    line = error_line(up, "images", "import-oci", "broken")  # what in the layout is wrong
+    assert line.startswith("error: PATH: the OCI layout: index.json"), line
 
 
 def test_names_and_commands_with_markup_print_as_typed(up: Up) -> None:
@@ -249,6 +254,51 @@ def test_names_and_commands_with_markup_print_as_typed(up: Up) -> None:
     assert "default/[/]odd[red]/0" in line, line
     table = ok(up, "ps", "--namespace", "default")
     assert "[/]odd[red]" in table and "echo '[bold]x[/bold]' '[/]'" in table, table
+
+
+def test_run_spreads_replicas_one_per_node_then_refuses(up: Up) -> None:
+    spread = ("--name", "spread-web", "--spread", "node", "--spread-hard")
+    placed = [
+        document(up, "run", "hello", *spread, "--replica", str(replica), "--", "sleep", "600")
+        for replica in range(len(NODES))
+    ]
+    assert sorted(workload["node"] for workload in placed) == list(NODES), placed
+    line = error_line(up, "run", "hello", *spread, "--replica", "3", "--", "sleep", "600")
+    assert "hard spread (one replica per node)" in line, line
+    explained = document(up, "explain", "hello", "--name", "spread-web", "--spread", "node",
+                         "--spread-hard")  # fmt: skip
+    assert {verdict["verdict"] for verdict in explained["verdicts"]} == {"spread"}, explained
+    # soft (the default): the fourth replica goes beside a sibling rather than nowhere
+    soft = document(up, "run", "hello", "--name", "spread-web", "--spread", "node",
+                    "--replica", "3", "--", "sleep", "600")  # fmt: skip
+    assert soft["node"] in NODES
+    # the same replica again while it runs: its identity is taken, nothing placed
+    line = error_line(up, "run", "hello", *spread, "--replica", "0", "--", "sleep", "600")
+    assert line.startswith("error: default/spread-web/0 is taken: workload "), line
+    assert placed[0]["id"] in line
+    for workload in [*placed, soft]:
+        ok(up, "stop", workload["id"], "--grace", "1")
+
+
+@pytest.mark.parametrize(
+    ("flags", "flag"),
+    [
+        (("--spread", "node", "--max-skew", "2"), "--max-skew"),
+        (("--spread", "zone", "--max-skew", "0"), "--max-skew"),
+        (("--spread", "a b"), "--spread"),
+        (("--spread-hard",), "--spread-hard"),
+        (("--spread-soft",), "--spread-soft"),
+        (("--max-skew", "2"), "--max-skew"),
+    ],
+)
+def test_bad_spread_flags_are_one_line_naming_the_flag(
+    up: Up, flags: tuple[str, ...], flag: str
+) -> None:
+    before = len(document(up, "ps")["items"])
+    for command in (("run", "hello", *flags, "--", "true"), ("explain", "hello", *flags)):
+        line = error_line(up, *command)
+        assert line.startswith(f"error: {flag}: "), line
+    assert len(document(up, "ps")["items"]) == before  # nothing placed
 
 
 def test_stopping_berth_up_removes_the_api_file(up: Up) -> None:

@@ -8,7 +8,7 @@ errors, so the command line prints it as its usual one line:
 
 * an ``application/problem+json`` answer → ``Invalid`` (400, with the problem's ``field``),
   ``NoCapacity`` (409, the per-reason counts kept in ``reasons``), ``Unavailable`` (503), or
-  :class:`ApiError` (401, 404 and anything else, with the status);
+  :class:`ApiError` (401, 404, a 409 ``identity_taken`` and anything else, with the status);
 * connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL;
 * an answer that does not match the schema → :class:`ApiError` — never a traceback.
 
@@ -246,6 +246,8 @@ class ApiClient:
                 detail = detail.split(": ", 1)[1]
             # the server's schema speaks pydantic ("Input should be …"); berth says "must be"
             return Invalid(detail.replace("Input should be", "must be"), field=field)
+        if status == 409 and str(problem.get("type", "")).endswith("/identity_taken"):
+            return ApiError(detail, status=status)  # not a capacity problem: say it as it is
         if status == 409:
             error = NoCapacity(detail)
             reasons = problem.get("reasons")  # {"mem_exhausted": 3, …}: counts per reason

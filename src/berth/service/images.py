@@ -81,9 +81,12 @@ def image_from_layout(
     try:
         image = read_layout(Path(path), ref=ref, platform=platform)
     except Invalid as error:
-        # the reader names the file inside the layout; say it is about the path asked for
-        field = f"path ({error.field})" if error.field else "path"
-        raise Invalid(error.message, field=field) from None
+        if error.field in ("ref", "platform"):  # the request's own fields, not the layout's
+            raise
+        # the reader names what inside the layout is wrong (a file, a field of it, or the
+        # directory itself); the field is the request's ``path``, the detail says the rest
+        where = "" if error.field in (None, "", "layout") else f"{error.field}: "
+        raise Invalid(f"the OCI layout: {where}{error.message}", field="path") from None
     chosen = name or image.ref or Path(path).resolve().name
     return image_of(chosen, image.berth_layers(), image.platform, image.config.command)
 

@@ -89,6 +89,14 @@ _RUN_FLAGS = {
     "env": "--env",
     "layers": "IMAGE",
 }
+_SPREAD_FLAGS = {
+    "spread.label": "--spread",
+    "spread.hard": "--spread-hard",
+    "spread.max_skew": "--max-skew",
+}
+"""A spread's own fields, which ``_RUN_FLAGS``' first-part mapping cannot tell apart."""
+PER_NODE = "node"
+"""``--spread node``: at most one replica per node (any other value names a node label)."""
 _PS_FLAGS = {"namespace": "--namespace", "node": "--node", "state": "--state"}
 _IMAGE_FLAGS = {"name": "NAME", "platform": "--platform", "layers": "--layer", "path": "PATH"}
 
@@ -146,6 +154,65 @@ def _parse_env(items: list[str]) -> dict[str, str]:
     return env
 
 
+SpreadOption = Annotated[
+    str | None,
+    typer.Option(
+        "--spread",
+        metavar="node|LABEL",
+        help="Spread the function's replicas: `node` (at most one per node) or a node "
+        "label (e.g. zone: across its values).",
+    ),
+]
+SpreadHardOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--spread-hard/--spread-soft",
+        help="Hard: refuse rather than break the spread; soft (the default with --spread): "
+        "break it only when no node keeps it.",
+        show_default=False,
+    ),
+]
+MaxSkewOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-skew",
+        help="With --spread LABEL: how many replicas one value may be ahead of the least "
+        "loaded one (default 1).",
+    ),
+]
+
+
+def _spread(spread: str | None, hard: bool | None, max_skew: int | None) -> dict[str, Any] | None:
+    """The request's ``spread`` from the flags (the API checks the values and names the
+    field; ``spread.max_skew`` comes back as ``--max-skew``, see ``_flags``)."""
+    if spread is None:
+        for given, flag in ((hard, "--spread-hard" if hard else "--spread-soft"),
+                            (max_skew, "--max-skew")):  # fmt: skip
+            if given is not None:
+                raise Invalid("applies to a spread only: give --spread node or --spread "
+                              "LABEL too", field=flag)  # fmt: skip
+        return None
+    body: dict[str, Any] = {"hard": bool(hard)}
+    if spread != PER_NODE:
+        body["label"] = spread
+    if max_skew is not None:
+        body["max_skew"] = max_skew
+    return body
+
+
+@contextmanager
+def _flags(names: Mapping[str, str]) -> Iterator[None]:
+    """``fields_as(names)``, a spread's fields (``spread.max_skew``) first by their whole
+    name (``--max-skew``), since ``fields_as`` maps by the first part only."""
+    with fields_as(names):
+        try:
+            yield
+        except Invalid as error:
+            if error.field not in _SPREAD_FLAGS:
+                raise
+            raise Invalid(error.message, field=_SPREAD_FLAGS[error.field]) from None
+
+
 def _default_name(image: str) -> str:
     """A workload name from an image reference: ``docker.io/library/redis:7`` → ``redis``."""
     last = image.rsplit("/", 1)[-1]
@@ -183,6 +250,9 @@ def run(
         bool,
         typer.Option("--restartable", help="Place it again elsewhere when its node is drained."),
     ] = False,
+    spread: SpreadOption = None,
+    spread_hard: SpreadHardOption = None,
+    max_skew: MaxSkewOption = None,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
@@ -203,7 +273,10 @@ def run(
         body["platforms"] = list(platform)
     if env:
         body["env"] = _parse_env(env)
-    with _client(api, token) as client, fields_as(_RUN_FLAGS):
+    spread_body = _spread(spread, spread_hard, max_skew)
+    if spread_body is not None:
+        body["spread"] = spread_body
+    with _client(api, token) as client, _flags(_RUN_FLAGS):
         workload = client.create_workload(body)
     if as_json:
         _print_json(workload)
@@ -305,6 +378,9 @@ def explain(
     ] = None,
     namespace: Annotated[str, typer.Option(help="The workload's namespace.")] = "default",
     name: Annotated[str | None, typer.Option(help="The workload's name.")] = None,
+    spread: SpreadOption = None,
+    spread_hard: SpreadHardOption = None,
+    max_skew: MaxSkewOption = None,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
@@ -318,7 +394,10 @@ def explain(
     }
     if platform:
         body["platforms"] = list(platform)
-    with _client(api, token) as client, fields_as(_RUN_FLAGS):
+    spread_body = _spread(spread, spread_hard, max_skew)
+    if spread_body is not None:
+        body["spread"] = spread_body
+    with _client(api, token) as client, _flags(_RUN_FLAGS):
         explanation = client.explain(body)
     if as_json:
         _print_json(explanation)

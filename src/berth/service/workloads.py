@@ -13,6 +13,16 @@ node no longer knows it — the agent restarted).  The node is the authority on 
 workload still runs; the registry learns it by asking (:meth:`WorkloadRegistry.update`, called
 by the API when it reads workloads), never by guessing.
 
+**One running workload per identity.**  A workload's identity is ``namespace/name/replica``
+(what the routing registry and ``berth whereis`` key on), so two running workloads may not
+share one.  :class:`IdentityClaims` keeps a claim per identity under ``c.<identity>`` in the
+same bucket, taken with KV create-if-absent *before* anything is placed — of two concurrent
+creates exactly one stores it, the other is refused (:class:`IdentityTaken`) having changed
+nothing.  A claim whose holder is no longer running (ended, stopped, failed, replaced — or a
+create that died before recording its workload, after :data:`CLAIM_PENDING_S`) is taken over
+with a compare-and-set on its revision; the API releases a claim when its workload ends
+(a conditional delete: only the holder's own claim).
+
 What it is not: the routing registry (:mod:`berth.service.routes`, the schedulers' index of
 reservations) nor a scheduler.  :class:`JsonBucket` is the small typed KV layer both API
 registries use.
@@ -24,19 +34,24 @@ import builtins
 import logging
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
 
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BadRequestError, KeyNotFoundError
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-from berth.errors import Unavailable
+from berth.errors import BerthError, Unavailable
 from berth.store.nats import node_token
 
 __all__ = [
     "API_BUCKET",
+    "CLAIM_PENDING_S",
+    "Claim",
+    "IdentityClaims",
+    "IdentityTaken",
     "JsonBucket",
     "StoredWorkload",
     "Workload",
@@ -51,6 +66,11 @@ API_BUCKET = "berth_api"
 WorkloadState = Literal["running", "exited", "stopped", "failed"]
 Model = TypeVar("Model", bound=BaseModel)
 _WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")
+CLAIM_PENDING_S = 300.0
+"""How long a claim whose workload has no record yet (its create is placing and booting) is
+respected; after that its create is taken to have died and the claim may be taken over."""
+_CLAIM_ATTEMPTS = 8
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed compare-and-set
 
 
 def new_workload_id() -> str:
@@ -134,6 +154,43 @@ class JsonBucket(Generic[Model]):
     async def delete(self, name: str) -> None:
         await self._bucket().delete(self.key(name))
 
+    async def entry(self, name: str) -> tuple[Model | None, int] | None:
+        """The document and its revision (``None`` for a document that does not decode);
+        ``None`` when the key is absent or deleted."""
+        try:
+            entry = await self._bucket().get(self.key(name))
+        except KeyNotFoundError:  # includes a deleted key
+            return None
+        return self._decode(entry.key, entry.value), entry.revision or 0
+
+    async def create(self, name: str, document: Model) -> bool:
+        """Store ``document`` only if the key is absent (or deleted); ``False`` if it is not."""
+        try:
+            await self._bucket().create(self.key(name), document.model_dump_json().encode())
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def replace(self, name: str, document: Model, revision: int) -> bool:
+        """Store ``document`` only if the key is still at ``revision``; ``False`` if not."""
+        try:
+            await self._bucket().update(
+                self.key(name), document.model_dump_json().encode(), last=revision
+            )
+        except KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def delete_at(self, name: str, revision: int) -> bool:
+        """Delete the key only if it is still at ``revision``; ``False`` if not."""
+        try:
+            await self._bucket().delete(self.key(name), last=revision)
+        except BadRequestError as error:
+            if error.err_code != _WRONG_LAST_SEQUENCE:
+                raise
+            return False
+        return True
+
     async def all(self) -> builtins.list[Model]:
         """Every document under the prefix (skipping, and logging, any that is not one)."""
         watcher = await self._bucket().watch(f"{self.prefix}.>")
@@ -169,9 +226,11 @@ class WorkloadRegistry:
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._documents = JsonBucket(client, StoredWorkload, prefix="w", bucket=bucket)
+        self.claims = IdentityClaims(client, bucket=bucket)
 
     async def start(self) -> WorkloadRegistry:
         await self._documents.start()
+        await self.claims.start()
         return self
 
     async def record(self, workload: StoredWorkload) -> None:
@@ -198,3 +257,72 @@ class WorkloadRegistry:
             and (state is None or workload.state == state)
         ]
         return sorted(found, key=lambda workload: (workload.created_at, workload.id))
+
+
+class IdentityTaken(BerthError):
+    """A workload's identity (``namespace/name/replica``) is held by another workload that
+    runs (or is being created): ``identity`` and the holder's ``workload_id``."""
+
+    def __init__(self, identity: str, workload_id: str, how: str) -> None:
+        self.identity = identity
+        self.workload_id = workload_id
+        super().__init__(
+            f"{identity} is taken: workload {workload_id} holds it ({how}); stop it first, "
+            f"or give another replica"
+        )
+
+
+class Claim(BaseModel):
+    """Who holds an identity, since when (the value of ``c.<identity>``)."""
+
+    workload_id: str
+    claimed_at: float
+
+
+Holds = Callable[[Claim], Awaitable[str | None]]
+"""How a claim's holder still holds it (``"running on node-01"``, ``"being created"``), or
+``None`` when it no longer does (it ended, or its create died)."""
+
+
+class IdentityClaims:
+    """One running workload per identity (see the module docstring)."""
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._documents = JsonBucket(client, Claim, prefix="c", bucket=bucket)
+
+    async def start(self) -> IdentityClaims:
+        await self._documents.start()
+        return self
+
+    async def holder(self, identity: str) -> str | None:
+        """The workload id holding ``identity``, if any."""
+        found = await self._documents.entry(identity)
+        return None if found is None or found[0] is None else found[0].workload_id
+
+    async def claim(self, identity: str, workload_id: str, *, holds: Holds, now: float) -> None:
+        """Take ``identity`` for ``workload_id``, or raise :class:`IdentityTaken` naming the
+        workload holding it.  A holder for which ``holds`` says ``None`` is replaced atomically;
+        claiming an identity already held by ``workload_id`` is a no-op."""
+        mine = Claim(workload_id=workload_id, claimed_at=now)
+        for _ in range(_CLAIM_ATTEMPTS):
+            found = await self._documents.entry(identity)
+            if found is None:
+                if await self._documents.create(identity, mine):
+                    return
+                continue  # another create stored it first: look at whose it is
+            held, revision = found
+            if held is not None and held.workload_id == workload_id:
+                return
+            how = None if held is None else await holds(held)
+            if held is not None and how is not None:
+                raise IdentityTaken(identity, held.workload_id, how)
+            if await self._documents.replace(identity, mine, revision):
+                return
+        raise Unavailable(f"the claim on {identity} kept changing; try again")
+
+    async def release(self, identity: str, workload_id: str) -> None:
+        """Give ``identity`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        found = await self._documents.entry(identity)
+        if found is None or found[0] is None or found[0].workload_id != workload_id:
+            return
+        await self._documents.delete_at(identity, found[1])

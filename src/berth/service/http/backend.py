@@ -10,7 +10,12 @@ and the API's registries (:mod:`berth.service.workloads`, :mod:`berth.service.im
 types, the boot spec, the image), so bad input reserves nothing; then places through the
 queue group — the scheduler confirms on the node under a lease — and boots on that node with
 the lease (``try_run(…, reservation=…)``: the node binds the reservation to the workload it
-started).  A boot the node refuses has already released the reservation there; the backend
+started).  Before placing, it claims the workload's identity (``namespace/name/replica``,
+:class:`~berth.service.workloads.IdentityClaims`): an identity a running workload holds — or
+one a concurrent create is placing — is ``409`` naming the holder, with nothing placed.  The
+claim is given up when the create fails (except a boot whose outcome is unknown) and when the
+workload is seen to end, stop or fail; a drain's replacement takes it over from the stopped
+workload.  A boot the node refuses has already released the reservation there; the backend
 also tells the schedulers (``release``) so their assume caches drop it, and reports the
 refusal (``409``).  A boot whose answer never came (``503``) is not released: the outcome is
 unknown, and an unbound lease expires by itself.
@@ -47,7 +52,13 @@ from berth.service.http import schemas
 from berth.service.http.problems import Problem
 from berth.service.images import Image, ImageRegistry, image_from_layout, image_of
 from berth.service.scheduler import NatsScheduler
-from berth.service.workloads import StoredWorkload, WorkloadRegistry, new_workload_id
+from berth.service.workloads import (
+    CLAIM_PENDING_S,
+    Claim,
+    StoredWorkload,
+    WorkloadRegistry,
+    new_workload_id,
+)
 from berth.state import NodeState
 
 __all__ = ["ClusterBackend"]
@@ -240,7 +251,13 @@ class ClusterBackend:
         restartable: bool,
     ) -> StoredWorkload:
         assert request.spec is not None
-        placement = await self._place(request, workload_id)
+        claims = self.workloads.claims
+        await claims.claim(request.key, workload_id, holds=self._holds, now=self.clock())
+        try:
+            placement = await self._place(request, workload_id)
+        except Exception:
+            await self._release(request.key, workload_id)
+            raise
         node = placement.worker_node
         try:
             node_workload_id = await self.nodes.try_run(
@@ -255,10 +272,12 @@ class ClusterBackend:
             # the node released the reservation when it refused; the schedulers learn it too
             with contextlib.suppress(Exception):
                 await self.placements.release(placement, workload=request.key)
+            await self._release(request.key, workload_id)
             self._note(request, "refused", str(refused), placement=placement,
                        workload_id=workload_id)  # fmt: skip
             raise
         except Unavailable as error:
+            # the boot's outcome is unknown: the claim stays (it lapses after CLAIM_PENDING_S)
             self._note(request, "unavailable", f"boot on {node}: {error}",
                        placement=placement, workload_id=workload_id)  # fmt: skip
             raise
@@ -287,6 +306,32 @@ class ClusterBackend:
         )
         self._note(request, "placed", explanation, placement=placement, workload_id=workload_id)
         return workload
+
+    async def _holds(self, claim: Claim) -> str | None:
+        """How ``claim``'s workload still holds its identity: it runs (asked of its node), or
+        it has no record yet and its create is recent (still placing or booting)."""
+        workload = await self.workloads.get(claim.workload_id)
+        if workload is None:
+            if self.clock() - claim.claimed_at < CLAIM_PENDING_S:
+                return "being created"
+            return None  # its create died before recording it
+        workload = await self._refresh(workload)
+        return f"running on {workload.node}" if workload.state == "running" else None
+
+    async def _release(self, identity: str, workload_id: str) -> None:
+        """Give up ``workload_id``'s claim on ``identity`` (best effort: a claim left behind
+        is taken over once its holder is seen not to run)."""
+        try:
+            await self.workloads.claims.release(identity, workload_id)
+        except Exception as error:
+            log.warning("could not release the claim of %s on %s: %s", workload_id, identity,
+                        error)  # fmt: skip
+
+    async def _ended(self, workload: StoredWorkload) -> None:
+        """Record a workload that no longer runs, and free its identity."""
+        await self.workloads.record(workload)
+        identity = f"{workload.namespace}/{workload.name}/{workload.replica}"
+        await self._release(identity, workload.id)
 
     async def workload(self, workload_id: str) -> StoredWorkload:
         workload = await self.workloads.get(workload_id)
@@ -333,7 +378,7 @@ class ClusterBackend:
                 update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
         update["ended_at"] = self.clock()
         ended = workload.model_copy(update=update)
-        await self.workloads.record(ended)
+        await self._ended(ended)
         return ended
 
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
@@ -356,7 +401,7 @@ class ClusterBackend:
         if stopped.state != "stopped":  # it ended on its own before the stop reached it
             return stopped
         stopped = stopped.model_copy(update={"detail": stopped.detail or "stopped by the API"})
-        await self.workloads.record(stopped)
+        await self._ended(stopped)
         return stopped
 
     # -- nodes -------------------------------------------------------------------------------

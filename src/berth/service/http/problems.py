@@ -8,6 +8,8 @@ One table says which error becomes which answer, so every route speaks the same 
 * ``NoCapacity`` → ``409`` with ``reasons``: how many nodes failed for each reason
   (``{"mem_exhausted": 3, "cordoned": 1}``);
 * a node's ``Refused`` (a boot that failed, a cordoned node) → ``409`` with its reason;
+* ``IdentityTaken`` (a workload's ``namespace/name/replica`` held by a running one) → ``409``
+  with ``identity`` and the holder's ``workload_id``;
 * ``Unavailable`` → ``503`` (retrying may help);
 * an unknown id → ``404``; a missing or wrong token → ``401``.
 
@@ -33,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.ownership import Refused
+from berth.service.workloads import IdentityTaken
 from berth.validation import shown
 
 __all__ = ["PROBLEM_JSON", "Problem", "ProblemBody", "install", "problem_responses"]
@@ -63,6 +66,8 @@ class ProblemBody(BaseModel):
     value: str | None = None
     platforms_offered: str | None = None
     reasons: dict[str, int] | None = None
+    identity: str | None = None
+    workload_id: str | None = None
 
 
 class Problem(Exception):
@@ -115,6 +120,9 @@ def problem_of(error: BaseException) -> Problem:
         return Problem(409, error.reason, f"refused by {where}",
                        f"{where} refused: {error.reason}: {error.detail}",
                        reasons={error.reason: 1})  # fmt: skip
+    if isinstance(error, IdentityTaken):
+        return Problem(409, "identity_taken", "identity taken", str(error),
+                       identity=error.identity, workload_id=error.workload_id)  # fmt: skip
     if isinstance(error, Unavailable):
         return Problem(503, "unavailable", "unavailable", str(error))
     return Problem(500, "internal", "internal error", "the service failed; see its log")
@@ -177,7 +185,8 @@ _DESCRIPTIONS = {
     400: "Invalid input (the field and value are named), or no node runs the platforms",
     401: "Missing or wrong API token",
     404: "Unknown id or name",
-    409: "No capacity (per-reason counts), or refused by the node",
+    409: "No capacity (per-reason counts), refused by the node, or the workload's identity "
+    "(namespace/name/replica) held by a running workload",
     503: "A node or the schedulers could not be reached; retrying may help",
 }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from berth import Layer, Request
+from berth import Invalid, Layer, Request
 from berth.model import INSTANCE_TYPES
 from berth.node.classes import NodeClass
 from berth.platform import Platform
@@ -211,3 +211,9 @@ def test_multi_platform_requests_mount_their_nodes_variant() -> None:
     assert all(layer.id.startswith("synthetic:linux-arm64-v8:") for d in arm for layer in d.layers)
     assert not any(layer.id.startswith("synthetic:") for d in amd for layer in d.layers)
     assert result.pulled_bytes >= result.capacity_bound_bytes >= result.lower_bound_bytes
+
+
+def test_a_cache_as_large_as_a_nodes_disk_is_invalid() -> None:
+    with pytest.raises(Invalid) as error:
+        SimConfig(nodes=4, cache_bytes="128GiB")  # the default small class's whole disk
+    assert error.value.field == "cache_bytes" and "'small'" in error.value.message

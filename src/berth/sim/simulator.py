@@ -107,7 +107,7 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, Strict, StrictBool, StrictInt, field_validator
+from pydantic import Field, Strict, StrictBool, StrictInt, field_validator, model_validator
 
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
@@ -251,6 +251,18 @@ class SimConfig(BerthModel):
         if len({node_class.name for node_class in classes}) != len(classes):
             raise Invalid("node class names must be unique")
         return classes
+
+    @model_validator(mode="after")
+    def _cache_fits(self) -> SimConfig:
+        if self.cache_bytes is not None:
+            smallest = min(self.node_classes, key=lambda node_class: node_class.disk)
+            if self.cache_bytes >= smallest.disk:
+                raise Invalid(
+                    f"must be smaller than every node's disk; class {smallest.name!r} has "
+                    f"{smallest.disk} bytes, got {self.cache_bytes}",
+                    field="cache_bytes",
+                )
+        return self
 
     def cache_of(self, node_class: NodeClass) -> int:
         """The layer cache of a node of ``node_class``, in bytes (class docstring)."""

@@ -5,8 +5,10 @@ cordon and drain; errors as problem+json; the token."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,8 @@ import pytest
 from berth.oci import ImageSpec, file, write_layout
 from berth.service.http.schemas import DrainReport, NodeList, Workload
 from berth.service.up import LocalCluster
+from berth.service.workloads import CLAIM_PENDING_S, Claim, IdentityClaims
+from berth.testing.nats import client
 
 PROBLEM = "application/problem+json"
 
@@ -137,6 +141,91 @@ def test_create_get_list_and_stop(api: httpx.Client) -> None:
     problem(api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": -1}), 400)
 
 
+def cluster_state(api: httpx.Client) -> tuple[dict[str, int], int, Any]:
+    """What a refused create must not change: memory reserved per node, the workloads, the
+    newest recent placement."""
+    reserved = {node["name"]: node["mem_reserved"] for node in api.get("/v1/nodes").json()["items"]}
+    workloads = len(api.get("/v1/workloads").json()["items"])
+    recent = api.get("/v1/placements/recent", params={"limit": 1}).json()["items"]
+    return reserved, workloads, recent
+
+
+def test_an_identity_held_by_a_running_workload_is_409_and_changes_nothing(
+    api: httpx.Client,
+) -> None:
+    first = run(api, ["sleep", "60"], name="ident")
+    before = cluster_state(api)
+    taken = problem(api.post("/v1/workloads", json={"name": "ident", "type": "micro",
+                             "command": ["sleep", "60"]}), 409)  # fmt: skip
+    assert taken["type"].endswith("/identity_taken"), taken
+    assert (taken["identity"], taken["workload_id"]) == ("default/ident/0", first.id), taken
+    assert "default/ident/0" in taken["detail"] and first.id in taken["detail"]
+    assert f"running on {first.node}" in taken["detail"], taken
+    assert cluster_state(api) == before  # no placement, no reservation, no record
+    other = run(api, ["sleep", "60"], name="ident", replica=1)  # another identity
+    elsewhere = run(api, ["sleep", "60"], name="ident", namespace="team-b")
+    api.post(f"/v1/workloads/{first.id}/stop", json={"grace_s": 5})
+    again = run(api, ["sleep", "60"], name="ident")  # its holder stopped: the claim is free
+    assert again.id != first.id
+    for workload in (other, elsewhere, again):
+        api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 5})
+
+
+def test_concurrent_creates_of_one_identity_boot_one(api: httpx.Client) -> None:
+    body = {"name": "racer", "type": "micro", "command": ["sleep", "60"]}
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: api.post("/v1/workloads", json=body), range(6)))
+    won = [answer.json() for answer in answers if answer.status_code == 201]
+    assert len(won) == 1, [answer.text for answer in answers]
+    for answer in answers:
+        if answer.status_code != 201:
+            assert problem(answer, 409)["workload_id"] == won[0]["id"], answer.text
+    running = api.get("/v1/workloads", params={"state": "running"}).json()["items"]
+    assert [item["id"] for item in running if item["name"] == "racer"] == [won[0]["id"]]
+    api.post(f"/v1/workloads/{won[0]['id']}/stop", json={"grace_s": 5})
+
+
+def test_an_identity_is_free_once_its_workload_exited(api: httpx.Client) -> None:
+    first = run(api, ["true"], name="brief")
+
+    def replaced() -> Workload | None:  # nobody read the first one: the create asks its node
+        answer = api.post("/v1/workloads", json={"name": "brief", "type": "micro",
+                          "command": ["sleep", "60"]})  # fmt: skip
+        if answer.status_code == 409:  # still running (a loaded machine)
+            return None
+        assert answer.status_code == 201, answer.text
+        return Workload.model_validate(answer.json())
+
+    second = until(replaced)
+    assert api.get(f"/v1/workloads/{first.id}").json()["state"] == "exited"
+    api.post(f"/v1/workloads/{second.id}/stop", json={"grace_s": 5})
+
+
+def test_a_claim_without_a_workload_holds_while_its_create_may_run(
+    cluster: LocalCluster, api: httpx.Client
+) -> None:
+    assert cluster.auth is not None
+    scheduler = cluster.auth.scheduler  # the API's own NATS user
+
+    async def claim(identity: str, workload_id: str, at: float) -> None:
+        async with client(cluster.url, credentials=scheduler) as nc:
+            claims = await IdentityClaims(nc).start()
+            await claims.claim(identity, workload_id, holds=nobody, now=at)
+
+    # a create under way (placing, booting: no record yet) holds its identity
+    asyncio.run(claim("default/pending/0", "w-0000000000aa", time.time()))
+    taken = problem(api.post("/v1/workloads", json={"name": "pending", "type": "micro",
+                             "command": ["true"]}), 409)  # fmt: skip
+    assert taken["workload_id"] == "w-0000000000aa" and "being created" in taken["detail"]
+    # one that died before recording its workload lapses
+    asyncio.run(claim("default/lapsed/0", "w-0000000000bb", time.time() - CLAIM_PENDING_S - 1))
+    run(api, ["true"], name="lapsed")
+
+
+async def nobody(claim: Claim) -> str | None:
+    return None  # the test's claims are taken whoever holds them
+
+
 def test_exit_code_is_recorded(api: httpx.Client) -> None:
     workload = run(api, ["sh", "-c", "sleep 0.2; exit 3"], env={"A": "1"})
 
@@ -240,6 +329,10 @@ def test_cordon_then_drain(api: httpx.Client) -> None:
         assert (old["state"], old["replaced_by"]) == ("stopped", replaced.new_workload_id)
         new = api.get(f"/v1/workloads/{replaced.new_workload_id}").json()
         assert new["state"] == "running" and new["name"] == "keep" and new["restartable"]
+        # the replacement holds the identity now
+        taken = problem(api.post("/v1/workloads", json={"name": "keep", "type": "micro",
+                                 "command": ["sleep", "60"]}), 409)  # fmt: skip
+        assert taken["workload_id"] == replaced.new_workload_id, taken
         node = api.get(f"/v1/nodes/{target}").json()
         assert node["cordoned"] is True and node["workloads"] == 0
         lease = api.post("/v1/placements", json={"name": "p", "spec": "micro"}).json()

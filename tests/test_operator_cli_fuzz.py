@@ -49,7 +49,10 @@ RUN = {
     "--name": ["web", "[/]x"],
     "--replica": ["0", "3"],
     "--env": ["A=1", "B=", "=x", "NOEQUALS"],
+    "--spread": ["node", "zone", "a b"],
+    "--max-skew": ["1", "0", "x"],
 }
+SPREAD_SWITCHES = ("--spread-hard", "--spread-soft")
 PS = {**COMMON, "--namespace": ["default"], "--node": ["node-00"], "--state": ["running", "x"]}
 GRACE = {**COMMON, "--grace": ["0", "1.5", "10"]}
 IMAGES_ADD = {
@@ -71,12 +74,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("empty-berth-home")
 
 
-NAMES = (*RUN, *PS, *GRACE, *IMAGES_ADD, *ARGUMENTS, *FAILURES, *USAGE, "--help")
+NAMES = (*RUN, *SPREAD_SWITCHES, *PS, *GRACE, *IMAGES_ADD, *ARGUMENTS, *FAILURES, *USAGE, "--help")
 
 
 @FUZZ
 @given(
-    command_line("run", RUN, switches=("--json", "--restartable")),
+    command_line("run", RUN, switches=("--json", "--restartable", *SPREAD_SWITCHES)),
     value(["hello", "python:3.12"]),
     st.sampled_from([[], ["--"], ["--", "true"], ["--", "sleep", "60"], ["sleep"]]),
 )
@@ -92,7 +95,8 @@ def test_run(home: Path, args: list[str], image: str, command: list[str]) -> Non
 )
 def test_the_other_commands(home: Path, command: str, data: st.DataObject) -> None:
     options = {"ps": PS, "stop": GRACE, "drain": GRACE, "explain": RUN}.get(command, COMMON)
-    args = data.draw(command_line(command, options, switches=("--json",)))
+    switches = ("--json", *SPREAD_SWITCHES) if command == "explain" else ("--json",)
+    args = data.draw(command_line(command, options, switches=switches))
     if command in ("stop", "explain", "cordon", "uncordon", "drain"):
         args.append(data.draw(value(["node-00", "w-0123456789ab", "hello"])))
     check(invoke(args, home), args, NAMES)

@@ -69,6 +69,8 @@ _WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")
 CLAIM_PENDING_S = 300.0
 """How long a claim whose workload has no record yet (its create is placing and booting) is
 respected; after that its create is taken to have died and the claim may be taken over."""
+WATCH_TIMEOUT_S = 5.0
+"""How long :meth:`JsonBucket.all` waits for the next entry of its watch."""
 _CLAIM_ATTEMPTS = 8
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed compare-and-set
 
@@ -192,14 +194,38 @@ class JsonBucket(Generic[Model]):
         return True
 
     async def all(self) -> builtins.list[Model]:
-        """Every document under the prefix (skipping, and logging, any that is not one)."""
+        """Every document under the prefix (skipping, and logging, any that is not one).
+
+        Read with a watch of the latest value per key, until an entry says none are pending.
+        The client's "nothing pending" marker is not trusted to end it: nats-py may queue it
+        *before* entries the server had already counted as delivered (its consumer-info
+        check races the delivery), which read as an empty registry on a loaded machine.  So
+        the stream is asked first whether the prefix has any key at all (none: done, no
+        watch), and the watch then ends on an entry's pending count alone.
+        """
+        info = await self.client.jetstream().stream_info(
+            f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.{self.prefix}.>"
+        )
+        if not info.state.subjects:
+            return []
         watcher = await self._bucket().watch(f"{self.prefix}.>")
         found: builtins.list[Model] = []
+        marker = False
         try:
             while True:
-                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                try:
+                    entry = await watcher.updates(  # type: ignore[no-untyped-call]
+                        timeout=WATCH_TIMEOUT_S
+                    )
+                except TimeoutError:
+                    if marker:  # the keys were purged between the two questions
+                        break
+                    raise Unavailable(
+                        f"the {self.bucket} bucket did not answer within {WATCH_TIMEOUT_S:g}s"
+                    ) from None
                 if entry is None:
-                    break
+                    marker = True
+                    continue
                 if entry.operation is None and entry.value:
                     document = self._decode(entry.key, entry.value)
                     if document is not None:

@@ -236,9 +236,14 @@ class ClusterBackend:
             raise Invalid("a workload needs its resources: give a type or a spec", field="type")
         workload_id = new_workload_id()
         try:
-            boot = BootSpec(name=workload_id, command=tuple(body.command), env=body.env)
+            boot = BootSpec(
+                name=workload_id,
+                command=tuple(body.command),
+                env=body.env,
+                image=None if image is None else image.name,  # the node's layout ref (microvm)
+            )
         except Invalid as error:
-            field = error.field if error.field in ("command", "env") else "command"
+            field = error.field if error.field in ("command", "env", "image") else "command"
             raise Invalid(error.message, field=field) from None
         return await self._boot(request, boot, workload_id, image, body.restartable)
 
@@ -485,7 +490,12 @@ class ClusterBackend:
             request = Request.from_dict(workload.request)
             image = None if workload.image is None else await self.images.get(workload.image)
             new_id = new_workload_id()
-            boot = BootSpec(name=new_id, command=tuple(workload.command), env=workload.env)
+            boot = BootSpec(
+                name=new_id,
+                command=tuple(workload.command),
+                env=workload.env,
+                image=None if image is None else image.name,
+            )
             replacement = await self._boot(request, boot, new_id, image, True)
         except (Invalid, NoCapacity, Unavailable, Refused) as error:
             return schemas.DrainItem(workload_id=workload.id, outcome="failed",

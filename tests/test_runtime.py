@@ -35,8 +35,23 @@ def python(code: str, **fields: Any) -> BootSpec:
 
 
 class TestProcessRuntimeContract(RuntimeContract):
+    @pytest.fixture(autouse=True)
+    def _scratch(self, tmp_path: Path) -> None:
+        self.scratch = tmp_path
+
     def make_runtime(self) -> Runtime:
         return ProcessRuntime(stop_grace_s=1.0)
+
+    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+        ready = self.scratch / f"ready-{len(runtime.list())}"
+        spec = BootSpec(
+            name="stubborn",
+            command=("sh", "-c", 'trap "" TERM; echo ready > "$READY"; sleep 60'),
+            env={"READY": str(ready)},
+        )
+        workload = await runtime.start(spec)
+        await wait_for_file(ready)  # the trap is set
+        return workload
 
     def long_running_spec(self) -> BootSpec:
         return BootSpec(name="sleeper", command=("sleep", "30"))
@@ -50,7 +65,14 @@ class TestProcessRuntimeContract(RuntimeContract):
 
 class TestFakeRuntimeContract(RuntimeContract):
     def make_runtime(self) -> Runtime:
-        return FakeRuntime(failing_commands={"firecracker-broken"})
+        return FakeRuntime(
+            failing_commands={"firecracker-broken"},
+            ignoring_term={"firecracker-stubborn"},
+            stop_grace_s=0.5,
+        )
+
+    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+        return await runtime.start(BootSpec(name="vm", command=("firecracker-stubborn",)))
 
     def long_running_spec(self) -> BootSpec:
         return BootSpec(name="vm", command=("firecracker", "--config", "vm.json"))
@@ -274,6 +296,58 @@ def test_aclose_stops_everything() -> None:
         assert runtime.list() == ()
         assert len(log.ended) == 3
         assert all(workload.exit and workload.exit.stopped for workload in log.ended)
+
+    run(scenario)
+
+
+def test_a_stops_own_grace_overrides_the_configured_one(tmp_path: Path) -> None:
+    """``sh -c 'trap "" TERM; sleep 60'`` under a 30 s default, stopped with grace 0.5: it is
+    killed within a few seconds, by SIGKILL; a stop without a grace waits the default."""
+    ready = tmp_path / "ready"
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime(stop_grace_s=30.0)
+        spec = BootSpec(
+            name="stubborn",
+            command=("sh", "-c", f'trap "" TERM; echo ready > {ready}; sleep 60'),
+        )
+        workload = await runtime.start(spec)
+        await wait_for_file(ready)
+        began = time.monotonic()
+        await runtime.stop(workload.id, grace_s=0.5)
+        waited = time.monotonic() - began
+        assert workload.exit == WorkloadExit(signal=signal.SIGKILL, stopped=True)
+        assert 0.45 <= waited < 10.0  # far below the 30 s default, even on a loaded machine
+        assert workload.pid is not None and await wait_until_gone(workload.pid)
+
+        ready.unlink()
+        default = ProcessRuntime(stop_grace_s=0.3)
+        workload = await default.start(spec)
+        await wait_for_file(ready)
+        began = time.monotonic()
+        await default.stop(workload.id)  # no grace: the configured 0.3 s
+        assert time.monotonic() - began >= 0.25
+        assert workload.exit == WorkloadExit(signal=signal.SIGKILL, stopped=True)
+
+    run(scenario, 20.0)
+
+
+def test_fake_runtime_stops_honour_the_grace_only_where_sigterm_is_ignored() -> None:
+    async def scenario() -> None:
+        runtime = FakeRuntime(ignoring_term={"stubborn"}, stop_grace_s=30.0)
+        polite = await runtime.start(BootSpec(name="vm", command=("polite",)))
+        stubborn = await runtime.start(BootSpec(name="vm", command=("stubborn",)))
+        await runtime.stop(polite.id, grace_s=60.0)  # honours SIGTERM: at once
+        assert polite.exit == WorkloadExit(signal=signal.SIGTERM, stopped=True)
+        stopping = asyncio.create_task(runtime.stop(stubborn.id))  # the 30 s default
+        await asyncio.sleep(0.05)
+        assert not stubborn.done
+        runtime.finish(stubborn.id, 4)  # it exits by itself during the grace: that is its end
+        await stopping
+        assert stubborn.exit == WorkloadExit(code=4)
+        with pytest.raises(Invalid) as caught:
+            FakeRuntime(stop_grace_s=-1.0)
+        assert caught.value.field == "stop_grace_s"
 
     run(scenario)
 

@@ -263,9 +263,10 @@ class Agent:
     def release(self, reservation_id: str) -> bool:
         return self.core.release(reservation_id)
 
-    async def stop_workload(self, workload_id: str) -> None:
-        """Stop a workload; unknown or already stopped ids are harmless."""
-        await self.core.stop(workload_id)
+    async def stop_workload(self, workload_id: str, *, grace_s: float | None = None) -> None:
+        """Stop a workload (SIGTERM, SIGKILL after ``grace_s``, ``None``: the runtime's
+        configured grace); unknown or already stopped ids are harmless."""
+        await self.core.stop(workload_id, grace_s=grace_s)
 
     def workloads(self) -> dict[str, Workload]:
         """The running workloads by id."""

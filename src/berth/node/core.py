@@ -51,7 +51,7 @@ at another node.
 Its public methods validate their arguments before touching anything (the name is a
 ``Name``, labels ``Labels``, a spec a ``Spec``, layers and platforms lists, a time to live
 from 1 ms to a year): a malformed call raises ``Invalid`` and mounts, starts or reserves
-nothing.
+nothing; so does a stop with a malformed grace.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from berth.model import (
 from berth.node.budget import NodeBudget
 from berth.node.layers import LayerRegistry, MountResult
 from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
@@ -353,9 +354,12 @@ class NodeCore:
         return self.budget.release(reservation_id)
 
     # -- workloads ---------------------------------------------------------------------------
-    async def stop(self, workload_id: str) -> None:
-        """Stop a workload; unknown or already stopped ids are harmless."""
-        await self.runtime.stop(workload_id)
+    async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
+        """Stop a workload: the graceful signal, the kill after ``grace_s`` (``None``: the
+        runtime's configured grace); unknown or already stopped ids are harmless.  A malformed
+        ``grace_s`` (:func:`~berth.node.runtime.port.checked_grace`) is ``Invalid`` and stops
+        nothing."""
+        await self.runtime.stop(workload_id, grace_s=checked_grace(grace_s))
 
     async def stop_all(self) -> None:
         """Stop every running workload (each end releases what it held)."""

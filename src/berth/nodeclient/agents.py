@@ -68,8 +68,8 @@ class AgentNodes:
         agent = self.agent(node)
         return (await agent.try_run(spec, layers, boot, platforms, reservation=reservation)).id
 
-    async def stop(self, node: str, workload_id: str) -> None:
-        await self.agent(node).stop_workload(workload_id)
+    async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
+        await self.agent(node).stop_workload(workload_id, grace_s=grace_s)
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         return self.agent(node).status(workload_id)

@@ -16,8 +16,8 @@ Failures are typed, so a scheduler's walk knows what to do with each:
 * the node's ``Refused`` and ``Invalid`` arrive as themselves (the node named in every
   refusal); a reply that is not a berth reply is :class:`~berth.nodeclient.nats_wire.BadReply`.
 
-A call that is malformed on its face (``lease_ttl_s`` zero, negative or NaN) is ``Invalid``
-before anything is sent.
+A call that is malformed on its face (``lease_ttl_s`` zero, negative or NaN; a stop's
+``grace_s`` out of bounds) is ``Invalid`` before anything is sent.
 
 Binding to an owner *object* (in-process code, the contract suite) cannot send the object:
 the node holds the reservation until told, and this client releases it when the owner ends —
@@ -45,7 +45,7 @@ from nats.aio.client import Client
 from berth.errors import Invalid, Unavailable
 from berth.model import Layer, Spec
 from berth.node.core import WorkloadStatus
-from berth.node.runtime.port import BootSpec
+from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.nats_wire import (
     IDEMPOTENCY_HEADER,
     PREFIX,
@@ -164,9 +164,14 @@ class NatsNodes:
             raise BadReply(f"node {node} answered run with {value!r}")
         return value
 
-    async def stop(self, node: str, workload_id: str) -> None:
-        document = {"v": SCHEMA_VERSION, "workload_id": workload_id}
-        await self._call(node, "stop", document, timeout_s=self.run_timeout_s)
+    async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
+        grace = checked_grace(grace_s)
+        document: dict[str, Any] = {"v": SCHEMA_VERSION, "workload_id": workload_id}
+        if grace is not None:
+            document["grace_s"] = grace
+        # the node answers once the workload has ended: give it its grace on top
+        timeout = self.run_timeout_s + (grace or 0.0)
+        await self._call(node, "stop", document, timeout_s=timeout)
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         document = {"v": SCHEMA_VERSION, "workload_id": workload_id}

@@ -46,7 +46,7 @@ from nats.aio.msg import Msg
 from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
-from berth.node.runtime.port import BootSpec
+from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.nats_wire import (
     IDEMPOTENCY_HEADER,
     PREFIX,
@@ -210,7 +210,12 @@ class NodeServer:
             )
             return workload.id
         if operation == "stop":
-            await self.agent.stop_workload(field_of(document, "workload_id", str, source=source))
+            workload_id = field_of(document, "workload_id", str, source=source)
+            try:
+                grace_s = checked_grace(document.get("grace_s"))
+            except Invalid as error:
+                raise MalformedMessage(error.message, source=source, field="grace_s") from None
+            await self.agent.stop_workload(workload_id, grace_s=grace_s)
             return None
         if operation == "status":
             workload_id = field_of(document, "workload_id", str, source=source)

@@ -8,7 +8,10 @@ protocol is written down once:
   escaped node name (:func:`berth.store.nats.node_token`), ``<op>`` one of :data:`OPERATIONS`;
   per-node subjects are what lets NATS permissions say "this agent answers only for itself";
 * **requests** — a JSON object with ``"v": 1`` and the operation's fields (``spec``,
-  ``lease_ttl_s``, ``platforms``, ``reservation_id``, ``workload_id``, ``layers``, ``boot``);
+  ``lease_ttl_s``, ``platforms``, ``reservation_id``, ``workload_id``, ``layers``, ``boot``;
+  a ``stop`` may carry ``grace_s``, seconds from ``SIGTERM`` to ``SIGKILL``, a finite number
+  from 0 to :data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's
+  default);
   an ``admit`` carries an idempotency key in the ``Berth-Idempotency-Key`` header;
 * **replies** — ``{"v": 1, "ok": value}`` or ``{"v": 1, "error": {"kind": …}}`` where the
   kind is ``refused`` (with the node's ``reason`` code, ``detail`` and ``node``), ``invalid``

@@ -104,8 +104,12 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
         """
         ...
 
-    async def stop(self, node: str, workload_id: str) -> None:
-        """Stop a workload; unknown or already stopped ids are harmless."""
+    async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
+        """Stop a workload: the graceful signal, then the kill ``grace_s`` seconds later if it
+        still runs (``None``: the node runtime's configured grace); unknown or already stopped
+        ids are harmless.  A malformed ``grace_s`` (not a finite number from 0 to
+        :data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`) is ``Invalid`` naming ``grace_s``
+        and stops nothing."""
         ...
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:

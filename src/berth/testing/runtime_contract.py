@@ -5,18 +5,28 @@ hooks (how to build the runtime, a workload that runs until stopped, one whose b
 that exits by itself with a given code); pytest collects the inherited tests.  The guarantees
 checked are the ones the node agent builds on: every workload's end is reported to every
 ``on_exit`` listener exactly once, whatever ended it; ``stop`` is idempotent and harmless on
-unknown ids; a boot failure is a ``BootFailed`` naming the real reason.
+unknown ids; a boot failure is a ``BootFailed`` naming the real reason; a stop's own grace is
+what a workload that ignores the graceful signal gets before it is killed, and a malformed
+grace is ``Invalid`` and stops nothing.
+
+The grace case needs a workload that ignores the graceful signal
+(:meth:`RuntimeContract.start_ignoring_term`); a driver that cannot offer one skips it, saying
+why.  Its timing checks are one-sided or loose (a kill never comes *before* the grace; the
+shorter grace kills first; the kill comes within :attr:`RuntimeContract.kill_slack_s` of it),
+so a loaded machine does not fail them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
 
-from berth.errors import BerthError
+from berth.errors import BerthError, Invalid
 from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload, WorkloadExit
 
 __all__ = ["ExitLog", "RuntimeContract", "run"]
@@ -69,6 +79,15 @@ class RuntimeContract:
         """Start a workload that ends by itself with exit status ``code``."""
         raise NotImplementedError
 
+    kill_slack_s: float = 10.0
+    """How late after its grace a kill may land (and be reported) on a loaded machine."""
+
+    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+        """Start a workload that ignores the graceful stop signal, returning once it does
+        (e.g. once its ``trap '' TERM`` is set).  ``pytest.skip(reason)`` where the driver
+        cannot (or where a test of its own covers it at less cost)."""
+        pytest.skip("the driver offers no workload that ignores a graceful stop")
+
     def test_start_then_stop_reports_the_end_once(self) -> None:
         async def scenario() -> None:
             runtime = self.make_runtime()
@@ -78,6 +97,11 @@ class RuntimeContract:
             assert not workload.done
             assert workload.exit is None and workload.reason is None
             assert runtime.list() == (workload,)
+            for grace in (-1.0, float("nan"), float("inf"), 3601.0, True, "5"):
+                with pytest.raises(Invalid) as caught:
+                    await runtime.stop(workload.id, grace_s=grace)  # type: ignore[arg-type]
+                assert caught.value.field == "grace_s"
+                assert not workload.done  # a malformed grace stops nothing
             await runtime.stop(workload.id)
             assert workload.done
             status = await workload.wait()
@@ -165,3 +189,35 @@ class RuntimeContract:
             assert log.ids() == [workload.id]
 
         run(scenario, self.timeout_s)
+
+    def test_a_stop_kills_a_workload_ignoring_sigterm_after_its_own_grace(self) -> None:
+        # the driver's configured grace should lie between the two, so both are seen applied
+        short, long = 0.2, 1.5
+
+        async def stop(runtime: Runtime, workload: Workload, grace: float) -> float:
+            began = time.monotonic()
+            await runtime.stop(workload.id, grace_s=grace)
+            return time.monotonic() - began
+
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            log = ExitLog()
+            runtime.on_exit(log)
+            first = await self.start_ignoring_term(runtime)
+            second = await self.start_ignoring_term(runtime)
+            order: list[str] = []
+            for workload in (first, second):
+                workload.add_done_callback(lambda ended: order.append(ended.id))
+            waited = await asyncio.gather(stop(runtime, first, short), stop(runtime, second, long))
+            for workload in (first, second):
+                assert workload.exit is not None
+                assert workload.exit.stopped and workload.exit.signal == signal.SIGKILL
+                assert workload.reason == "stopped (killed by SIGKILL)"
+            # one-sided: never killed before its grace, whatever the driver's own default
+            assert waited[0] >= short - 0.05 and waited[1] >= long - 0.05
+            assert order == [first.id, second.id]  # the shorter grace killed first
+            assert waited[0] < short + self.kill_slack_s
+            assert sorted(log.ids()) == sorted([first.id, second.id])
+            assert runtime.list() == ()
+
+        run(scenario, self.timeout_s + long + self.kill_slack_s)

@@ -2,10 +2,16 @@
 
 No processes at all: a test or the simulator ends a workload with :meth:`FakeRuntime.finish`
 or :meth:`FakeRuntime.kill`, and chosen commands can be made to fail their boot.
+
+A stop's grace means here what it means for real workloads, with the workload's answer to the
+graceful signal simulated: a workload honours it at once (``stopped (killed by SIGTERM)``)
+unless its program is one of ``ignoring_term``; such a workload ends only when the grace runs
+out (``stopped (killed by SIGKILL)``) or when a test ends it first.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Callable, Iterable
 
@@ -18,6 +24,8 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    checked_grace,
+    stop_grace,
 )
 
 __all__ = ["FakeRuntime"]
@@ -27,11 +35,24 @@ class FakeRuntime:
     """Workloads that run until stopped, finished or killed — no processes at all.
 
     ``failing_commands`` holds programs (``command[0]``) whose boots fail with
-    :class:`BootFailed`; it is a plain set, change it at any time.
+    :class:`BootFailed`; ``ignoring_term`` programs whose workloads ignore a stop's graceful
+    signal, so a stop ends them only after its grace (``grace_s``, else ``stop_grace_s``).
+    Both are plain sets; change them at any time.
     """
 
-    def __init__(self, failing_commands: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        failing_commands: Iterable[str] = (),
+        *,
+        ignoring_term: Iterable[str] = (),
+        stop_grace_s: float = 2.0,
+    ) -> None:
         self.failing_commands: set[str] = set(failing_commands)
+        self.ignoring_term: set[str] = set(ignoring_term)
+        grace = checked_grace(stop_grace_s, field="stop_grace_s")
+        if grace is None:
+            raise Invalid("must be a number of seconds, got None", field="stop_grace_s")
+        self.stop_grace_s = grace
         self._running: dict[str, Workload] = {}
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
@@ -50,10 +71,19 @@ class FakeRuntime:
         self._running[workload.id] = workload
         return workload
 
-    async def stop(self, workload_id: str) -> None:
+    async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
+        grace = stop_grace(grace_s, self.stop_grace_s)
         workload = self._running.get(workload_id)
-        if workload is not None:
+        if workload is None:
+            return
+        if workload.spec.command[0] not in self.ignoring_term:
             self._end(workload, WorkloadExit(signal=signal.SIGTERM, stopped=True))
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(workload.wait()), grace)
+        except TimeoutError:
+            if self._running.get(workload_id) is workload:
+                self._end(workload, WorkloadExit(signal=signal.SIGKILL, stopped=True))
 
     def finish(self, workload_id: str, code: int = 0) -> None:
         """End a running workload as if it exited with ``code``."""

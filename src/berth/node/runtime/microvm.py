@@ -24,10 +24,11 @@ under software emulation, more on a loaded host; ``boot_timeout_s`` bounds it). 
 status the init reports becomes the :class:`WorkloadExit` — the shell's 128 + N for a
 workload killed by signal N is reported as that signal — and the console output is kept
 (:attr:`MicrovmWorkload.output`, and ``<log_dir>/<id>.log`` when a log directory is given).
-``stop`` asks the init to ``SIGTERM`` the workload (a line on the serial console), waits
-``stop_grace_s`` for the guest to power off, then kills QEMU.  A guest's scratch directory
-(its initramfs copy and upper disk) is removed when it ends, and its layers are released to
-the node's cache; QEMU dies with the process that started it (``PR_SET_PDEATHSIG``).
+``stop`` asks the init to ``SIGTERM`` the workload (a line on the serial console), waits the
+stop's ``grace_s`` (else ``stop_grace_s``) for the guest to power off, then kills QEMU.  A
+guest's scratch directory (its initramfs copy and upper disk) is removed when it ends, and its
+layers are released to the node's cache; QEMU dies with the process that started it
+(``PR_SET_PDEATHSIG``).
 
 Acceleration: ``kvm`` only when a probe guest booted under it (``berth microvm setup``
 records the probe; ``auto`` reads it, or probes once), ``tcg`` otherwise; :attr:`labels`
@@ -74,6 +75,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    stop_grace,
 )
 from berth.oci import OciImage, read_layout
 from berth.validation import shown
@@ -498,8 +500,10 @@ class MicrovmRuntime:
             except BerthError as error:
                 log.error("releasing layer %s: %s", digest, error)
 
-    async def stop(self, workload_id: str) -> None:
-        """Ask the guest to stop its workload; kill QEMU after ``stop_grace_s``; wait."""
+    async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
+        """Ask the guest to stop its workload; kill QEMU after ``grace_s`` (else the
+        configured ``stop_grace_s``); wait."""
+        grace = stop_grace(grace_s, self.stop_grace_s)
         guest = self._guests.get(workload_id)
         if guest is None or guest.workload.done:
             return
@@ -507,7 +511,7 @@ class MicrovmRuntime:
         workload = guest.workload
         await workload.vm.request_stop()
         try:
-            await asyncio.wait_for(asyncio.shield(workload.wait()), self.stop_grace_s)
+            await asyncio.wait_for(asyncio.shield(workload.wait()), grace)
         except TimeoutError:
             workload.vm.kill()
             await workload.wait()

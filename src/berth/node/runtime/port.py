@@ -16,6 +16,11 @@ Drivers, each in its own module beside this one: :mod:`~berth.node.runtime.proce
 process group per workload) and :mod:`~berth.node.runtime.fake` (no processes; tests and the
 simulator).  :class:`ExitListeners` and :class:`WorkloadIds` are the bookkeeping drivers share;
 :mod:`berth.testing.runtime_contract` is the suite every driver passes.
+
+A stop may carry its own grace (``stop(id, grace_s=30)``): how long the workload gets between
+the graceful signal (``SIGTERM``, a guest's poweroff) and the kill; ``None`` is the runtime's
+configured default.  :data:`StopGrace` bounds it (finite, 0 to :data:`MAX_STOP_GRACE_S`) and
+:func:`checked_grace` is the one check every boundary that receives one applies.
 """
 
 from __future__ import annotations
@@ -29,25 +34,52 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import BeforeValidator, Field, StrictInt, field_validator
+from pydantic import BeforeValidator, Field, Strict, StrictInt, field_validator
 
 from berth.errors import BerthError, Invalid
 from berth.model import Cores, Name
 from berth.units import parse_information
-from berth.validation import BerthModel
+from berth.validation import BerthModel, Rule
 
 __all__ = [
+    "MAX_STOP_GRACE_S",
     "BootFailed",
     "BootSpec",
     "ExitListener",
     "ExitListeners",
     "Runtime",
+    "StopGrace",
     "Workload",
     "WorkloadExit",
     "WorkloadIds",
+    "checked_grace",
+    "stop_grace",
 ]
 
 logger = logging.getLogger(__name__)
+
+MAX_STOP_GRACE_S = 3600.0
+"""The longest grace a stop may ask for: an hour; anything longer is a mistake, not a plan."""
+
+StopGrace = Annotated[float, Strict(), Field(ge=0, le=MAX_STOP_GRACE_S, allow_inf_nan=False)]
+"""Seconds between a stop's graceful signal and its kill: finite, 0 to an hour."""
+
+_STOP_GRACE: Rule[float] = Rule(StopGrace)
+
+
+def checked_grace(grace_s: object, *, field: str = "grace_s") -> float | None:
+    """``grace_s`` as a :data:`StopGrace` (``None`` stays ``None``: the runtime's default).
+
+    Raises ``Invalid`` naming ``field`` for anything else: a bool, a string, a negative,
+    NaN or infinite number, more than :data:`MAX_STOP_GRACE_S`.
+    """
+    return None if grace_s is None else _STOP_GRACE(grace_s, field)
+
+
+def stop_grace(grace_s: float | None, default: float) -> float:
+    """The grace a driver applies: ``grace_s`` checked, or its configured ``default``."""
+    checked = checked_grace(grace_s)
+    return default if checked is None else checked
 
 
 class BootFailed(BerthError):
@@ -221,7 +253,9 @@ class Runtime(Protocol):
     """Starts and stops workloads on this node and reports every end to its listeners.
 
     * ``start(spec)`` boots a workload or raises :class:`BootFailed` with the reason.
-    * ``stop(workload_id)`` ends it and returns once it has ended; stopping an unknown or
+    * ``stop(workload_id, grace_s=None)`` ends it and returns once it has ended: the graceful
+      signal first, the kill ``grace_s`` seconds later if it still runs (``None``: the
+      driver's configured grace; checked with :func:`checked_grace`).  Stopping an unknown or
       already-ended workload is harmless.
     * ``list()`` — the workloads still running.
     * ``on_exit(listener)`` — ``listener(workload)`` is called exactly once per workload that
@@ -230,7 +264,7 @@ class Runtime(Protocol):
 
     async def start(self, spec: BootSpec) -> Workload: ...
 
-    async def stop(self, workload_id: str) -> None: ...
+    async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None: ...
 
     def list(self) -> tuple[Workload, ...]: ...
 

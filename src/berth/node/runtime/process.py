@@ -1,12 +1,13 @@
 """The process runtime driver: one OS process group per workload.
 
 Stopping a workload reaches every process it spawned: ``SIGTERM`` to the group, ``SIGKILL``
-after a grace period.  When the group leader ends, any process left in its group is killed
-too, so nothing outlives the workload's reservation.  Workloads do not inherit the agent's
-environment (it may hold credentials); they get ``base_env`` (default: ``PATH`` only)
-overlaid with the spec's ``env``.  ``mem_limit`` is enforced as ``RLIMIT_AS`` (address space)
-set between fork and exec: a coarse ceiling that needs no privileges.  A cgroup v2
-``memory.max`` would bound resident memory exactly, but needs a delegated cgroup.
+after a grace period (the stop's own ``grace_s``, else ``stop_grace_s``).  When the group leader
+ends, any process left in its group is killed too, so nothing outlives the workload's
+reservation.  Workloads do not inherit the agent's environment (it may hold credentials); they
+get ``base_env`` (default: ``PATH`` only) overlaid with the spec's ``env``.  ``mem_limit`` is
+enforced as ``RLIMIT_AS`` (address space) set between fork and exec: a coarse ceiling that needs
+no privileges.  A cgroup v2 ``memory.max`` would bound resident memory exactly, but needs a
+delegated cgroup.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    stop_grace,
 )
 
 __all__ = ["ProcessRuntime"]
@@ -62,7 +64,8 @@ class _Running:
 class ProcessRuntime:
     """Each workload is a real OS process, leader of its own process group.
 
-    ``stop_grace_s`` is how long ``stop`` waits after ``SIGTERM`` before ``SIGKILL``.
+    ``stop_grace_s`` is how long ``stop`` waits after ``SIGTERM`` before ``SIGKILL`` when the
+    stop names no ``grace_s`` of its own.
     ``base_env`` is the environment every workload starts from (default: this process's
     ``PATH`` only).  ``log_dir``, when given, receives each workload's stdout and stderr in
     ``<workload id>.log``; otherwise output is discarded.
@@ -149,8 +152,10 @@ class ProcessRuntime:
         if entry.workload._end(status):
             self._listeners.notify(entry.workload)
 
-    async def stop(self, workload_id: str) -> None:
-        """``SIGTERM`` the workload's group, ``SIGKILL`` after the grace period; wait for it."""
+    async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
+        """``SIGTERM`` the workload's group, ``SIGKILL`` after the grace period (``grace_s``,
+        else ``stop_grace_s``); wait for it.  Concurrent stops: the shortest grace kills."""
+        grace = stop_grace(grace_s, self.stop_grace_s)
         entry = self._running.get(workload_id)
         if entry is None or entry.workload.done:
             return
@@ -158,7 +163,7 @@ class ProcessRuntime:
         pgid = entry.process.pid
         _signal_group(pgid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(entry.workload.wait()), self.stop_grace_s)
+            await asyncio.wait_for(asyncio.shield(entry.workload.wait()), grace)
         except TimeoutError:
             _signal_group(pgid, signal.SIGKILL)
             await entry.workload.wait()

@@ -23,7 +23,8 @@ unknown, and an unbound lease expires by itself.
 **State** follows the node: reading a running workload asks its node (``status``) and records
 ``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Stop** is
 idempotent (a workload that is not running is returned as it is).  **Drain** cordons the
-node, then stops its running workloads (concurrently, each within ``grace_s``), reporting each;
+node, then stops its running workloads (concurrently, each with ``grace_s`` between its
+``SIGTERM`` and its ``SIGKILL``), reporting each;
 ``restartable`` ones are placed and booted again from their recorded request — the cordoned
 node refuses them at its own admission, so they land elsewhere — and the old record gets
 ``replaced_by``.
@@ -44,7 +45,7 @@ from typing import Any
 
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Placement, Request
-from berth.node.runtime.port import BootSpec
+from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler
@@ -66,6 +67,9 @@ __all__ = ["ClusterBackend"]
 log = logging.getLogger("berth.service.http")
 
 DEFAULT_STOP_GRACE_S = 10.0
+"""How long a stop that names no grace waits for the node (which applies its own grace)."""
+STOP_MARGIN_S = 5.0
+"""What a stop waits beyond its grace: the round trip, the kill, the runtime's cleanup."""
 STATUS_TIMEOUT_S = 2.0
 
 
@@ -387,14 +391,18 @@ class ClusterBackend:
         return ended
 
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
-        """Stop a workload (idempotent); ``grace_s`` bounds how long the node may take."""
+        """Stop a workload (idempotent): the node's runtime sends the graceful signal and
+        kills it ``grace_s`` later (``None``: the node's configured grace); this waits that
+        long plus :data:`STOP_MARGIN_S` (``None``: :data:`DEFAULT_STOP_GRACE_S` plus it)."""
+        grace_s = checked_grace(grace_s)
         workload = await self.workload(workload_id)
         if workload.state != "running":
             return workload
         deadline = DEFAULT_STOP_GRACE_S if grace_s is None else grace_s
         try:
             await asyncio.wait_for(
-                self.nodes.stop(workload.node, workload.node_workload_id), deadline + 1.0
+                self.nodes.stop(workload.node, workload.node_workload_id, grace_s=grace_s),
+                deadline + STOP_MARGIN_S,
             )
         except TimeoutError:
             raise Unavailable(
@@ -471,6 +479,7 @@ class ClusterBackend:
 
     async def drain(self, name: str, grace_s: float) -> schemas.DrainReport:
         """Cordon, stop every running workload (``grace_s`` each), place restartable ones again."""
+        checked_grace(grace_s)  # before the cordon: a malformed grace changes nothing
         await self.cordon(name, True)
         running = await self.workloads.list(node=name, state="running")
         # all at once: a drain takes about one grace period, not one per workload

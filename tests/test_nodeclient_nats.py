@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
@@ -17,7 +20,7 @@ from nats.aio.msg import Msg
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.node.agent import Agent
-from berth.node.runtime import BootSpec, FakeRuntime
+from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_server import NodeServer
 from berth.nodeclient.nats_wire import IDEMPOTENCY_HEADER, BadReply, encode, subject
@@ -27,12 +30,16 @@ from berth.testing.nats import NatsServer, client, unique_name
 from berth.testing.nodeclient_contract import NodeClientContract, NodeShape
 
 MiB = 2**20
+GiB = 2**30
 SPEC = Spec(vcpus=0.01, mem=MiB, disk=MiB)
 
 
 @asynccontextmanager
 async def served(
-    url: str, shapes: Sequence[NodeShape], prefix: str
+    url: str,
+    shapes: Sequence[NodeShape],
+    prefix: str,
+    runtime: Callable[[], Runtime] = FakeRuntime,
 ) -> AsyncIterator[tuple[NatsNodes, dict[str, NodeServer], Client]]:
     """Agents for ``shapes``, each answering on NATS, and a client on its own connection."""
     async with AsyncExitStack() as stack:
@@ -41,7 +48,7 @@ async def served(
         store = MemoryStore()
         servers = {}
         for shape in shapes:
-            agent = Agent(shape.name, shape.platform, shape.budget(), store, FakeRuntime())
+            agent = Agent(shape.name, shape.platform, shape.budget(), store, runtime())
             servers[shape.name] = await stack.enter_async_context(
                 NodeServer(node_side, agent, prefix=prefix)
             )
@@ -126,6 +133,50 @@ def test_malformed_requests_are_invalid_named_and_reserve_nothing(
     with caplog.at_level(logging.WARNING, logger="berth.nodeclient.nats"):
         asyncio.run(scenario())
     assert any("rejected: malformed message" in r.getMessage() for r in caplog.records)
+
+
+def test_a_stop_over_nats_gives_a_workload_ignoring_sigterm_its_own_grace(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A process workload that traps SIGTERM, on a node whose runtime waits 30 s by default,
+    stopped over NATS with ``grace_s`` 0.5: killed (SIGKILL) within a few seconds.  Malformed
+    graces from a peer are answered ``invalid`` naming ``grace_s`` and stop nothing."""
+    ready = tmp_path / "ready"
+
+    async def scenario() -> None:
+        prefix = unique_name("node")
+        shapes = [NodeShape("n1", mem=GiB)]
+        slow = lambda: ProcessRuntime(stop_grace_s=30.0)  # noqa: E731
+        async with served(nats_server.url, shapes, prefix, slow) as (nodes, servers, nc):
+            boot = BootSpec(
+                name="stubborn",
+                command=("sh", "-c", 'trap "" TERM; echo ready > "$READY"; sleep 60'),
+                env={"READY": str(ready)},
+            )
+            workload_id = await nodes.try_run(
+                "n1", Spec(vcpus=0.01, mem=64 * MiB, disk=MiB), [], boot
+            )
+            for _ in range(500):  # the trap is set once the file is written
+                if ready.exists() and ready.read_text().strip():
+                    break
+                await asyncio.sleep(0.01)
+            where = subject("n1", "stop", prefix)
+            for grace in (b"-1", b"1e999", b"3601", b"true", b'"5"', b"[0.5]"):
+                body = b'{"v":1,"workload_id":"%s","grace_s":%s}' % (workload_id.encode(), grace)
+                reply = json.loads((await nc.request(where, body, 2)).data)
+                assert reply["error"]["kind"] == "invalid", (grace, reply)
+                assert reply["error"]["field"] == "grace_s", (grace, reply)
+                assert (await nodes.status("n1", workload_id)).state == "running"
+            began = time.monotonic()
+            await nodes.stop("n1", workload_id, grace_s=0.5)
+            waited = time.monotonic() - began
+            assert 0.45 <= waited < 10.0  # far below the node's 30 s default, even loaded
+            status = await nodes.status("n1", workload_id)
+            assert (status.state, status.stopped) == ("ended", True)
+            assert status.reason == f"stopped (killed by {signal.SIGKILL.name})"
+            assert servers["n1"].agent.workloads() == {}
+
+    asyncio.run(asyncio.wait_for(scenario(), 30.0))
 
 
 def test_silence_is_unavailable_after_retries_and_garbage_is_a_bad_reply(

@@ -35,6 +35,8 @@ port alone (room on a node is probed by admitting a spec that fills it):
 * a node the client cannot reach is ``Unavailable`` for ``admit``, ``bind`` and ``release``;
 * a malformed call (``lease_ttl_s`` zero, negative or NaN) is ``Invalid`` naming
   ``lease_ttl_s``, and reserves nothing;
+* (drivers whose nodes run workloads) a stop whose ``grace_s`` is not a finite number from 0
+  to an hour is ``Invalid`` naming ``grace_s`` and stops nothing; with a grace it stops;
 * node maintenance (drivers implementing :class:`~berth.nodeclient.port.NodeMaintenance`;
   skipped for the others): a cordoned node refuses every new admission ``cordoned`` (naming
   the node) while a reservation taken before the cordon can still be bound and released;
@@ -49,14 +51,14 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.node.budget import BudgetLimits, NodeBudget
-from berth.nodeclient.port import NodeClient, NodeMaintenance
+from berth.nodeclient.port import AgentClient, NodeClient, NodeMaintenance
 from berth.ownership import Admission, Clock, Refused
 from berth.platform import Platform
 
@@ -361,6 +363,25 @@ class NodeClientContract:
             await self._assert_free(nodes, shape)
 
         self._run([shape], check)
+
+    def test_a_malformed_stop_grace_is_invalid_and_stops_nothing(self) -> None:
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+
+        async def check(nodes: NodeClient) -> None:
+            agents = cast(AgentClient, nodes)  # a driver whose nodes run workloads is one
+            workload_id = await self.start_workload(nodes, "n1")
+            for grace in (-1.0, math.nan, math.inf, 3601.0, True, "5", [1]):
+                with pytest.raises(Invalid) as caught:
+                    await agents.stop("n1", workload_id, grace_s=grace)  # type: ignore[arg-type]
+                assert caught.value.field == "grace_s", grace
+                assert (await agents.status("n1", workload_id)).state == "running"
+            await agents.stop("n1", workload_id, grace_s=0.0)
+            status = await agents.status("n1", workload_id)
+            assert (status.state, status.stopped) == ("ended", True)
+            await agents.stop("n1", workload_id, grace_s=1.5)  # ended already: harmless
+
+        self._run([NodeShape("n1", mem=256 * MiB)], check)
 
     # -- failures of the call ----------------------------------------------------------------
     def test_unknown_node_is_unavailable(self) -> None:

@@ -141,6 +141,26 @@ def test_create_get_list_and_stop(api: httpx.Client) -> None:
     problem(api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": -1}), 400)
 
 
+def stubborn(api: httpx.Client, ready: Path, **fields: Any) -> Workload:
+    """A workload that traps SIGTERM, once its trap is set (it writes ``ready``)."""
+    workload = run(api, ["sh", "-c", f'trap "" TERM; echo ready > {ready}; sleep 60'], **fields)
+    until(lambda: ready.exists() and ready.read_text().strip())
+    return workload
+
+
+def test_a_stops_grace_reaches_the_nodes_runtime(api: httpx.Client, tmp_path: Path) -> None:
+    """``berth up``'s agents kill after 1 s by default; a stop with ``grace_s`` 2.5 gives a
+    workload that ignores SIGTERM those 2.5 s, then SIGKILL, and the call waits for it."""
+    workload = stubborn(api, tmp_path / "ready", name="stubborn")
+    began = time.monotonic()
+    stopped = api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 2.5})
+    waited = time.monotonic() - began
+    assert stopped.status_code == 200, stopped.text
+    assert stopped.json()["state"] == "stopped"
+    assert stopped.json()["detail"] == "stopped (killed by SIGKILL)", stopped.text
+    assert 2.4 <= waited < 15.0  # not the node's 1 s default; loose above for a loaded machine
+
+
 def cluster_state(api: httpx.Client) -> tuple[dict[str, int], int, Any]:
     """What a refused create must not change: memory reserved per node, the workloads, the
     newest recent placement."""
@@ -302,7 +322,7 @@ def test_placement_port_explain_and_errors(api: httpx.Client) -> None:
 
 
 # -- cordon and drain ----------------------------------------------------------------------
-def test_cordon_then_drain(api: httpx.Client) -> None:
+def test_cordon_then_drain(api: httpx.Client, tmp_path: Path) -> None:
     nodes = ["node-00", "node-01", "node-02"]
     target = "node-02"
     for node in nodes:
@@ -315,14 +335,19 @@ def test_cordon_then_drain(api: httpx.Client) -> None:
         assert "2 node cordoned" in explained["summary"]
         keep = run(api, ["sleep", "60"], name="keep", restartable=True)
         once = run(api, ["sleep", "60"], name="once")
-        assert keep.node == once.node == target
+        deaf = stubborn(api, tmp_path / "ready", name="deaf")  # ignores SIGTERM
+        assert keep.node == once.node == deaf.node == target
         for node in nodes[:2]:
             assert api.post(f"/v1/nodes/{node}/uncordon").json()["cordoned"] is False
+        began = time.monotonic()
         report = DrainReport.model_validate(
-            api.post(f"/v1/nodes/{target}/drain", json={"grace_s": 5}).json()
+            api.post(f"/v1/nodes/{target}/drain", json={"grace_s": 2.5}).json()
         )
+        assert time.monotonic() - began >= 2.4  # the drain's grace, not the node's 1 s
         outcomes = {item.workload_id: item for item in report.items}
         assert outcomes[once.id].outcome == "stopped"
+        assert outcomes[deaf.id].outcome == "stopped"
+        assert outcomes[deaf.id].detail == "stopped (killed by SIGKILL)", outcomes[deaf.id]
         replaced = outcomes[keep.id]
         assert replaced.outcome == "replaced" and replaced.new_node in nodes[:2], replaced
         old = api.get(f"/v1/workloads/{keep.id}").json()

@@ -129,6 +129,12 @@ class TestMicrovmRuntimeContract(RuntimeContract):
             BootSpec(name="exits", image="busybox", command=("sh", "-c", f"exit {code}"))
         )
 
+    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+        pytest.skip(
+            "two more guest boots; test_stop_kills_the_guest_after_its_grace_when_the_workload_"
+            "ignores_sigterm covers a stop's own grace with the guests it boots anyway"
+        )
+
 
 def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
     guests: tuple[LayerFiles, Path], layout: Path
@@ -254,8 +260,11 @@ def test_a_program_or_a_user_the_image_lacks_is_a_boot_failure(
 def test_stop_kills_the_guest_after_its_grace_when_the_workload_ignores_sigterm(
     guests: tuple[LayerFiles, Path], layout: Path
 ) -> None:
+    """The stop's own grace (1.5 s) rules, not the runtime's configured 60 s: the workload
+    that traps SIGTERM is killed with QEMU soon after it; the polite one exits by itself."""
+
     async def scenario() -> None:
-        runtime = make(guests, layout, stop_grace_s=2.0)
+        runtime = make(guests, layout, stop_grace_s=60.0)
         stubborn, polite = await asyncio.gather(
             runtime.start(
                 BootSpec(
@@ -279,15 +288,15 @@ def test_stop_kills_the_guest_after_its_grace_when_the_workload_ignores_sigterm(
         for workload in (stubborn, polite):  # their traps are set once they have said so
             assert isinstance(workload, MicrovmWorkload)
             await workload.first_output()
-        await runtime.stop(polite.id)
+        await runtime.stop(polite.id, grace_s=30.0)
         assert polite.exit is not None and polite.exit.code == 7 and polite.exit.stopped
         assert "bye" in polite.output  # type: ignore[attr-defined]
         began = time.monotonic()
-        await runtime.stop(stubborn.id)
+        await runtime.stop(stubborn.id, grace_s=1.5)
         waited = time.monotonic() - began
         assert stubborn.exit is not None
         assert stubborn.exit.signal == signal.SIGKILL and stubborn.exit.stopped
-        assert 2.0 <= waited < 20.0
+        assert 1.45 <= waited < 20.0  # far below the configured 60 s, even on a loaded host
         assert (
             not psutil.pid_exists(stubborn.pid or 0)
             or psutil.Process(stubborn.pid or 0).status() == psutil.STATUS_ZOMBIE

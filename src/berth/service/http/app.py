@@ -179,7 +179,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     async def drain(
         name: NodeName, body: schemas.DrainRequest | None = None
     ) -> schemas.DrainReport:
-        return await backend.drain(name, 10.0 if body is None else body.grace_s)
+        return await backend.drain(name, schemas.DRAIN_GRACE_S if body is None else body.grace_s)
 
     # -- images ------------------------------------------------------------------------------
     @api.post(

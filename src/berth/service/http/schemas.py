@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.node.runtime.port import StopGrace
 from berth.service.images import Image
 from berth.service.workloads import Workload
 
@@ -131,7 +132,7 @@ class StopRequest(BaseModel):
     """How long the workload gets to stop before the call gives up (seconds)."""
 
     model_config = _STRICT
-    grace_s: float | None = Field(default=None, ge=0, le=3600)
+    grace_s: StopGrace | None = None
 
 
 class PlacementBody(BaseModel):
@@ -205,9 +206,13 @@ class NodeList(BaseModel):
     items: list[NodeInfo]
 
 
+DRAIN_GRACE_S = 10.0
+"""A drain's grace per workload when the request names none (seconds)."""
+
+
 class DrainRequest(BaseModel):
     model_config = _STRICT
-    grace_s: float = Field(default=10.0, ge=0, le=3600)
+    grace_s: StopGrace = DRAIN_GRACE_S
 
 
 class DrainItem(BaseModel):

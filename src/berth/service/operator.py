@@ -72,6 +72,7 @@ TokenOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print the API's answer as one JSON document.")
 ]
+NodeArgument = Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")]
 GraceOption = Annotated[
     float, typer.Option("--grace", help="Seconds a workload gets between SIGTERM and SIGKILL.")
 ]
@@ -213,10 +214,43 @@ def _flags(names: Mapping[str, str]) -> Iterator[None]:
             raise Invalid(error.message, field=_SPREAD_FLAGS[error.field]) from None
 
 
+def _request_body(
+    image: str,
+    type_: str,
+    platforms: list[str] | None,
+    namespace: str,
+    name: str | None,
+    spread: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What ``berth run`` and ``berth explain`` both ask about: the workload's identity, image,
+    type, platforms and spread (``run`` adds its replica, command, env and restartability)."""
+    body: dict[str, Any] = {
+        "namespace": namespace,
+        "name": name or _default_name(image),
+        "image": image,
+        "type": type_,
+    }
+    if platforms:
+        body["platforms"] = list(platforms)
+    if spread is not None:
+        body["spread"] = spread
+    return body
+
+
 def _default_name(image: str) -> str:
     """A workload name from an image reference: ``docker.io/library/redis:7`` → ``redis``."""
     last = image.rsplit("/", 1)[-1]
     return last.split("@", 1)[0].split(":", 1)[0] or image
+
+
+def _count(number: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``."""
+    return f"{number} {noun}{'s' if number != 1 else ''}"
+
+
+def _say(text: str, *, soft_wrap: bool = True) -> None:
+    """One line of plain text on stdout: API strings in it are never read as rich markup."""
+    console.print(text, highlight=False, markup=False, soft_wrap=soft_wrap)
 
 
 def _pct(used: float, total: float) -> str:
@@ -260,34 +294,21 @@ def run(
     """Place a workload and boot it on the chosen node."""
     if not command:
         raise Invalid("give the workload's command after --, e.g. -- sleep 60", field="CMD")
-    body: dict[str, Any] = {
-        "namespace": namespace,
-        "name": name or _default_name(image),
-        "replica": replica,
-        "image": image,
-        "type": type_,
-        "command": list(command),
-        "restartable": restartable,
-    }
-    if platform:
-        body["platforms"] = list(platform)
-    if env:
-        body["env"] = _parse_env(env)
-    spread_body = _spread(spread, spread_hard, max_skew)
-    if spread_body is not None:
-        body["spread"] = spread_body
+    parsed_env = _parse_env(env) if env else None
+    body = _request_body(image, type_, platform, namespace, name,
+                         _spread(spread, spread_hard, max_skew))  # fmt: skip
+    body.update(replica=replica, command=list(command), restartable=restartable)
+    if parsed_env is not None:
+        body["env"] = parsed_env
     with _client(api, token) as client, _flags(_RUN_FLAGS):
         workload = client.create_workload(body)
     if as_json:
         _print_json(workload)
         return
     key = f"{workload.namespace}/{workload.name}/{workload.replica}"
-    console.print(
+    _say(
         f"{workload.id} {workload.state} on {workload.node}: {key} (rank {workload.rank}, "
-        f"colocated {_size(workload.colocated_bytes)}, reservation {workload.reservation_id})",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+        f"colocated {_size(workload.colocated_bytes)}, reservation {workload.reservation_id})"
     )
 
 
@@ -308,7 +329,7 @@ def ps(
         _print_json(found)
         return
     items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))
-    table = Table(title=f"{len(items)} workload{'s' if len(items) != 1 else ''}")
+    table = Table(title=_count(len(items), "workload"))
     for column in ("id", "workload", "node", "state", "image", "command", "age"):
         table.add_column(column, no_wrap=column == "state")
     now = time.time()
@@ -358,12 +379,9 @@ def stop(
     if as_json:
         _print_json(workload)
         return
-    console.print(
+    _say(
         f"{workload.id} {workload.state}: {workload.namespace}/{workload.name}/"
-        f"{workload.replica} on {workload.node}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+        f"{workload.replica} on {workload.node}"
     )
 
 
@@ -386,17 +404,8 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """Every node's verdict for a workload, without placing it."""
-    body: dict[str, Any] = {
-        "namespace": namespace,
-        "name": name or _default_name(image),
-        "image": image,
-        "type": type_,
-    }
-    if platform:
-        body["platforms"] = list(platform)
-    spread_body = _spread(spread, spread_hard, max_skew)
-    if spread_body is not None:
-        body["spread"] = spread_body
+    body = _request_body(image, type_, platform, namespace, name,
+                         _spread(spread, spread_hard, max_skew))  # fmt: skip
     with _client(api, token) as client, _flags(_RUN_FLAGS):
         explanation = client.explain(body)
     if as_json:
@@ -421,7 +430,7 @@ def explain(
             "" if verdict.detail == verdict.verdict else escape(verdict.detail),
         )
     _show(table, whole=("node",))
-    console.print(explanation.summary, highlight=False, soft_wrap=True, markup=False)
+    _say(explanation.summary)
 
 
 # -- nodes -----------------------------------------------------------------------------------
@@ -437,7 +446,7 @@ def nodes(
         _print_json(found)
         return
     items = sorted(found.items, key=lambda n: n.name)
-    table = Table(title=f"{len(items)} node{'s' if len(items) != 1 else ''}")
+    table = Table(title=_count(len(items), "node"))
     for column in ("node", "platform", "state", "mem", "disk", "cpu", "disk bw", "net bw"):
         table.add_column(column)
     table.add_column("workloads", justify="right")
@@ -461,7 +470,7 @@ def nodes(
 
 
 def cordon(
-    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    node: NodeArgument,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
@@ -473,17 +482,14 @@ def cordon(
     if as_json:
         _print_json(info)
         return
-    console.print(
-        f"{info.name} cordoned: no new placements; {info.workloads} workload"
-        f"{'s' if info.workloads != 1 else ''} keep running (berth drain {info.name} stops them)",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    _say(
+        f"{info.name} cordoned: no new placements; {_count(info.workloads, 'workload')} "
+        f"keep running (berth drain {info.name} stops them)"
     )
 
 
 def uncordon(
-    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    node: NodeArgument,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
@@ -495,13 +501,11 @@ def uncordon(
     if as_json:
         _print_json(info)
         return
-    console.print(
-        f"{info.name} uncordoned: it takes placements again", highlight=False, markup=False
-    )
+    _say(f"{info.name} uncordoned: it takes placements again", soft_wrap=False)
 
 
 def drain(
-    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name.")],
+    node: NodeArgument,
     grace: GraceOption = 10.0,
     api: ApiOption = None,
     token: TokenOption = None,
@@ -531,8 +535,7 @@ def drain(
     if as_json:
         _print_json(report)
         return
-    table = Table(title=escape(f"drained {report.node}: {len(report.items)} workload"
-                               f"{'s' if len(report.items) != 1 else ''}"))  # fmt: skip
+    table = Table(title=escape(f"drained {report.node}: {_count(len(report.items), 'workload')}"))
     for column in ("workload", "outcome", "replacement", "detail"):
         table.add_column(column, no_wrap=column != "detail")
     colours = {"stopped": "green", "replaced": "cyan", "failed": "red"}
@@ -549,11 +552,10 @@ def drain(
         )
     _show(table, whole=("workload",))
     failed = sum(1 for item in report.items if item.outcome == "failed")
-    console.print(
+    _say(
         f"{report.node} is cordoned and drained"
-        + (f"; {failed} workload{'s' if failed != 1 else ''} failed to stop" if failed else ""),
-        highlight=False,
-        markup=False,
+        + (f"; {_count(failed, 'workload')} failed to stop" if failed else ""),
+        soft_wrap=False,
     )
     if failed:
         raise typer.Exit(1)
@@ -618,7 +620,7 @@ def images(
         _print_json(found)
         return
     items = sorted(found.items, key=lambda image: image.name)
-    table = Table(title=f"{len(items)} image{'s' if len(items) != 1 else ''}")
+    table = Table(title=_count(len(items), "image"))
     for column in ("image", "platform", "layers", "size"):
         table.add_column(column, no_wrap=column != "image")
     for image in items:
@@ -628,12 +630,9 @@ def images(
 
 
 def _print_image(image: Any, verb: str) -> None:
-    console.print(
-        f"{verb} {image.name}: {len(image.layers)} layer{'s' if len(image.layers) != 1 else ''}"
-        f", {_size(image.size)}, platform {image.platform or 'any'}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
+    _say(
+        f"{verb} {image.name}: {_count(len(image.layers), 'layer')}, {_size(image.size)}, "
+        f"platform {image.platform or 'any'}"
     )
 
 

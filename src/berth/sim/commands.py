@@ -61,7 +61,7 @@ from berth.sim.report import (
     write_outputs,
 )
 from berth.sim.scenarios import SCENARIOS, Scenario, run_scenario, scenario
-from berth.sim.simulator import Decision, SimConfig, SimResult, Simulation
+from berth.sim.simulator import Decision, SimConfig, SimResult, Simulation, simulate_policies
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.units import INFORMATION_UNITS, format_information
 from berth.validation import one_line, shown
@@ -230,26 +230,9 @@ def sim_config(
 def _run_all(
     config: SimConfig, names: list[str], arrivals: list[Arrival], quiet: bool
 ) -> dict[str, SimResult]:
-    """Every policy on the same arrivals, under a rich progress bar."""
-    results: dict[str, SimResult] = {}
-    with Progress(
-        TextColumn("{task.description:>8}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=quiet,
-        transient=False,
-    ) as progress:
-        for name in names:
-            task = progress.add_task(name, total=len(arrivals))
-
-            def step(done: int, total: int, task: Any = task) -> None:
-                if done % 50 == 0 or done == total:
-                    progress.update(task, completed=done)
-
-            results[name] = Simulation(config, name, arrivals).run(progress=step)
-    return results
+    """Every policy on the same arrivals, under a rich progress bar (one line a policy)."""
+    with _progress(quiet) as progress:
+        return simulate_policies(config, names, arrivals=arrivals, progress=_stepper(progress))
 
 
 def _print_summary(report: Report, out: Path) -> None:

@@ -42,10 +42,8 @@ from berth.errors import Invalid
 from berth.node.classes import NodeClass
 from berth.platform import Platform
 from berth.scheduler.policy import POLICIES
-from berth.scheduler.policy import policy as make_policy
 from berth.sim.report import Report, build_report, write_outputs
-from berth.sim.simulator import DEFAULT_NODE_CLASSES, SimConfig, SimResult, Simulation
-from berth.sim.workload import generate_workload
+from berth.sim.simulator import DEFAULT_NODE_CLASSES, SimConfig, SimResult, simulate_policies
 
 __all__ = ["SCENARIOS", "Scenario", "run_scenario", "run_suite", "scenario"]
 
@@ -225,19 +223,7 @@ def run_scenario(
     """Every policy of ``policies`` on ``chosen``'s arrivals (the same for all), and the
     report; with ``out``, ``report.json`` (and plots) are written there.
     ``progress(policy, done, total)`` after each arrival."""
-    names = list(dict.fromkeys(policies))
-    for name in names:
-        make_policy(name)
-    config = chosen.config
-    arrivals = generate_workload(config.workload)
-    results: dict[str, SimResult] = {}
-    for name in names:
-
-        def step(done: int, total: int, name: str = name) -> None:
-            if progress is not None:
-                progress(name, done, total)
-
-        results[name] = Simulation(config, name, arrivals).run(progress=step)
+    results = simulate_policies(chosen.config, dict.fromkeys(policies), progress=progress)
     if out is None:
         return results, build_report(results, scenario=chosen.describe())
     return results, write_outputs(results, out, chosen.describe(), plots=plots)

@@ -930,12 +930,16 @@ def simulate_policies(
     *,
     progress: Callable[[str, int, int], None] | None = None,
     dataset: Dataset | None = None,
+    arrivals: Sequence[Arrival] | None = None,
 ) -> dict[str, SimResult]:
-    """Run each policy on the *same* arrivals (common random numbers), in the order given."""
+    """Run each policy on the *same* arrivals (common random numbers), in the order given:
+    ``arrivals`` when given, else drawn from ``config.workload`` (and ``dataset``).
+    ``progress(policy, done, total)`` after each arrival."""
     names = list(policies)
     for name in names:
         make_policy(name)
-    arrivals = generate_workload(config.workload, dataset)
+    if arrivals is None:
+        arrivals = generate_workload(config.workload, dataset)
     results: dict[str, SimResult] = {}
     for name in names:
 

@@ -227,6 +227,26 @@ class Probe:
         return self.request.spec, self.request.layers, self.request.platforms
 
 
+def local_cluster(states: Sequence[NodeState]) -> tuple[MemoryStore, LocalNodes]:
+    """An in-process cluster of ``states``: each node's budget at its state's limits with its
+    state's load held static, and every state published to a fresh store."""
+    store = MemoryStore()
+    clients = LocalNodes()
+    for state in states:
+        limits = BudgetLimits(
+            mem_max=state.mem_total,
+            disk_max=state.disk_total,
+            cpu_capacity=state.cpu_capacity,
+            cpu_max_load=state.cpu_max_load,
+            disk_bw_cap=int(state.disk_bw_ceiling),
+            net_bw_cap=int(state.net_bw_ceiling),
+        )
+        load = StaticLoad(state.cpu_load, state.disk_bw_load, state.net_bw_load)
+        clients.add(state.node, NodeBudget(limits, load))
+        store.publish_now(state)
+    return store, clients
+
+
 class ClusterGenerator:
     """Draws nodes and requests from the Docker Hub dataset with one seeded generator."""
 
@@ -591,21 +611,7 @@ def measure_schedule(
     assume: bool = True,
 ) -> ScheduleResult:
     """``ClusterScheduler.schedule`` rate on an in-process cluster (see the module docstring)."""
-    states = generator.nodes(nodes, layers_per_node)
-    store = MemoryStore()
-    clients = LocalNodes()
-    for state in states:
-        limits = BudgetLimits(
-            mem_max=state.mem_total,
-            disk_max=state.disk_total,
-            cpu_capacity=state.cpu_capacity,
-            cpu_max_load=state.cpu_max_load,
-            disk_bw_cap=int(state.disk_bw_ceiling),
-            net_bw_cap=int(state.net_bw_ceiling),
-        )
-        load = StaticLoad(state.cpu_load, state.disk_bw_load, state.net_bw_load)
-        clients.add(state.node, NodeBudget(limits, load))
-        store.publish_now(state)
+    store, clients = local_cluster(generator.nodes(nodes, layers_per_node))
     scheduler = ClusterScheduler(store, clients, assume=assume)
     requests = [probe.request for probe in generator.probes(max(placements, 64), request_layers)]
     round_size = max(min(round_size, placements), 1)

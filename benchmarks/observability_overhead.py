@@ -49,13 +49,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from berth.dataset import load_dockerhub
 from berth.errors import NoCapacity
 from berth.model import Placement, Request
-from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.observability import tracing
 from berth.observability.metrics import Metrics
 from berth.scheduler.multinode import ClusterScheduler
 from berth.store.memory import MemoryStore
-from decision_latency import ClusterGenerator  # benchmarks/ is the script's own directory
+from decision_latency import (  # benchmarks/ is the script's own directory
+    ClusterGenerator,
+    local_cluster,
+)
 
 TARGET_METRICS_RATIO = 1.10
 VARIANTS = ("bare", "metrics", "traced")
@@ -73,19 +75,7 @@ class Config:
 
 def build(config: Config) -> tuple[MemoryStore, LocalNodes, list[Request]]:
     generator = ClusterGenerator(load_dockerhub(), config.seed)
-    store, clients = MemoryStore(), LocalNodes()
-    for state in generator.nodes(config.nodes, config.layers_per_node):
-        limits = BudgetLimits(
-            mem_max=state.mem_total,
-            disk_max=state.disk_total,
-            cpu_capacity=state.cpu_capacity,
-            cpu_max_load=state.cpu_max_load,
-            disk_bw_cap=int(state.disk_bw_ceiling),
-            net_bw_cap=int(state.net_bw_ceiling),
-        )
-        load = StaticLoad(state.cpu_load, state.disk_bw_load, state.net_bw_load)
-        clients.add(state.node, NodeBudget(limits, load))
-        store.publish_now(state)
+    store, clients = local_cluster(generator.nodes(config.nodes, config.layers_per_node))
     requests = [
         probe.request for probe in generator.probes(4 * config.batch, config.request_layers)
     ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,13 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
+from api_helpers import api_client, problem, until
 from berth.oci import ImageSpec, file, write_layout
 from berth.service.http.schemas import DrainReport, NodeList, Workload
 from berth.service.up import LocalCluster
 from berth.service.workloads import CLAIM_PENDING_S, Claim, IdentityClaims
 from berth.testing.nats import client
-
-PROBLEM = "application/problem+json"
 
 
 @pytest.fixture(scope="module")
@@ -32,28 +31,8 @@ def cluster() -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def api(cluster: LocalCluster) -> Iterator[httpx.Client]:
-    assert cluster.api_url is not None
-    headers = {"Authorization": f"Bearer {cluster.api_token}"}
-    with httpx.Client(base_url=cluster.api_url, headers=headers, timeout=20.0) as client:
+    with api_client(cluster) as client:
         yield client
-
-
-def until(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith(PROBLEM), response.headers
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status and body["type"] and body["title"] and body["detail"]
-    return body
 
 
 def run(api: httpx.Client, command: list[str], **fields: Any) -> Workload:

@@ -6,47 +6,28 @@ node; explanations name the spread; bad spread fields are 400 naming the field."
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from api_helpers import api_client, problem, until
 from berth.service.http.schemas import Workload
 from berth.service.up import LocalCluster
 
-PROBLEM = "application/problem+json"
 HARD = {"hard": True}
 
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[httpx.Client]:
-    with LocalCluster(
-        3, schedulers=2, heartbeat_s=0.5, runtime="process", http=("127.0.0.1", 0)
-    ) as up:
-        assert up.api_url is not None
-        headers = {"Authorization": f"Bearer {up.api_token}"}
-        with httpx.Client(base_url=up.api_url, headers=headers, timeout=20.0) as client:
-            yield client
-
-
-def until(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith(PROBLEM), response.headers
-    body: dict[str, Any] = response.json()
-    assert body["status"] == status and body["detail"]
-    return body
+    with (
+        LocalCluster(
+            3, schedulers=2, heartbeat_s=0.5, runtime="process", http=("127.0.0.1", 0)
+        ) as up,
+        api_client(up) as client,
+    ):
+        yield client
 
 
 def create(api: httpx.Client, replica: int, **fields: Any) -> httpx.Response:

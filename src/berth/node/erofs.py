@@ -72,6 +72,7 @@ __all__ = [
     "ErofsImage",
     "convert_layer",
     "mkfs_erofs",
+    "pid_alive",
     "remove_leftovers",
     "scratch_for",
     "unpacked_estimate",
@@ -221,7 +222,7 @@ def remove_leftovers(directory: Path) -> list[Path]:
         if not entry.name.startswith(SCRATCH_PREFIX):
             continue
         pid_text = entry.name[len(SCRATCH_PREFIX) :].split("-", 1)[0]
-        if not pid_text.isdigit() or _alive(int(pid_text)):
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -232,7 +233,10 @@ def remove_leftovers(directory: Path) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` lives (this process does; one of another user counts as alive):
+    the test that a scratch left under a process id is a leftover (here and in
+    :mod:`berth.node.runtime.microvm`)."""
     if pid == os.getpid():
         return True
     try:

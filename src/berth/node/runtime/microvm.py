@@ -54,6 +54,7 @@ from typing import IO, Literal
 
 from berth.errors import BerthError, Invalid
 from berth.node.config import AgentConfig
+from berth.node.erofs import pid_alive
 from berth.node.layers import LayerFiles
 from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
@@ -165,16 +166,6 @@ def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
 _SCRATCH = re.compile(r".+\.([0-9]{1,10})\.[^.]+")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _workdir(working_dir: str) -> str:
     # The image's WorkingDir (OCI: absolute; a relative one is taken from /), normalised
     # lexically, so no ``..`` climbs out of the image.
@@ -260,7 +251,7 @@ class MicrovmRuntime:
             if match is None or not entry.is_dir(follow_symlinks=False):
                 continue
             pid = int(match.group(1))
-            if pid == os.getpid() or _alive(pid):
+            if pid_alive(pid):
                 continue
             log.info("removing %s, left by process %d", entry.path, pid)
             shutil.rmtree(entry.path, ignore_errors=True)

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
+from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request
 from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.port import AgentClient
@@ -184,13 +184,10 @@ class ClusterBackend:
         """Through the queue group; every outcome noted among the recent placements."""
         try:
             placement = await self.placements.schedule(request)
-        except NoMatchingPlatform as error:
-            self._note(request, "invalid", str(error), workload_id=workload_id)
-            raise
         except NoCapacity as error:
             self._note(request, "no_capacity", str(error), workload_id=workload_id)
             raise
-        except Invalid as error:
+        except Invalid as error:  # NoMatchingPlatform included
             self._note(request, "invalid", str(error), workload_id=workload_id)
             raise
         except Unavailable as error:

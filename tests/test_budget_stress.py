@@ -8,9 +8,6 @@ promises, or it would prove nothing.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -18,17 +15,11 @@ import pytest
 
 from berth.node.budget import NodeBudget
 from berth.ownership import Lease
-
-HARNESS = Path(__file__).resolve().parent.parent / "benchmarks" / "budget_stress.py"
+from helpers import load_benchmark
 
 
 def _harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("budget_stress", HARNESS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("budget_stress", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("budget_stress")
 
 
 stress_harness = _harness()

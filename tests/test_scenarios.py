@@ -7,29 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from berth.errors import Invalid
-from berth.sim.commands import register
 from berth.sim.goals import regime_of
 from berth.sim.scenarios import SCENARIOS, run_scenario, scenario
+from helpers import sim_app
 
 runner = CliRunner()
 REQUIRED = {"default", "overload", "stale", "bursty", "multi-arch", "heterogeneous", "large"}
 GOAL_KEYS = {"bytes_vs_seed", "capacity_bound", "refusals_vs_others", "avoidable_refusals",
              "start_p99"}  # fmt: skip
-
-
-def app() -> typer.Typer:
-    fresh = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-    @fresh.callback()
-    def _root() -> None:
-        """berth (test app)."""
-
-    register(fresh)
-    return fresh
 
 
 def test_the_suite_has_the_issues_scenarios_at_their_sizes() -> None:
@@ -59,7 +47,7 @@ def test_unknown_scenarios_are_invalid() -> None:
 
 
 def test_quick_suite_writes_a_report_per_scenario_with_goals(tmp_path: Path) -> None:
-    result = runner.invoke(app(), ["sim", "--scenario", "all", "--quick", "--quiet",
+    result = runner.invoke(sim_app(), ["sim", "--scenario", "all", "--quick", "--quiet",
                                    "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.stderr
     for name in SCENARIOS:
@@ -79,7 +67,7 @@ def test_quick_suite_writes_a_report_per_scenario_with_goals(tmp_path: Path) -> 
 
 
 def test_one_scenario_writes_into_out_itself(tmp_path: Path) -> None:
-    result = runner.invoke(app(), ["sim", "--scenario", "stale", "--quick", "--quiet",
+    result = runner.invoke(sim_app(), ["sim", "--scenario", "stale", "--quick", "--quiet",
                                    "--policy", "seed,berth", "--out", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 0, result.stderr
     document = json.loads((tmp_path / "report.json").read_text())
@@ -97,7 +85,7 @@ def test_one_scenario_writes_into_out_itself(tmp_path: Path) -> None:
     ],
 )
 def test_bad_scenario_flags_are_one_line(tmp_path: Path, flags: list[str], named: str) -> None:
-    result = runner.invoke(app(), ["sim", *flags, "--quiet", "--out", str(tmp_path)])
+    result = runner.invoke(sim_app(), ["sim", *flags, "--quiet", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert named in result.stderr and result.stderr.count("\n") == 1
     assert not (tmp_path / "report.json").exists()

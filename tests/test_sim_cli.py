@@ -7,25 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from berth.sim.commands import parse_policies, register, sim, sim_config
+from berth.sim.commands import parse_policies, sim, sim_config
 from berth.sim.simulator import SimConfig
+from helpers import sim_app
 
 runner = CliRunner()
-
-
-def app() -> typer.Typer:
-    """A fresh app with the two commands registered, as ``berth.cli`` does."""
-    fresh = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-    @fresh.callback()
-    def _root() -> None:
-        """berth (test app)."""
-
-    register(fresh)
-    return fresh
 
 
 SMALL = ["--nodes", "10", "--requests", "60", "--rate", "1", "--lifetime", "20", "--quiet"]
@@ -33,7 +21,7 @@ SMALL = ["--nodes", "10", "--requests", "60", "--rate", "1", "--lifetime", "20",
 
 def test_sim_writes_report_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = runner.invoke(app(), ["sim", *SMALL, "--policy", "seed,berth", "--out", str(out)])
+    result = runner.invoke(sim_app(), ["sim", *SMALL, "--policy", "seed,berth", "--out", str(out)])
     assert result.exit_code == 0, result.stderr
     document = json.loads((out / "report.json").read_text())
     assert list(document["policies"]) == ["seed", "berth"]
@@ -45,7 +33,7 @@ def test_sim_writes_report_and_plots(tmp_path: Path) -> None:
 
 def test_sim_all_policies_with_stale_concurrent_schedulers(tmp_path: Path) -> None:
     result = runner.invoke(
-        app(),
+        sim_app(),
         ["sim", *SMALL, "--concurrency", "3", "--staleness", "2", "--out", str(tmp_path)],
     )
     assert result.exit_code == 0, result.stderr
@@ -56,7 +44,7 @@ def test_sim_all_policies_with_stale_concurrent_schedulers(tmp_path: Path) -> No
 
 
 def test_demo_explains_placements_and_compares_policies(tmp_path: Path) -> None:
-    result = runner.invoke(app(), ["demo", "--quiet", "--out", str(tmp_path)])
+    result = runner.invoke(sim_app(), ["demo", "--quiet", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.stderr
     assert "berth demo" in result.stdout
     assert "→" in result.stdout and "verdict" in result.stdout  # explained placements
@@ -84,7 +72,7 @@ def test_demo_explains_placements_and_compares_policies(tmp_path: Path) -> None:
     ],
 )
 def test_bad_flags_are_one_clear_line(flags: list[str], expected: str, tmp_path: Path) -> None:
-    result = runner.invoke(app(), ["sim", *flags, "--quiet", "--out", str(tmp_path / "x")])
+    result = runner.invoke(sim_app(), ["sim", *flags, "--quiet", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert expected in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
@@ -93,13 +81,13 @@ def test_bad_flags_are_one_clear_line(flags: list[str], expected: str, tmp_path:
 
 
 def test_unknown_policy_lists_the_valid_ones(tmp_path: Path) -> None:
-    result = runner.invoke(app(), ["sim", "--policy", "seed,nope", "--out", str(tmp_path)])
+    result = runner.invoke(sim_app(), ["sim", "--policy", "seed,nope", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "valid policies: seed, random, binpack, spread, kube, berth" in result.stderr
 
 
 def test_typer_rejects_malformed_numbers() -> None:
-    result = runner.invoke(app(), ["sim", "--nodes", "many"])
+    result = runner.invoke(sim_app(), ["sim", "--nodes", "many"])
     assert result.exit_code == 2
     assert "--nodes" in result.stderr
 
@@ -122,12 +110,12 @@ def test_berth_cli_exposes_sim_and_demo_once_registered() -> None:
 
 def test_no_assume_turns_the_assume_cache_off(tmp_path: Path) -> None:
     flags = ["sim", *SMALL, "--policy", "binpack", "--staleness", "5"]
-    off = runner.invoke(app(), [*flags, "--no-assume", "--out", str(tmp_path / "off")])
+    off = runner.invoke(sim_app(), [*flags, "--no-assume", "--out", str(tmp_path / "off")])
     assert off.exit_code == 0, off.stderr
     assert "no assume" in off.stdout  # the title says so
     document = json.loads((tmp_path / "off" / "report.json").read_text())
     assert document["config"]["assume"] is False
-    on = runner.invoke(app(), [*flags, "--out", str(tmp_path / "on")])
+    on = runner.invoke(sim_app(), [*flags, "--out", str(tmp_path / "on")])
     assert on.exit_code == 0, on.stderr
     assert json.loads((tmp_path / "on" / "report.json").read_text())["config"]["assume"] is True
 

@@ -14,12 +14,9 @@ scheduler's replica index.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import logging
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -31,21 +28,16 @@ from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route,
 from berth.service.scheduler import RouteReplicas
 from berth.store.nats import MalformedMessage
 from berth.testing.nats import NatsServer
+from helpers import load_benchmark
 
 MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 HARD = Spread(hard=True)
 FN = ("t", "fn")
-HARNESS = Path(__file__).resolve().parent.parent / "benchmarks" / "spread_nats.py"
 
 
 def _harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("spread_nats", HARNESS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("spread_nats", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("spread_nats")
 
 
 # -- the route record --------------------------------------------------------------------------

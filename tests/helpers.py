@@ -1,0 +1,43 @@
+"""Helpers shared by test modules that are not about one subject: loading a benchmark script
+as a module (its harness runs bounded in CI), and a fresh typer app carrying ``berth sim`` and
+``berth demo``.
+
+Imported as ``helpers`` (``tests/`` is on ``sys.path`` under pytest's default import mode,
+``tests`` being no package).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import typer
+
+from berth.sim.commands import register
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as the module ``name`` (registered in ``sys.modules`` first,
+    so its dataclasses resolve; a second load keeps the first registration)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sim_app() -> typer.Typer:
+    """A fresh app with the sim commands registered, as ``berth.cli`` does."""
+    fresh = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+    @fresh.callback()
+    def _root() -> None:
+        """berth (test app)."""
+
+    register(fresh)
+    return fresh

@@ -1,6 +1,6 @@
 """Helpers shared by test modules that are not about one subject: loading a benchmark script
-as a module (its harness runs bounded in CI), and a fresh typer app carrying ``berth sim`` and
-``berth demo``.
+as a module (its harness runs bounded in CI), a fresh typer app carrying ``berth sim`` and
+``berth demo``, and the state a spread test's node publishes from its budget.
 
 Imported as ``helpers`` (``tests/`` is on ``sys.path`` under pytest's default import mode,
 ``tests`` being no package).
@@ -15,8 +15,11 @@ from types import ModuleType
 
 import typer
 
+from berth.node.budget import NodeBudget
 from berth.sim.commands import register
+from berth.state import NodeState
 
+GiB = 2**30
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -41,3 +44,24 @@ def sim_app() -> typer.Typer:
 
     register(fresh)
     return fresh
+
+
+def budget_state(
+    name: str, budget: NodeBudget, generation: int, zone: str | None, layers: frozenset[str]
+) -> NodeState:
+    """What a linux/amd64 node of 4 cores and 1 GiB/s disk and network, labelled with its
+    ``zone`` (none: unlabelled), publishes of ``budget``: its admissions and headroom."""
+    headroom = budget.headroom()
+    return NodeState(
+        node=name,
+        platform="linux/amd64",
+        generation=generation,
+        admitted=budget.admitted,
+        labels={} if zone is None else {"zone": zone},
+        mem_free=headroom.mem_free,
+        disk_free=headroom.disk_free,
+        cpu_capacity=4.0,
+        disk_bw_ceiling=float(GiB),
+        net_bw_ceiling=float(GiB),
+        layers=layers,
+    )

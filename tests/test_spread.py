@@ -20,6 +20,7 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.spread import SPREAD, LabelIndex, Replicas, SpreadRule
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from helpers import budget_state
 
 GiB = 2**30
 SMALL = Spec(vcpus=0.01, mem=GiB // 8, disk=GiB)
@@ -68,25 +69,10 @@ class Cluster:
     def publish(self, name: str) -> None:
         if name in self.silent:
             return
-        budget = self.budgets[name]
-        headroom = budget.headroom()
         self.generation += 1
-        zone = self.zones[name]
-        self.store.publish_now(
-            NodeState(
-                node=name,
-                platform="linux/amd64",
-                generation=self.generation,
-                admitted=budget.admitted,
-                labels={} if zone is None else {"zone": zone},
-                mem_free=headroom.mem_free,
-                disk_free=headroom.disk_free,
-                cpu_capacity=4.0,
-                disk_bw_ceiling=float(GiB),
-                net_bw_ceiling=float(GiB),
-                layers=self.layers.get(name, frozenset()),
-            )
-        )
+        layers = self.layers.get(name, frozenset())
+        state = budget_state(name, self.budgets[name], self.generation, self.zones[name], layers)
+        self.store.publish_now(state)
 
     async def place(self, spread: Spread | None, replica: int = 0, name: str = "fn") -> str:
         request = Request(namespace="default", name=name, replica=replica, spec=SMALL,

@@ -34,8 +34,8 @@ from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.reference import ReferenceRanker
-from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from helpers import budget_state
 
 GiB = 2**30
 SMALL = Spec(vcpus=0.01, mem=GiB // 8, disk=GiB)
@@ -86,24 +86,10 @@ class World:
 
     def publish(self, name: str) -> None:
         spec = next(node for node in self.nodes if node.name == name)
-        budget = self.budgets[name]
-        headroom = budget.headroom()
         self.generation += 1
-        self.store.publish_now(
-            NodeState(
-                node=name,
-                platform="linux/amd64",
-                generation=self.generation,
-                admitted=budget.admitted,
-                labels={} if spec.zone is None else {"zone": spec.zone},
-                mem_free=headroom.mem_free,
-                disk_free=headroom.disk_free,
-                cpu_capacity=4.0,
-                disk_bw_ceiling=float(GiB),
-                net_bw_ceiling=float(GiB),
-                layers=frozenset({"l1"}) if spec.has_layer else frozenset(),
-            )
-        )
+        layers = frozenset({"l1"}) if spec.has_layer else frozenset()
+        state = budget_state(name, self.budgets[name], self.generation, spec.zone, layers)
+        self.store.publish_now(state)
 
     # -- the ground truth --------------------------------------------------------------------
     def counts(self, function: str) -> Counter[str]:

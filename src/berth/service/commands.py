@@ -367,7 +367,12 @@ def up(
     auth: Annotated[
         bool, typer.Option("--auth/--no-auth", help="Users and permissions per role.")
     ] = True,
-    runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="process (real processes), fake, or microvm (QEMU guests; berth microvm setup)."
+        ),
+    ] = "process",
     duration: DurationOption = None,
     otlp: OtlpOption = None,
     http: Annotated[
@@ -382,8 +387,9 @@ def up(
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.service.up import LocalCluster, wait_for_signal
 
-    if runtime not in ("process", "fake"):
-        raise Invalid(f"must be 'process' or 'fake', got {runtime!r}", field="--runtime")
+    if runtime not in ("process", "fake", "microvm"):
+        raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
+                      field="--runtime")  # fmt: skip
     duration = _checked_duration(duration)
     _UP_NODES(nodes, "--nodes")
     _UP_SCHEDULERS(schedulers, "--schedulers")

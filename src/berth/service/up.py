@@ -8,6 +8,11 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
 * N agents as separate processes (``berth agent --config … --nats …``), each node's TOML
   configuration written from the embedded cluster's node classes; above ``per_process_from``
   nodes, several agents share a process (each still connects as its own user);
+* with ``runtime="microvm"``, agents that boot QEMU guests (:mod:`berth.node.runtime.microvm`)
+  from the kernel, initramfs and OCI image layout ``berth microvm setup`` made, all on
+  ``linux/amd64``, each node keeping its layer files in its own ``node_dir`` inside the
+  directory (so they go with it); a host that cannot boot guests is refused before anything
+  starts, with what ``berth agent --check`` would say is missing and its fix;
 * K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, the
   first serving the HTTP API when ``http`` is given (``--http``, a token it reads from a file
   in the directory; :mod:`berth.service.http`);
@@ -40,7 +45,8 @@ import httpx
 
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
-from berth.node.config import AgentConfig
+from berth.node.config import AgentConfig, MicrovmSection
+from berth.node.microvm.paths import GuestFiles
 from berth.service.auth import ClusterAuth, generate
 from berth.service.names import Names
 from berth.service.natsd import NatsServer, die_with_parent
@@ -52,6 +58,11 @@ __all__ = ["LocalCluster", "config_toml"]
 
 PER_PROCESS_FROM = 8
 """Up to this many nodes, one agent per process; above it, agents share processes."""
+MICROVM_PLATFORM = "linux/amd64"
+"""The microVM runtime boots guests of the host's platform only."""
+MICROVM_STOP_GRACE_S = 5.0
+"""A guest's workload gets this long after ``SIGTERM`` before QEMU is killed."""
+Runtime = Literal["process", "fake", "microvm"]
 
 
 def config_toml(config: AgentConfig) -> str:
@@ -86,7 +97,7 @@ class LocalCluster:
         schedulers: int = 1,
         heartbeat_s: float = 1.0,
         auth: bool = True,
-        runtime: Literal["process", "fake"] = "process",
+        runtime: Runtime = "process",
         per_process: int | None = None,
         directory: Path | None = None,
         names: Names | None = None,
@@ -94,6 +105,7 @@ class LocalCluster:
         lease_ttl_s: float = 30.0,
         http: tuple[str, int] | None = None,
         api_token: str | None = None,
+        microvm_data_dir: Path | None = None,
     ) -> None:
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
@@ -101,7 +113,14 @@ class LocalCluster:
             raise Invalid(f"must be at least 1, got {schedulers}", field="--schedulers")
         if per_process is not None and per_process < 1:
             raise Invalid(f"must be at least 1, got {per_process}", field="--per-process")
-        self.configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
+        self.runtime = runtime
+        if runtime == "microvm":
+            self.configs = microvm_configs(nodes, heartbeat_s, GuestFiles.at(microvm_data_dir))
+        elif runtime in ("process", "fake"):
+            self.configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
+        else:
+            raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
+                          field="--runtime")  # fmt: skip
         self.schedulers = schedulers
         self.heartbeat_s = heartbeat_s
         self.names = names or Names()
@@ -112,6 +131,8 @@ class LocalCluster:
         self.lease_ttl_s = lease_ttl_s
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
+        if runtime == "microvm":  # each node's layer files and guest consoles go with the cluster
+            self.configs = [self._in_directory(config) for config in self.configs]
         self.auth: ClusterAuth | None = None
         if auth:
             self.auth = generate([c.node.name for c in self.configs], self.names)
@@ -122,6 +143,16 @@ class LocalCluster:
         self.http = http
         self.api_token = api_token or (None if http is None else secrets.token_urlsafe(32))
         self.api_url: str | None = None
+
+    def _in_directory(self, config: AgentConfig) -> AgentConfig:
+        token = node_token(config.node.name)
+        section = config.microvm.model_copy(
+            update={
+                "node_dir": str(self.directory / "microvm" / token),
+                "log_dir": str(self.directory / "logs" / "guests"),
+            }
+        )
+        return config.model_copy(update={"microvm": section})
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalCluster:
@@ -289,6 +320,10 @@ class LocalCluster:
         if self.api_url is None:
             return []
         url, token = self.api_url, self.api_token
+        then = "berth nodes; berth run IMAGE --type micro -- CMD; berth ps"
+        if self.runtime == "microvm":
+            images = GuestFiles.at(self.configs[0].microvm.data_dir).images_dir
+            then = f"berth images import-oci {images}; berth run busybox --type micro -- echo hi"
         return [
             "",
             f"  API:               {url}  (OpenAPI at {url}/openapi.json)",
@@ -296,7 +331,18 @@ class LocalCluster:
             f"  metrics:           {url}/metrics  (Authorization: Bearer $BERTH_TOKEN)",
             f"  export BERTH_API={url}",
             f"  export BERTH_TOKEN={token}",
-            "  then:              berth nodes; berth run IMAGE --type micro -- CMD; berth ps",
+            f"  then:              {then}; berth ps",
+        ]
+
+    def _describe_microvm(self) -> list[str]:
+        if self.runtime != "microvm":
+            return []
+        files = GuestFiles.at(self.configs[0].microvm.data_dir)
+        found = files.probed_accel()
+        accel = "probed by each agent at start" if found is None else f"{found[0]} ({found[1]})"
+        return [
+            f"  microVM guests:    {accel}; kernel and init from {files.data_dir}",
+            f"  guest consoles:    {self.directory / 'logs' / 'guests'}",
         ]
 
     @property
@@ -326,11 +372,33 @@ class LocalCluster:
             f"  where is it:       berth whereis default/hello/0 --nats {self.url}{creds}",
             f"  every route:       berth routes --nats {self.url}{creds}",
             f"  logs:              {self.directory / 'logs'}",
+            *self._describe_microvm(),
             *self._describe_api(),
             "",
             "Ctrl-C stops everything and removes " + str(self.directory),
         ]
         return "\n".join(lines)
+
+
+def microvm_configs(nodes: int, heartbeat_s: float, files: GuestFiles) -> list[AgentConfig]:
+    """The embedded cluster's node classes as ``microvm`` agents booting guests from
+    ``files``; ``Invalid`` naming ``--runtime`` with each missing piece and its fix (the
+    checks of ``berth agent --check``) when this host cannot boot guests."""
+    from berth.node.microvm.commands import check_rows
+
+    plain = embedded_configs(
+        nodes, platforms=(MICROVM_PLATFORM,), runtime="fake", heartbeat_s=heartbeat_s
+    )  # checks nodes and heartbeat_s, naming them
+    agent = plain[0].agent.model_copy(
+        update={"runtime": "microvm", "stop_grace_s": MICROVM_STOP_GRACE_S}
+    )
+    section = MicrovmSection(data_dir=str(files.data_dir))
+    configs = [c.model_copy(update={"agent": agent, "microvm": section}) for c in plain]
+    _, missing = check_rows(configs[0])
+    if missing:
+        raise Invalid(f"microVM guests cannot boot on this host: {'; '.join(missing)}",
+                      field="--runtime")  # fmt: skip
+    return configs
 
 
 def free_port(host: str, port: int = 0) -> int:

@@ -131,6 +131,22 @@ def _check_workload_key(workload: str) -> None:
     _REPLICA(int(parts[2]), "WORKLOAD")
 
 
+PolicyOption = Annotated[
+    str,
+    typer.Option(
+        help="The placement policy: seed (the seed's ordering, the default), berth (mounted and "
+        "cached layer bytes, room priced by scarcity), kube, binpack, spread or random.",
+    ),
+]
+
+
+def _checked_policy(name: str) -> str:
+    """``name`` when it names a registered policy, else ``Invalid`` naming ``--policy``."""
+    from berth.scheduler.policy.registry import policy_name
+
+    return policy_name(name, field="--policy")
+
+
 def _checked_duration(duration: float | None) -> float | None:
     """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
     return None if duration is None else _INTERVAL(duration, "--duration")
@@ -292,9 +308,11 @@ def scheduler(
     http_public: HttpPublicOption = False,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
+    policy: PolicyOption = "seed",
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
+    from berth.scheduler.policy.registry import policy as policy_of
     from berth.service.http.server import parse_address, resolve_token
     from berth.service.routes import RouteRegistry
     from berth.service.scheduler import scheduler_service
@@ -302,6 +320,7 @@ def scheduler(
     for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
         _INTERVAL(value, flag)
     _checked_duration(duration)
+    _checked_policy(policy)
     address = None if http is None else parse_address(http, public=http_public)
     if http is None and (token is not None or token_file is not None or http_public):
         raise Invalid("--token, --token-file and --http-public go with --http", field="--http")
@@ -316,7 +335,12 @@ def scheduler(
         try:
             routes = await RouteRegistry(client).start()
             async with scheduler_service(
-                client, heartbeat_s=heartbeat, lease_ttl_s=lease_ttl, routes=routes, grace_s=grace
+                client,
+                heartbeat_s=heartbeat,
+                lease_ttl_s=lease_ttl,
+                routes=routes,
+                grace_s=grace,
+                policy=policy_of(policy, seed=None),  # unseeded: schedulers' jitters differ
             ) as service:
                 console.print(
                     f"scheduler {service.id} serving {service.prefix}.* in queue group "
@@ -383,6 +407,7 @@ def up(
         ),
     ] = "127.0.0.1:8080",
     http_public: HttpPublicOption = False,
+    policy: PolicyOption = "seed",
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.service.up import LocalCluster, wait_for_signal
@@ -391,6 +416,7 @@ def up(
         raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
                       field="--runtime")  # fmt: skip
     duration = _checked_duration(duration)
+    _checked_policy(policy)
     _UP_NODES(nodes, "--nodes")
     _UP_SCHEDULERS(schedulers, "--schedulers")
     _INTERVAL(heartbeat, "--heartbeat")
@@ -410,6 +436,7 @@ def up(
         auth=auth,
         runtime=runtime,  # type: ignore[arg-type]
         per_process=per_process,
+        policy=policy,
     )
     console.print(f"starting nats-server, {nodes} agents and {schedulers} scheduler(s)…")
 

@@ -47,6 +47,7 @@ from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.node.config import AgentConfig, MicrovmSection
 from berth.node.microvm.paths import GuestFiles
+from berth.scheduler.policy.registry import policy_name
 from berth.service.auth import ClusterAuth, generate
 from berth.service.names import Names
 from berth.service.natsd import NatsServer, die_with_parent
@@ -106,6 +107,7 @@ class LocalCluster:
         http: tuple[str, int] | None = None,
         api_token: str | None = None,
         microvm_data_dir: Path | None = None,
+        policy: str = "seed",
     ) -> None:
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
@@ -129,6 +131,7 @@ class LocalCluster:
         self.per_process = per_process
         self.ready_timeout_s = ready_timeout_s
         self.lease_ttl_s = lease_ttl_s
+        self.policy = policy_name(policy, field="--policy")  # every scheduler's
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
         if runtime == "microvm":  # each node's layer files and guest consoles go with the cluster
@@ -198,7 +201,7 @@ class LocalCluster:
             self.agent_processes.append(self._spawn(args, logs / f"agents-{index:03d}.log"))
         for index in range(self.schedulers):
             args = ["scheduler", "--nats", url, "--heartbeat", f"{self.heartbeat_s:g}"]
-            args += ["--lease-ttl", f"{self.lease_ttl_s:g}"]
+            args += ["--lease-ttl", f"{self.lease_ttl_s:g}", "--policy", self.policy]
             if self.auth is not None:
                 args += ["--creds", str(self.paths["scheduler"])]
             if index == 0 and self.http is not None:

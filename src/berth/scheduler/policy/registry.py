@@ -17,7 +17,7 @@ from berth.scheduler.policy.berth import BerthPolicy
 from berth.scheduler.policy.kube import KubePolicy
 from berth.scheduler.policy.seed import SEED
 
-__all__ = ["POLICIES", "PolicyFactory", "policy"]
+__all__ = ["POLICIES", "PolicyFactory", "policy", "policy_name"]
 
 PolicyFactory = Callable[[SeedLike], Policy]
 
@@ -39,12 +39,16 @@ POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
 """Policy name → factory taking a seed (an int, a ``Generator`` or ``None``)."""
 
 
+def policy_name(name: str, *, field: str = "policy") -> str:
+    """``name`` when a policy is registered under it; ``Invalid`` (naming ``field``) lists the
+    valid names."""
+    if not isinstance(name, str) or name not in POLICIES:
+        raise Invalid(
+            f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", field=field
+        )
+    return name
+
+
 def policy(name: str, seed: SeedLike = 0) -> Policy:
     """A fresh policy called ``name``; ``Invalid`` (field ``policy``) lists the valid names."""
-    try:
-        factory = POLICIES[name]
-    except (KeyError, TypeError):
-        raise Invalid(
-            f"unknown policy {name!r}; valid policies: {', '.join(POLICIES)}", field="policy"
-        ) from None
-    return factory(seed)
+    return POLICIES[policy_name(name)](seed)

@@ -80,6 +80,14 @@ def test_bad_flags_are_one_clear_line(flags: list[str], expected: str, tmp_path:
     assert not (tmp_path / "x").exists()  # nothing was run
 
 
+def test_demo_bad_runtime_is_one_clear_line(tmp_path: Path) -> None:
+    result = runner.invoke(sim_app(), ["demo", "--runtime", "qemu", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "--runtime: must be 'simulated' or 'microvm', got 'qemu'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()
+
+
 def test_unknown_policy_lists_the_valid_ones(tmp_path: Path) -> None:
     result = runner.invoke(sim_app(), ["sim", "--policy", "seed,nope", "--out", str(tmp_path)])
     assert result.exit_code == 2

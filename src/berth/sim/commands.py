@@ -491,14 +491,16 @@ def demo(
     ] = "simulated",
 ) -> None:  # fmt: skip
     """A short fixed scenario: explained placements, then the policy comparison."""
-    if runtime == "microvm":
-        from berth.microvm_demo import show
-
-        show(console)
-        return
-    if runtime != "simulated":
-        raise Invalid(f"must be 'simulated' or 'microvm', got {shown(runtime)}", field="--runtime")
     with _clean_errors():
+        if runtime == "microvm":
+            from berth.microvm_demo import show
+
+            show(console)
+            return
+        if runtime != "simulated":
+            raise Invalid(
+                f"must be 'simulated' or 'microvm', got {shown(runtime)}", field="--runtime"
+            )
         directory = output_directory(out)
         config = DEMO_CONFIG
         arrivals = generate_workload(config.workload)

@@ -16,7 +16,7 @@ Failures are typed, so a scheduler's walk knows what to do with each:
 * the node's ``Refused`` and ``Invalid`` arrive as themselves (the node named in every
   refusal); a reply that is not a berth reply is :class:`~berth.nodeclient.nats_wire.BadReply`.
 
-A call that is malformed on its face (``lease_ttl_s`` zero, negative or NaN; a stop's
+A call that is malformed on its face (``lease_ttl_s`` not an interval the node accepts; a stop's
 ``grace_s`` out of bounds) is ``Invalid`` before anything is sent.
 
 Binding to an owner *object* (in-process code, the contract suite) cannot send the object:
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Sequence
@@ -43,7 +42,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
-from berth.model import Layer, Spec
+from berth.model import Interval, Layer, Spec
 from berth.node.core import WorkloadStatus
 from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.nats_wire import (
@@ -59,10 +58,13 @@ from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
 from berth.store.nats_connection import request
+from berth.validation import Rule
 
 __all__ = ["NatsNodes"]
 
 log = logging.getLogger("berth.nodeclient.nats")
+
+_INTERVAL: Rule[float] = Rule(Interval)
 
 
 class _TimedOut(Unavailable):
@@ -102,17 +104,11 @@ class NatsNodes:
         lease_ttl_s: float,
         platforms: Sequence[Platform] = (),
     ) -> Admission:
-        if (
-            isinstance(lease_ttl_s, bool)
-            or not isinstance(lease_ttl_s, int | float)
-            or not lease_ttl_s > 0
-            or math.isinf(lease_ttl_s)
-        ):
-            raise Invalid(f"must be positive, got {lease_ttl_s!r}", field="lease_ttl_s")
+        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")  # the node's own rule
         document = {
             "v": SCHEMA_VERSION,
             "spec": spec.model_dump(mode="json"),
-            "lease_ttl_s": float(lease_ttl_s),
+            "lease_ttl_s": lease_ttl_s,
             "platforms": [str(platform) for platform in platforms],
         }
         headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}

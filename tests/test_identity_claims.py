@@ -9,10 +9,12 @@ import asyncio
 
 import pytest
 
+from berth.errors import Unavailable
 from berth.service.workloads import (
     Claim,
     IdentityClaims,
     IdentityTaken,
+    WorkloadRegistry,
 )
 from berth.testing.nats import NatsServer, client, unique_name
 
@@ -95,5 +97,25 @@ def test_a_release_racing_a_takeover_keeps_the_new_holder(nats_server: NatsServe
                                    now=2.0)  # fmt: skip
             # its compare-and-set failed: it looked again and found the new holder running
             assert await claims.holder(IDENTITY) == "w-000000000009"
+
+    asyncio.run(scenario())
+
+
+def test_nats_failing_under_a_question_is_unavailable_naming_the_bucket(
+    nats_server: NatsServer,
+) -> None:
+    async def scenario() -> None:
+        bucket = unique_name("api")
+        async with client(nats_server.url) as nc:
+            registry = await WorkloadRegistry(nc, bucket=bucket).start()
+            await nc.close()  # every question after this fails in nats-py
+            for question in (
+                registry.get("w-000000000001"),
+                registry.list(),
+                registry.claims.claim(IDENTITY, "w-000000000001", holds=ended, now=1.0),
+                registry.claims.release(IDENTITY, "w-000000000001"),
+            ):
+                with pytest.raises(Unavailable, match=f"the {bucket} bucket did not answer"):
+                    await question
 
     asyncio.run(scenario())

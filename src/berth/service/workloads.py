@@ -31,12 +31,14 @@ registries use.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic, Literal, TypeVar
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -130,67 +132,76 @@ class JsonBucket(Generic[Model]):
 
     async def start(self) -> None:
         js = self.client.jetstream()
-        try:
-            self._kv = await js.create_key_value(KeyValueConfig(bucket=self.bucket, history=1))
-        except BadRequestError:  # it exists with other settings: use it as it is
-            self._kv = await js.key_value(self.bucket)
+        with self._asking():
+            try:
+                self._kv = await js.create_key_value(KeyValueConfig(bucket=self.bucket, history=1))
+            except BadRequestError:  # it exists with other settings: use it as it is
+                self._kv = await js.key_value(self.bucket)
 
     def _bucket(self) -> KeyValue:
         if self._kv is None:
             raise Unavailable(f"the {self.bucket} bucket is not open")
         return self._kv
 
+    @contextlib.contextmanager
+    def _asking(self) -> Iterator[None]:
+        """NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
+        naming the bucket — the API answers ``503``, never ``500``."""
+        try:
+            yield
+        except nats.errors.Error as error:
+            raise Unavailable(f"the {self.bucket} bucket did not answer: {error!r}") from None
+
     def key(self, name: str) -> str:
         return f"{self.prefix}.{node_token(name)}"
 
     async def put(self, name: str, document: Model) -> None:
-        await self._bucket().put(self.key(name), document.model_dump_json().encode())
+        with self._asking():
+            await self._bucket().put(self.key(name), document.model_dump_json().encode())
 
     async def get(self, name: str) -> Model | None:
-        try:
-            entry = await self._bucket().get(self.key(name))
-        except KeyNotFoundError:
-            return None
-        return self._decode(entry.key, entry.value)
-
-    async def delete(self, name: str) -> None:
-        await self._bucket().delete(self.key(name))
+        found = await self.entry(name)
+        return None if found is None else found[0]
 
     async def entry(self, name: str) -> tuple[Model | None, int] | None:
         """The document and its revision (``None`` for a document that does not decode);
         ``None`` when the key is absent or deleted."""
-        try:
-            entry = await self._bucket().get(self.key(name))
-        except KeyNotFoundError:  # includes a deleted key
-            return None
+        with self._asking():
+            try:
+                entry = await self._bucket().get(self.key(name))
+            except KeyNotFoundError:  # includes a deleted key
+                return None
         return self._decode(entry.key, entry.value), entry.revision or 0
 
     async def create(self, name: str, document: Model) -> bool:
         """Store ``document`` only if the key is absent (or deleted); ``False`` if it is not."""
-        try:
-            await self._bucket().create(self.key(name), document.model_dump_json().encode())
-        except KeyWrongLastSequenceError:
-            return False
+        with self._asking():
+            try:
+                await self._bucket().create(self.key(name), document.model_dump_json().encode())
+            except KeyWrongLastSequenceError:
+                return False
         return True
 
     async def replace(self, name: str, document: Model, revision: int) -> bool:
         """Store ``document`` only if the key is still at ``revision``; ``False`` if not."""
-        try:
-            await self._bucket().update(
-                self.key(name), document.model_dump_json().encode(), last=revision
-            )
-        except KeyWrongLastSequenceError:
-            return False
+        with self._asking():
+            try:
+                await self._bucket().update(
+                    self.key(name), document.model_dump_json().encode(), last=revision
+                )
+            except KeyWrongLastSequenceError:
+                return False
         return True
 
     async def delete_at(self, name: str, revision: int) -> bool:
         """Delete the key only if it is still at ``revision``; ``False`` if not."""
-        try:
-            await self._bucket().delete(self.key(name), last=revision)
-        except BadRequestError as error:
-            if error.err_code != _WRONG_LAST_SEQUENCE:
-                raise
-            return False
+        with self._asking():
+            try:
+                await self._bucket().delete(self.key(name), last=revision)
+            except BadRequestError as error:
+                if error.err_code != _WRONG_LAST_SEQUENCE:
+                    raise
+                return False
         return True
 
     async def all(self) -> builtins.list[Model]:
@@ -203,6 +214,10 @@ class JsonBucket(Generic[Model]):
         the stream is asked first whether the prefix has any key at all (none: done, no
         watch), and the watch then ends on an entry's pending count alone.
         """
+        with self._asking():
+            return await self._all()
+
+    async def _all(self) -> builtins.list[Model]:
         info = await self.client.jetstream().stream_info(
             f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.{self.prefix}.>"
         )

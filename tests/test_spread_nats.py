@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from berth.errors import NoCapacity
+from berth.errors import Invalid, NoCapacity
 from berth.model import Placement, Request, Spec, Spread
 from berth.scheduler.spread import Replicas
 from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
@@ -220,6 +220,27 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
             assert [s.scheduler.replicas.where(FN) for s in services] == before
             assert "not JSON" in caplog.text and "whitespace" in caplog.text
             assert "belongs under another key" in caplog.text
+
+    asyncio.run(scenario())
+
+
+def test_a_release_with_a_malformed_workload_is_invalid_and_releases_nothing(
+    nats_server: NatsServer,
+) -> None:
+    harness = _harness()
+
+    async def scenario() -> None:
+        async with harness.spread_cluster(nats_server.url, nodes=1, schedulers=1) as cluster:
+            request = Request(namespace="t", name="fn", replica=0, spec=SMALL)
+            placement = await cluster.caller.schedule(request)
+            node = cluster.nodes[placement.worker_node]
+            assert node.agent.budget.holds(placement.reservation_id)
+            body = {"placement": placement.model_dump(mode="json"), "workload": 5}
+            with pytest.raises(Invalid) as caught:
+                await cluster.caller._call("release", body)
+            assert caught.value.field == "workload"
+            assert node.agent.budget.holds(placement.reservation_id)  # nothing released
+            assert cluster.services[0].rejected == 1
 
     asyncio.run(scenario())
 

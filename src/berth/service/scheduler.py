@@ -489,9 +489,11 @@ class SchedulerService:
 
     async def _release(self, document: dict[str, Any], source: str) -> bool:
         placement = _model(Placement, document, "placement", source)
+        workload = None  # optional; when present a string, checked before anything changes
+        if document.get("workload") is not None:
+            workload = field_of(document, "workload", str, source=source)
         released = await self.scheduler.release(placement)
-        workload = document.get("workload")
-        if self.routes is not None and isinstance(workload, str):
+        if self.routes is not None and workload is not None:
             try:
                 await self.routes.remove(workload, placement.worker_node)
             except Exception as error:

@@ -43,13 +43,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from berth.model import Placement, Request, Spec, Spread
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform, matches_any
 from berth.scheduler.multinode import ClusterScheduler
+from berth.sim.report import PolicyMetrics
 from berth.sim.simulator import SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.state import NodeState
@@ -136,19 +135,18 @@ def measure(
             for name, spread in SETTINGS.items():
                 spread_arrivals = with_spread(arrivals, spread)
                 result = Simulation(config, policy, spread_arrivals).run()
-                decisions = result.decisions
-                latencies = [d.start_latency for d in decisions if d.start_latency is not None]
+                metrics = PolicyMetrics.of(result)
                 node_bad, zone_bad = violations(result, spread_arrivals)
                 row: dict[str, Any] = {
                     "policy": policy,
                     "schedulers": k,
                     "setting": name,
-                    "placed": sum(d.placed for d in decisions),
-                    "refused": sum(d.outcome in ("no_capacity", "gave_up") for d in decisions),
-                    "refused_at_confirmation": sum(len(d.refusals) for d in decisions),
-                    "bytes_pulled": result.pulled_bytes,
-                    "start_p50_s": float(np.percentile(latencies, 50)) if latencies else None,
-                    "start_p99_s": float(np.percentile(latencies, 99)) if latencies else None,
+                    "placed": metrics.placed,
+                    "refused": metrics.refused,
+                    "refused_at_confirmation": metrics.refused_at_confirmation,
+                    "bytes_pulled": metrics.bytes_pulled,
+                    "start_p50_s": metrics.start_latency_p50_s,
+                    "start_p99_s": metrics.start_latency_p99_s,
                     "node_violations": node_bad,
                     "zone_violations": zone_bad,
                 }

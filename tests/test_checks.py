@@ -16,6 +16,7 @@ from berth import Layer, Platform, Spec
 from berth.checks import (
     CHECKS,
     COLUMN_FIELDS,
+    CORDONED,
     Check,
     Demand,
     NodeColumns,
@@ -152,6 +153,20 @@ def test_overcommit_checks_may_skip_when_no_node_runs_the_stage(
     fit = np.ones(len(views), dtype=bool)
     narrow(columns, demand, fit, scratch)
     assert fit.tolist() == [first_failed(view, demand) is None for view in unstaged]
+
+
+def test_the_cordon_check_skips_its_pass_when_no_slot_is_cordoned() -> None:
+    """With ``any_cordoned`` off the cordon check leaves ``fit`` alone without reading the
+    column (a cordoned slot here shows that nothing was read)."""
+    view = NodeFigures(AMD64, 10, 10, 0.0, 1.0, 1.0, 0.0, 9.0, 0.0, 9.0, cordoned=True)
+    columns, scratch = columns_of([view])
+    fit = np.ones(1, dtype=bool)
+    CORDONED.narrow(columns, Demand(), fit, scratch)
+    assert fit.tolist() == [False]
+    columns.any_cordoned = False
+    fit[:] = True
+    CORDONED.narrow(columns, Demand(), fit, scratch)
+    assert fit.tolist() == [True]
 
 
 def test_exact_fills_pass_every_check() -> None:

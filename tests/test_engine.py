@@ -51,6 +51,8 @@ def states(draw: st.DrawFn, node: str) -> NodeState:
         layers=frozenset(draw(st.lists(st.sampled_from(LAYER_IDS), max_size=10))),
         cached_layers=frozenset(draw(st.lists(st.sampled_from(LAYER_IDS), max_size=3))),
         overcommit=overcommit,
+        # Now and then: the engine keeps track of whether any slot is cordoned.
+        cordoned=draw(st.sampled_from([False, False, False, True])),
     )
 
 

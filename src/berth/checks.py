@@ -156,7 +156,8 @@ class NodeColumns:
 
     ``platform_id`` holds each slot's platform as an id of ``platform_ids``.  Absent β_max
     ceilings are ``+inf``; ``overcommitting`` is ``False`` when no slot runs the β_max stage,
-    so the over-commit checks, which would pass everywhere, skip their passes.
+    so the over-commit checks, which would pass everywhere, skip their passes; likewise
+    ``any_cordoned`` is ``False`` when no slot is cordoned, and the cordon check skips its.
     """
 
     platform_id: npt.NDArray[np.integer[Any]]
@@ -178,6 +179,7 @@ class NodeColumns:
     net_bw_ceiling: FloatArray
     cordoned: BoolArray
     overcommitting: bool = field(default=True, init=False)
+    any_cordoned: bool = field(default=True, init=False)
 
 
 COLUMN_FIELDS: tuple[str, ...] = tuple(
@@ -293,6 +295,8 @@ CORDONED_DETAIL = "the node is cordoned: it takes no new workloads"
 
 
 def _cordon_narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
+    if not columns.any_cordoned:
+        return  # no node is cordoned: the check passes everywhere
     np.logical_not(columns.cordoned, out=scratch.mask)
     fit &= scratch.mask
 

@@ -392,6 +392,7 @@ class Engine:
         self._platform_ids: dict[Platform, int] = {}
         self._platform_counts: dict[int, int] = {}
         self._overcommitting: set[int] = set()  # slots whose node runs the β_max stage
+        self._cordoned: set[int] = set()  # slots whose node is cordoned
         interned: dict[str, int] = {}
         self.mounted = LayerIndex(interned, self._capacity)
         self.cached = LayerIndex(interned, self._capacity)
@@ -501,6 +502,7 @@ class Engine:
             self._slot_of = {name: index for index, name in enumerate(names[:count].tolist())}
             self._free = []
             self._overcommitting = {int(new_of_old[slot]) for slot in self._overcommitting}
+            self._cordoned = {int(new_of_old[slot]) for slot in self._cordoned}
             self.mounted.renumber(order, new_of_old)
             self.cached.renumber(order, new_of_old)
             self._size = count
@@ -533,6 +535,7 @@ class Engine:
         pid = int(self.platform_id[slot])
         self._platform_counts[pid] -= 1
         self._overcommitting.discard(slot)
+        self._cordoned.discard(slot)
 
     def _write(self, slot: int, state: NodeState) -> None:
         c = self.columns
@@ -556,6 +559,8 @@ class Engine:
         c["net_bw_load"][slot] = state.net_bw_load
         c["net_bw_ceiling"][slot] = state.net_bw_ceiling
         c["cordoned"][slot] = state.cordoned
+        if state.cordoned:
+            self._cordoned.add(slot)
         if state.overcommit is not None:
             self._overcommitting.add(slot)
         # Written for every node (0 and +inf without the stage): a reused slot must not keep
@@ -645,6 +650,7 @@ class Engine:
                 Scratch(self._scratch_bool[:n], self._scratch_float[:n]),
             )
         views[0].overcommitting = bool(self._overcommitting)
+        views[0].any_cordoned = bool(self._cordoned)
         return views
 
     def rank(

@@ -7,6 +7,8 @@ scheduler's replica index.
 * on a real ``nats-server`` with several scheduler services, each one counts the replicas
   the others placed, a hard per-node spread holds across them for requests that do not race,
   releases and a departed node decrement, and malformed peer routes are logged and ignored;
+* a hard per-node spread that raced gives the node up (its route removed even when the
+  node's release times out) and places again;
 * the harness of ``benchmarks/spread_nats.py`` runs, and sharing removes the violations that
   schedulers counting only their own replicas make.
 """
@@ -21,7 +23,7 @@ from types import ModuleType
 
 import pytest
 
-from berth.errors import Invalid, NoCapacity
+from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request, Spec, Spread
 from berth.scheduler.spread import Replicas
 from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
@@ -241,6 +243,52 @@ def test_a_release_with_a_malformed_workload_is_invalid_and_releases_nothing(
             assert caught.value.field == "workload"
             assert node.agent.budget.holds(placement.reservation_id)  # nothing released
             assert cluster.services[0].rejected == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_out(
+    nats_server: NatsServer,
+) -> None:
+    """The hard-spread settle: a sibling's route stored on the chosen node between ranking
+    and recording makes the service give the node up — its route removed even though the
+    node's release times out (the unbound lease expires by itself) — and place again."""
+    harness = _harness()
+
+    async def scenario() -> None:
+        async with harness.spread_cluster(nats_server.url, nodes=2, schedulers=1) as cluster:
+            service = cluster.services[0]
+            routes, scheduler = service.routes, service.scheduler
+            assert routes is not None
+            place, release = scheduler.schedule, scheduler.nodes.release
+            raced: list[Placement] = []
+
+            async def racing(request: Request) -> Placement:
+                placement = await place(request)
+                if not raced:  # another scheduler's sibling lands first, on the same node
+                    raced.append(placement)
+                    node = cluster.nodes[placement.worker_node].agent
+                    sibling = node.admit(SMALL, 30.0).reservation_id
+                    first = Placement(worker_node=placement.worker_node, reservation_id=sibling)
+                    await routes.record("t/fn/1", first, SMALL, function=FN)
+                return placement
+
+            async def silent(node: str, reservation_id: str) -> bool:
+                raise Unavailable(f"node {node!r} did not answer release (outcome unknown)")
+
+            scheduler.schedule = racing  # type: ignore[method-assign]
+            scheduler.nodes.release = silent  # type: ignore[method-assign]
+            try:
+                request = Request(namespace="t", name="fn", replica=0, spec=SMALL, spread=HARD)
+                placement = await cluster.caller.schedule(request)
+            finally:
+                scheduler.schedule = place  # type: ignore[method-assign]
+                scheduler.nodes.release = release  # type: ignore[method-assign]
+            assert service.yielded == 1
+            assert placement.worker_node != raced[0].worker_node
+            route = await routes.whereis("t/fn/0")
+            assert route is not None and route.node == placement.worker_node
+            assert [r.workload for r in await routes.list(raced[0].worker_node)] == ["t/fn/1"]
 
     asyncio.run(scenario())
 

@@ -18,7 +18,8 @@ workload is seen to end, stop or fail; a drain's replacement takes it over from 
 workload.  A boot the node refuses has already released the reservation there; the backend
 also tells the schedulers (``release``) so their assume caches drop it, and reports the
 refusal (``409``).  A boot whose answer never came (``503``) is not released: the outcome is
-unknown, and an unbound lease expires by itself.
+unknown, and an unbound lease expires by itself.  A boot the registry then fails to record
+is stopped and everything given back (``503``): no workload runs that the API cannot see.
 
 **State** follows the node: reading a running workload asks its node (``status``) and records
 ``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Stop** is
@@ -274,18 +275,17 @@ class ClusterBackend:
                 request.platforms,
                 reservation=placement.reservation_id,
             )
-        except Refused as refused:
-            # the node released the reservation when it refused; the schedulers learn it too
-            with contextlib.suppress(Exception):
-                await self.placements.release(placement, workload=request.key)
-            await self._release(request.key, workload_id)
-            self._note(request, "refused", str(refused), placement=placement,
-                       workload_id=workload_id)  # fmt: skip
-            raise
         except Unavailable as error:
             # the boot's outcome is unknown: the claim stays (it lapses after CLAIM_PENDING_S)
             self._note(request, "unavailable", f"boot on {node}: {error}",
                        placement=placement, workload_id=workload_id)  # fmt: skip
+            raise
+        except (Refused, Invalid) as error:
+            # the node's answer: nothing runs (a refusal released the reservation there)
+            await self._give_back(request, placement, workload_id)
+            outcome = "refused" if isinstance(error, Refused) else "invalid"
+            self._note(request, outcome, str(error), placement=placement,
+                       workload_id=workload_id)  # fmt: skip
             raise
         workload = StoredWorkload(
             id=workload_id,
@@ -305,7 +305,21 @@ class ClusterBackend:
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
-        await self.workloads.record(workload)
+        try:
+            await self.workloads.record(workload)
+        except Unavailable as error:
+            # running but unknown to the API (nothing could stop it, or free its identity
+            # for good): stop it — its reservation goes with it — and give everything back
+            stopped = "it was stopped"
+            try:
+                await self.nodes.stop(node, node_workload_id, grace_s=0.0)
+            except Exception as failure:
+                stopped = f"stopping it failed too: {failure}"
+            await self._give_back(request, placement, workload_id)
+            detail = f"{workload_id} booted on {node}, not recorded ({error}); {stopped}"
+            self._note(request, "unavailable", detail, placement=placement,
+                       workload_id=workload_id)  # fmt: skip
+            raise Unavailable(detail) from None
         explanation = (
             f"booted {workload_id} on {node} ({placement.colocated_bytes} B colocated, "
             f"rank {placement.rank}); {self._summary(request)}"
@@ -323,6 +337,13 @@ class ClusterBackend:
             return None  # its create died before recording it
         workload = await self._refresh(workload)
         return f"running on {workload.node}" if workload.state == "running" else None
+
+    async def _give_back(self, request: Request, placement: Placement, workload_id: str) -> None:
+        """Undo a create that ends without a workload: the schedulers drop its reservation
+        (and route) and release it on the node, and its identity is free again."""
+        with contextlib.suppress(Exception):
+            await self.placements.release(placement, workload=request.key)
+        await self._release(request.key, workload_id)
 
     async def _release(self, identity: str, workload_id: str) -> None:
         """Give up ``workload_id``'s claim on ``identity`` (best effort: a claim left behind

@@ -1,0 +1,50 @@
+"""The API's create when the workload registry fails between the boot and the record: the
+backend (:class:`~berth.service.http.backend.ClusterBackend`) in-process over agents and a
+scheduler on a real nats-server, its registry's bucket on a connection that is closed before
+the create — the boot succeeds, the record does not, and nothing is left behind (no running
+workload, no reservation, no route, no claim on the identity)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from berth.embedded import embedded_configs
+from berth.errors import Unavailable
+from berth.service.cluster import Names, nats_cluster
+from berth.service.http.backend import ClusterBackend
+from berth.service.http.schemas import WorkloadCreate
+from berth.service.images import ImageRegistry
+from berth.service.workloads import IdentityClaims, WorkloadRegistry
+from berth.testing.nats import NatsServer, client, unique_name
+
+
+def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServer) -> None:
+    async def scenario() -> None:
+        configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
+        names = Names.namespaced(unique_name("c"))
+        async with nats_cluster(nats_server.url, configs, names=names) as running:
+            bucket = unique_name("api")
+            async with client(nats_server.url) as lost:
+                workloads = await WorkloadRegistry(lost, bucket=bucket).start()
+                workloads.claims = await IdentityClaims(running.client, bucket=bucket).start()
+                await lost.close()  # the records' connection fails; the claims' does not
+            backend = ClusterBackend(
+                running.scheduler_services[0].scheduler,
+                running.nodes,
+                running.scheduler,
+                workloads,
+                await ImageRegistry(running.client, bucket=bucket).start(),
+            )
+            body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
+            with pytest.raises(Unavailable, match=r"not recorded .*; it was stopped"):
+                await backend.create(body)
+            (agent,) = (service.agent for service in running.node_services.values())
+            assert agent.workloads() == {}
+            assert agent.core.budget.reservations() == []
+            assert await running.routes.whereis("default/job/0") is None
+            assert await workloads.claims.holder("default/job/0") is None
+            assert backend.recent(1)[0].outcome == "unavailable"
+
+    asyncio.run(scenario())

@@ -199,6 +199,24 @@ def test_an_unbound_lease_stops_counting_when_it_expires_and_a_bound_one_does_no
     run(main())
 
 
+def test_expired_leases_are_dropped_even_when_no_request_asks_for_a_spread() -> None:
+    """The replica index forgets unbound leases as they run out on every decision, not only
+    when a spread reads it: a scheduler that never sees a spread must not grow without end."""
+
+    async def main() -> None:
+        cluster = Cluster({"n1": None, "n2": None})
+        scheduler = cluster.scheduler
+        request = Request(namespace="d", name="fn", spec=SMALL)
+        for _ in range(3):
+            await scheduler.schedule(request)  # leases never bound: they run out
+        assert len(scheduler.replicas) == 3
+        cluster.clock.now += scheduler.lease_ttl_s + 1
+        await scheduler.schedule(request)
+        assert len(scheduler.replicas) == 1
+
+    run(main())
+
+
 def test_a_bound_replica_stops_counting_when_its_owner_ends() -> None:
     async def main() -> None:
         cluster = Cluster({"n1": None, "n2": None})

@@ -212,10 +212,13 @@ class ClusterScheduler:
         self._states[node] = view
         self.ranker.upsert(view)
 
-    def _expire_assumptions(self) -> None:
-        if self.assumed is not None:  # O(1) unless something is due
+    def _expire(self) -> None:
+        """Drop assumptions and unbound replica leases past their time (O(1) unless something
+        is due) — on every ranking, so neither grows in a scheduler that no spread reads."""
+        if self.assumed is not None:
             for node in self.assumed.expire():
                 self._refresh(node)
+        self.replicas.expire()
 
     # -- the assume cache --------------------------------------------------------------------
     def assume(self, node: str, admission: Admission, spec: Spec, layers: Sequence[Layer]) -> None:
@@ -331,7 +334,7 @@ class ClusterScheduler:
         platforms: Sequence[Platform],
         spread: SpreadRule | None = None,
     ) -> Ranking:
-        self._expire_assumptions()
+        self._expire()
         self._check_platforms(platforms)
         ranking = self.ranker.rank(spec, layers, platforms, self.policy)
         if spread is None:

@@ -479,7 +479,6 @@ class _Event(IntEnum):
 class _Tally:
     """What a run accumulates as its events are handled."""
 
-    names: list[str]
     mem_max: npt.NDArray[np.float64]
     utilisation: npt.NDArray[np.float64]
     progress: Callable[[int, int], None] | None
@@ -661,7 +660,6 @@ class Simulation:
             self._push(at, _Event.SAMPLE, None)
         names = self._names
         tally = self._tally = _Tally(
-            names=names,
             mem_max=np.array([self.info[name].mem_max for name in names], dtype=np.float64),
             utilisation=np.zeros((self.config.samples, len(names)), dtype=np.float64),
             progress=progress,

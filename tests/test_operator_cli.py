@@ -169,6 +169,16 @@ def test_a_server_that_never_answers_times_out(silent_server: str) -> None:
         client.nodes()
 
 
+def test_a_change_never_answered_says_its_outcome_is_unknown(silent_server: str) -> None:
+    location = ApiLocation(silent_server, None, "--api")
+    with ApiClient(location, timeout_s=0.3) as client:
+        with pytest.raises(Unavailable, match="POST is unknown: it may have been done"):
+            client.create_workload({"name": "job"})
+        with pytest.raises(Unavailable) as caught:
+            client.nodes()
+        assert "unknown" not in str(caught.value)  # a read changes nothing
+
+
 # -- flags that never reach a server ---------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "flag"),

@@ -9,7 +9,8 @@ errors, so the command line prints it as its usual one line:
 * an ``application/problem+json`` answer → ``Invalid`` (400, with the problem's ``field``),
   ``NoCapacity`` (409, the per-reason counts kept in ``reasons``), ``Unavailable`` (503), or
   :class:`ApiError` (401, 404, a 409 ``identity_taken`` and anything else, with the status);
-* connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL;
+* connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL (and,
+  for a change sent but never answered, that its outcome is unknown);
 * an answer that does not match the schema → :class:`ApiError` — never a traceback.
 
 What it is not: a second definition of the API's types or rules.  Requests are sent as the
@@ -214,13 +215,15 @@ class ApiClient:
             )
         except httpx.ConnectError as error:
             raise Unavailable(f"cannot reach the berth API at {url}: {_reason(error)}") from None
-        except httpx.TimeoutException:
+        except httpx.TimeoutException as error:
             raise Unavailable(
                 f"the berth API at {url} did not answer within {timeout:g}s"
+                f"{_outcome(method, error)}"
             ) from None
         except httpx.HTTPError as error:
             raise Unavailable(
                 f"talking to the berth API at {url} failed: {_reason(error)}"
+                f"{_outcome(method, error)}"
             ) from None
         if response.status_code >= 400:
             raise self._error(response, method, path)
@@ -368,6 +371,15 @@ def _field(field: object) -> str | None:
         return None
     head, _, rest = field.partition(".")
     return rest if head in ("query", "path", "body") and rest else field
+
+
+def _outcome(method: str, error: httpx.HTTPError) -> str:
+    """What a failed request leaves unknown: a change sent but never answered may have been
+    made (a create may have booted, a stop may have stopped) — said, so nobody assumes not."""
+    unsent = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+    if method == "GET" or isinstance(error, unsent):
+        return ""
+    return f" (the outcome of the {method} is unknown: it may have been done)"
 
 
 def _segment(value: str) -> str:

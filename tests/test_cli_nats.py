@@ -1,5 +1,6 @@
 """The NATS commands on the command line: one clear line on bad input or an unreachable
-cluster (exit 2), against a real nats-server."""
+cluster (exit 2), against a real nats-server; a child failing while ``berth up`` starts is
+named with its own words, and nothing is left behind."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from berth.embedded import embedded_configs
-from berth.service.up import config_toml
+from berth.errors import Unavailable
+from berth.service.up import LocalCluster, config_toml
 from berth.testing.nats import NatsServer
 
 
@@ -77,3 +81,17 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
     ):
         nats = () if args[0] == "up" else ("--nats", "nats://127.0.0.1:1")
         _one_line(berth(*args, *nats), flag)
+
+
+def test_a_child_failing_while_berth_up_starts_says_why_and_leaves_nothing() -> None:
+    # A failed start removes the cluster's directory, logs included: the error carries the
+    # child's own last lines instead of pointing at logs that are gone.
+    cluster = LocalCluster(1, runtime="fake", auth=False, lease_ttl_s=0, ready_timeout_s=30)
+    with pytest.raises(Unavailable) as failed:
+        cluster.start()
+    message = str(failed.value)
+    assert message.startswith("berth scheduler exited with status 2: error: --lease-ttl"), message
+    assert "see the logs" not in message
+    assert not cluster.directory.exists()
+    assert cluster.server is None and not cluster.agent_processes
+    assert not cluster.scheduler_processes

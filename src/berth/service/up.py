@@ -143,6 +143,7 @@ class LocalCluster:
         self.server: NatsServer | None = None
         self.agent_processes: list[subprocess.Popen[bytes]] = []
         self.scheduler_processes: list[subprocess.Popen[bytes]] = []
+        self._logs: dict[subprocess.Popen[bytes], tuple[str, Path]] = {}  # command, log file
         self.http = http
         self.api_token = api_token or (None if http is None else secrets.token_urlsafe(32))
         self.api_url: str | None = None
@@ -211,7 +212,7 @@ class LocalCluster:
 
     def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 berth_command(*args),
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -219,6 +220,8 @@ class LocalCluster:
                 start_new_session=True,  # ^C reaches `berth up`, which stops them in order
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
+        self._logs[process] = (args[0], log)
+        return process
 
     async def _await_ready(self) -> None:
         assert self.server is not None
@@ -287,9 +290,15 @@ class LocalCluster:
     def _check_children(self) -> None:
         for process in (*self.agent_processes, *self.scheduler_processes):
             if process.poll() is not None:
+                # the error says why: a failed start removes the directory, logs included
+                command, log = self._logs[process]
+                why = ""
+                with contextlib.suppress(OSError):
+                    lines = log.read_text(errors="replace").splitlines()
+                    why = " | ".join(line for line in lines[-3:] if line.strip())
                 raise Unavailable(
-                    f"{' '.join(map(str, process.args[3:5]))} exited with status "  # type: ignore[index]
-                    f"{process.returncode}; see the logs in {self.directory / 'logs'}"
+                    f"berth {command} exited with status {process.returncode}: "
+                    f"{why or '(no output)'}"
                 )
 
     def stop(self, *, timeout_s: float = 15.0) -> None:
@@ -306,6 +315,7 @@ class LocalCluster:
                     process.kill()
                     process.wait()
             group.clear()
+        self._logs.clear()
         if self.server is not None:
             self.server.close()
             self.server = None

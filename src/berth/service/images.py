@@ -25,7 +25,7 @@ from nats.aio.client import Client
 from pydantic import BaseModel
 
 from berth.errors import Invalid
-from berth.model import Layer, Name, checked_layers
+from berth.model import Name, checked_layers
 from berth.oci import read_layout
 from berth.platform import Platform
 from berth.service.workloads import API_BUCKET, JsonBucket
@@ -50,9 +50,6 @@ class Image(BaseModel):
     size: int
     command: list[str] = []
     created_at: float
-
-    def berth_layers(self) -> tuple[Layer, ...]:
-        return tuple(Layer(id=layer.id, size=layer.size) for layer in self.layers)
 
 
 def image_of(name: Any, layers: Any, platform: Any = None, command: tuple[str, ...] = ()) -> Image:

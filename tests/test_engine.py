@@ -89,17 +89,21 @@ def histories(draw: st.DrawFn) -> list[tuple[str, NodeState | str]]:
     return events
 
 
+def play(kind: str, payload: NodeState | str, *rankers: Engine | ReferenceRanker) -> None:
+    """One event of a history, fed to each of ``rankers``."""
+    for ranker in rankers:
+        if kind == "put":
+            assert isinstance(payload, NodeState)
+            ranker.upsert(payload)
+        else:
+            assert isinstance(payload, str)
+            ranker.remove(payload)
+
+
 def replay(events: list[tuple[str, NodeState | str]]) -> tuple[Engine, ReferenceRanker]:
     engine, reference = Engine(capacity=2), ReferenceRanker()
     for kind, payload in events:
-        if kind == "put":
-            assert isinstance(payload, NodeState)
-            engine.upsert(payload)
-            reference.upsert(payload)
-        else:
-            assert isinstance(payload, str)
-            engine.remove(payload)
-            reference.remove(payload)
+        play(kind, payload, engine, reference)
     return engine, reference
 
 
@@ -198,13 +202,7 @@ def test_engine_stays_equal_when_ranked_between_every_change(
     engine = Engine(capacity=2, compact_after=compact_after)
     reference = ReferenceRanker()
     for kind, payload in events:
-        for ranker in (engine, reference):
-            if kind == "put":
-                assert isinstance(payload, NodeState)
-                ranker.upsert(payload)
-            else:
-                assert isinstance(payload, str)
-                ranker.remove(payload)
+        play(kind, payload, engine, reference)
         assert engine.rank(spec, layers).pairs() == reference.rank(spec, layers).pairs()
 
 
@@ -357,13 +355,7 @@ def test_tie_breaks_follow_name_order_through_every_change(
     reference = ReferenceRanker()
     layers = [Layer(id=LAYER_IDS[0], size=5), Layer(id=LAYER_IDS[1], size=5)]
     for kind, payload in events:
-        for ranker in (engine, reference):
-            if kind == "put":
-                assert isinstance(payload, NodeState)
-                ranker.upsert(payload)
-            else:
-                assert isinstance(payload, str)
-                ranker.remove(payload)
+        play(kind, payload, engine, reference)
         ranking = engine.rank(None, layers)
         assert [ranking[i] for i in range(len(ranking))] == list(reference.rank(None, layers))
         shift = max(len(engine) - 1, 1).bit_length()

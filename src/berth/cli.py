@@ -30,10 +30,11 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from berth.errors import BerthError, Invalid
-from berth.model import Interval, Layer, Name, Request
+from berth.model import Interval, Name, Request
 from berth.node.microvm.commands import register as register_microvm
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
+from berth.service.commands import parse_layer_flag
 from berth.service.commands import register as register_service
 from berth.service.operator import register as register_operator
 from berth.sim.commands import register as register_sim
@@ -153,15 +154,6 @@ _SCHEDULE_FLAGS = {
 @app.callback()
 def _root() -> None:
     """berth decides which node runs each workload, and makes the decision stick."""
-
-
-def parse_layer_flag(text: str) -> Layer:
-    """``ID:SIZE`` (``sha256:abc…:12MiB`` — the size is after the last colon)."""
-    layer_id, sep, size = text.rpartition(":")
-    if not sep:
-        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
-    with fields_as({"id": "--layer", "size": "--layer"}):
-        return Layer(id=layer_id, size=size)
 
 
 @app.command()

@@ -42,9 +42,9 @@ from berth.model import Interval, Layer, Name, Request
 from berth.observability import tracing
 from berth.store.nats_connection import Credentials, connect
 from berth.units import format_information
-from berth.validation import Rule, fields_as
+from berth.validation import Rule, fields_as, shown
 
-__all__ = ["register"]
+__all__ = ["parse_layer_flag", "register"]
 
 console = Console()
 
@@ -119,6 +119,15 @@ _PLACE_FLAGS = {
     "platforms": "--platform",
     "layers": "--layer",
 }
+
+
+def parse_layer_flag(text: str) -> Layer:
+    """``--layer ID:SIZE`` (``sha256:abc…:12MiB`` — the size is after the last colon)."""
+    layer_id, sep, size = text.rpartition(":")
+    if not sep:
+        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
+    with fields_as({"id": "--layer", "size": "--layer"}):
+        return Layer(id=layer_id, size=size)
 
 
 def _check_workload_key(workload: str) -> None:
@@ -483,20 +492,14 @@ def place(
     """Place one workload through the cluster's schedulers and print the placement."""
     from berth.service.scheduler import NatsScheduler
 
-    with fields_as(_PLACE_FLAGS | {"id": "--layer", "size": "--layer"}):
-        layers = []
-        for text in layer or ():
-            layer_id, sep, size = text.rpartition(":")
-            if not sep:
-                raise Invalid(f"expected ID:SIZE, got {text!r}", field="--layer")
-            layers.append(Layer(id=layer_id, size=size))
+    with fields_as(_PLACE_FLAGS):
         request = Request(
             namespace=namespace,
             name=name,
             replica=replica,
             platforms=tuple(platform or ()),
             spec=instance,
-            layers=tuple(layers),
+            layers=tuple(parse_layer_flag(text) for text in layer or ()),
         )
     credentials = _credentials(creds)
 

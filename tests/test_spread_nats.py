@@ -29,7 +29,8 @@ from berth.scheduler.spread import Replicas
 from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
 from berth.service.scheduler import RouteReplicas
 from berth.store.nats import MalformedMessage
-from berth.testing.nats import NatsServer
+from berth.store.nats_connection import connect
+from berth.testing.nats import NatsServer, unique_name
 from helpers import load_benchmark
 
 MiB = 2**20
@@ -289,6 +290,32 @@ def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_ou
             route = await routes.whereis("t/fn/0")
             assert route is not None and route.node == placement.worker_node
             assert [r.workload for r in await routes.list(raced[0].worker_node)] == ["t/fn/1"]
+
+    asyncio.run(scenario())
+
+
+def test_a_stale_read_removes_only_the_route_it_read(nats_server: NatsServer) -> None:
+    """A node drops the routes of reservations it no longer holds from a read of its routes:
+    a route stored again under the same key since that read (the workload placed anew) stays."""
+
+    async def scenario() -> None:
+        client = await connect(nats_server.url, name="routes-test")
+        try:
+            routes = await RouteRegistry(client, bucket=unique_name("routes")).start()
+            old = Placement(worker_node="n1", reservation_id="r1")
+            await routes.record("t/fn/0", old, SMALL, function=FN)
+            [(revision, read)] = await routes.on_node("n1")
+            assert read.reservation_id == "r1"
+            new = Placement(worker_node="n1", reservation_id="r2")
+            await routes.record("t/fn/0", new, SMALL, function=FN)  # placed anew since
+            await routes.remove("t/fn/0", "n1", revision=revision)  # the stale read's
+            route = await routes.whereis("t/fn/0")
+            assert route is not None and route.reservation_id == "r2"
+            [(current, _)] = await routes.on_node("n1")
+            await routes.remove("t/fn/0", "n1", revision=current)
+            assert await routes.whereis("t/fn/0") is None
+        finally:
+            await client.close()
 
     asyncio.run(scenario())
 

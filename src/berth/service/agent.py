@@ -115,11 +115,11 @@ class NodeService:
             if self._stopping.is_set():
                 return
             try:
-                for route in await self.routes.list(self.name):
+                for revision, route in await self.routes.on_node(self.name):
                     held = route.reservation_id is not None and (
                         self.agent.budget.get(route.reservation_id) is not None
                     )
-                    if not held:
-                        await self.routes.remove(route.workload, self.name)
+                    if not held:  # only that revision: a route stored since the read stays
+                        await self.routes.remove(route.workload, self.name, revision=revision)
             except Exception as error:  # the server may be briefly away; next beat retries
                 log.info("node %s could not reconcile its routes: %s", self.name, error)

@@ -51,7 +51,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import APIError, BadRequestError
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
@@ -74,6 +74,8 @@ log = logging.getLogger("berth.service.routes")
 
 ROUTES_BUCKET = "berth_routes"
 SCHEMA_VERSION = 1
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a write whose expected last revision is not the current one."""
 _NAME: Rule[str] = Rule(Name)
 
 
@@ -218,9 +220,14 @@ class RouteRegistry:
         )
         return await self._bucket().put(self.key(workload, route.node), encode_route(route))
 
-    async def remove(self, workload: str, node: str) -> None:
-        """The workload ended (idempotent)."""
-        await self._bucket().delete(self.key(workload, node))
+    async def remove(self, workload: str, node: str, *, revision: int | None = None) -> None:
+        """The workload ended (idempotent).  With ``revision`` (from :meth:`on_node`), only
+        while the route is still that revision: one stored again since stays."""
+        try:
+            await self._bucket().delete(self.key(workload, node), last=revision)
+        except APIError as error:
+            if revision is None or error.err_code != WRONG_LAST_SEQUENCE:
+                raise
 
     async def whereis(self, workload: str) -> Route | None:
         """The route of ``workload``, or ``None`` if it is not placed."""

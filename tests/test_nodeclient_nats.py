@@ -127,8 +127,32 @@ def test_malformed_requests_are_invalid_named_and_reserve_nothing(
                 (await nc.request(subject("n1", "frob", prefix), b'{"v":1}', 2)).data
             )
             assert reply["error"]["kind"] == "invalid"
-            assert servers["n1"].rejected == len(cases) + 1
+            # the node's own operations: each field named, nothing done
+            ops = {
+                ("status", b'{"v":1}'): "workload_id",
+                ("status", b'{"v":1,"workload_id":5}'): "workload_id",
+                ("stop", b'{"v":1,"grace_s":1}'): "workload_id",
+                ("cordon", b"[]"): None,
+                ("uncordon", b'{"v":2}'): "v",
+            }
+            for (operation, body), field in ops.items():
+                where = subject("n1", operation, prefix)
+                reply = json.loads((await nc.request(where, body, 2)).data)
+                assert reply["error"]["kind"] == "invalid", (operation, reply)
+                assert reply["error"].get("field") == field, (operation, reply)
+            assert not servers["n1"].agent.cordoned
+            assert servers["n1"].rejected == len(cases) + 1 + len(ops)
             assert servers["n1"].agent.budget.admitted == 0
+            # malformed trace context from a peer is ignored: the request is still answered
+            for headers in (
+                {"traceparent": "garbage", "tracestate": "=,=,,", "baggage": "%%;=;"},
+                {"traceparent": "00-" + "0" * 32 + "-" + "0" * 16 + "-01"},
+                {"traceparent": "ff-" + "a" * 600, "baggage": "k=" + "v" * 9000},
+            ):
+                where = subject("n1", "status", prefix)
+                body = b'{"v":1,"workload_id":"nothing"}'
+                reply = json.loads((await nc.request(where, body, 2, headers=headers)).data)
+                assert reply["ok"]["state"] == "unknown", reply
 
     with caplog.at_level(logging.WARNING, logger="berth.nodeclient.nats"):
         asyncio.run(scenario())

@@ -427,7 +427,7 @@ class SchedulerService:
                 self.scheduler.replicas.add(
                     route.function, route.node, route.reservation_id, bound=False
                 )
-            await self._give_up(request, placement)
+            await self._give_up(request, placement, revision)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns
 
     async def _record(self, request: Request, placement: Placement) -> int | None:
@@ -473,9 +473,10 @@ class SchedulerService:
             and route.reservation_id != placement.reservation_id
         ]
 
-    async def _give_up(self, request: Request, placement: Placement) -> None:
-        """Release a placement that lost a race, and its route (best effort: an unbound
-        lease expires on the node anyway, and the node drops its route then)."""
+    async def _give_up(self, request: Request, placement: Placement, revision: int) -> None:
+        """Release a placement that lost a race, and its route — only at ``revision``, the
+        one this service stored (best effort: an unbound lease expires on the node anyway,
+        and the node drops its route then)."""
         assert self.routes is not None
         try:
             await self.scheduler.release(placement)
@@ -483,7 +484,7 @@ class SchedulerService:
             log.warning("could not release %s on %s: %s", request.key, placement.worker_node,
                         error)  # fmt: skip
         try:
-            await self.routes.remove(request.key, placement.worker_node)
+            await self.routes.remove(request.key, placement.worker_node, revision=revision)
         except Exception as error:
             log.warning("could not remove the route of %s: %s", request.key, error)
 

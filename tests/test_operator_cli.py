@@ -188,6 +188,8 @@ def test_a_change_never_answered_says_its_outcome_is_unknown(silent_server: str)
         (("stop", "w-1", "--grace", "-1"), "--grace"),
         (("stop", "w-1", "--grace", "nan"), "--grace"),
         (("drain", "node-00", "--grace", "inf"), "--grace"),
+        (("stop", "w-1", "--grace", "3601"), "--grace"),  # a stop's grace is at most an hour
+        (("drain", "node-00", "--grace", "7200"), "--grace"),
         (("images", "add", "img", "--layer", "nocolon"), "--layer"),
         (("images", "add", "img", "--layer", "sha256:ab:-1GiB"), "--layer"),
         (("images", "add", "img", "--layer", "sha256:ab:8 GiBs"), "--layer"),

@@ -39,8 +39,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from berth.errors import Invalid
-from berth.model import Layer, Name, Seconds
+from berth.model import Layer, Name
+from berth.node.runtime.port import StopGrace
 from berth.service.client import ApiClient, locate
+from berth.service.http.schemas import DRAIN_GRACE_S
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
 
@@ -51,7 +53,7 @@ progress_console = Console(stderr=True)
 
 T = TypeVar("T")
 
-_SECONDS: Rule[float] = Rule(Seconds)
+_GRACE: Rule[float] = Rule(StopGrace)  # the runtime's own bound on a stop's grace
 _NAME: Rule[str] = Rule(Name)
 MAX_PIPED_WIDTH = 1000
 """The widest a table printed to a pipe or a file gets (a long command is folded there)."""
@@ -372,7 +374,7 @@ def stop(
     as_json: JsonOption = False,
 ) -> None:
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
-    grace = _SECONDS(grace, "--grace")
+    grace = _GRACE(grace, "--grace")
     _NAME(workload_id, "ID")
     with _client(api, token) as client, fields_as({"grace_s": "--grace", "id": "ID"}):
         workload = client.stop(workload_id, grace_s=grace)
@@ -506,13 +508,13 @@ def uncordon(
 
 def drain(
     node: NodeArgument,
-    grace: GraceOption = 10.0,
+    grace: GraceOption = DRAIN_GRACE_S,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Cordon a node, then stop its workloads (restartable ones are placed again elsewhere)."""
-    grace = _SECONDS(grace, "--grace")
+    grace = _GRACE(grace, "--grace")
     _NAME(node, "NODE")
     location = locate(api, token)
     with ApiClient(location) as client:

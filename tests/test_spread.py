@@ -217,6 +217,36 @@ def test_expired_leases_are_dropped_even_when_no_request_asks_for_a_spread() -> 
     run(main())
 
 
+def test_a_lease_bound_just_before_its_deadline_keeps_counting() -> None:
+    """The node binds the lease in time, but its answer arrives after the scheduler's copy of
+    the deadline and another decision has meanwhile run the replica index's expiry: the
+    replica runs, so it must still count."""
+
+    class LateReplies(LocalNodes):
+        async def bind(self, node: str, reservation_id: str, owner: object) -> None:
+            await super().bind(node, reservation_id, owner)  # type: ignore[arg-type]
+            cluster.clock.now += cluster.scheduler.lease_ttl_s + 1  # the reply is late
+            cluster.scheduler.replicas.expire()  # another decision ran meanwhile
+
+    async def main() -> None:
+        placed = await cluster.scheduler.schedule(
+            Request(namespace="d", name="fn", spec=SMALL, spread=HARD_NODE)
+        )
+        owner: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await cluster.scheduler.bind(placed, owner)
+        assert cluster.scheduler.replicas.where(("d", "fn")) == {placed.worker_node: 1}
+        owner.set_result(None)  # the workload ends: now it stops counting
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert cluster.scheduler.replicas.where(("d", "fn")) == {}
+
+    nodes = LateReplies()
+    cluster = Cluster({"n1": None}, client=nodes)
+    for name, budget in cluster.budgets.items():
+        nodes.add(name, budget)
+    run(main())
+
+
 def test_a_bound_replica_stops_counting_when_its_owner_ends() -> None:
     async def main() -> None:
         cluster = Cluster({"n1": None, "n2": None})

@@ -254,6 +254,9 @@ class ClusterScheduler:
         if placement.reservation_id is None:
             return
         node, reservation_id = placement.worker_node, placement.reservation_id
+        # Counted as bound from now: the lease must not run out of this view while the node
+        # is asked (its answer may come after the deadline); a failed bind ends it below.
+        counted = self.replicas.bound(node, reservation_id)
         try:
             await self.nodes.bind(node, reservation_id, owner)
         except BaseException:
@@ -262,7 +265,7 @@ class ClusterScheduler:
             with contextlib.suppress(Refused, Unavailable):
                 await self.nodes.release(node, reservation_id)
             raise
-        if self.replicas.bound(node, reservation_id) and not isinstance(owner, str):
+        if counted and not isinstance(owner, str):
             # The node releases the reservation when its owner ends; so does this view.  The
             # callback may come from another thread (a process watcher): hop to this loop.
             loop = asyncio.get_running_loop()

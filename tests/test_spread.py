@@ -17,7 +17,7 @@ from berth.nodeclient.local import LocalNodes
 from berth.ownership import Admission
 from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.spread import SPREAD, LabelIndex, Replicas, SpreadRule
+from berth.scheduler.spread import SPREAD, LabelIndex, Replicas
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 from helpers import budget_state
@@ -418,10 +418,12 @@ def test_rule_domains_are_the_label_values_of_nodes_on_the_requests_platforms() 
                          disk_free=GiB, cpu_capacity=1.0, disk_bw_ceiling=1.0,
                          net_bw_ceiling=1.0)  # fmt: skip
 
-    states = [state("x", "a", "linux/amd64"), state("y", "b", "linux/arm64")]
-    amd = SpreadRule.of(HARD_ZONE, ("d", "fn"), states, (Platform.parse("linux/amd64"),))
+    index = LabelIndex()
+    index.update(state("x", "a", "linux/amd64"))
+    index.update(state("y", "b", "linux/arm64"))
+    amd = index.rule(HARD_ZONE, ("d", "fn"), (Platform.parse("linux/amd64"),))
     assert amd.domains == {"a"}
-    every = SpreadRule.of(HARD_ZONE, ("d", "fn"), states)
+    every = index.rule(HARD_ZONE, ("d", "fn"))
     assert every.domains == {"a", "b"}
     # One replica in a: with b a domain, a is one ahead; b is the least loaded.
     assert every.judge({"x": 1}).violation("x") is not None

@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import overload
@@ -86,7 +86,7 @@ class SpreadRule:
     ``values`` maps each node to its value of the spread's label (nodes without it absent),
     ``domains`` are the values counted (those of nodes running one of the request's
     platforms); both are fixed for the rule's life.  Built once per ranking
-    (:meth:`LabelIndex.rule`, or :meth:`of` from snapshots); :meth:`judge` binds it to
+    (:meth:`LabelIndex.rule`); :meth:`judge` binds it to
     replica counts (a copy of them for a ranking, the live ones for a walk's re-check).
     """
 
@@ -101,20 +101,6 @@ class SpreadRule:
         self.function = function
         self.values: Mapping[str, str] = _EMPTY_VALUES if values is None else values
         self.domains = domains
-
-    @classmethod
-    def of(
-        cls,
-        spread: Spread,
-        function: Function,
-        states: Iterable[NodeState],
-        platforms: Sequence[Platform] = (),
-    ) -> SpreadRule:
-        """The rule for ``spread`` over the nodes of ``states``."""
-        index = LabelIndex()
-        for state in states:
-            index.update(state)
-        return index.rule(spread, function, platforms)
 
     def judge(self, counts: Mapping[str, int]) -> Judge:
         """The rule against ``counts`` (node → this function's replicas there)."""

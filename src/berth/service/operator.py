@@ -39,9 +39,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from berth.errors import Invalid
-from berth.model import Layer, Name
+from berth.model import Name
 from berth.node.runtime.port import StopGrace
 from berth.service.client import ApiClient, locate
+from berth.service.commands import parse_layer_flag
 from berth.service.http.schemas import DRAIN_GRACE_S
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
@@ -135,16 +136,6 @@ def _show(table: Table, whole: tuple[str, ...] = ()) -> None:
 
 def _size(value: int | None) -> str:
     return "-" if value is None else format_information(value)
-
-
-def _parse_layer(text: str) -> dict[str, Any]:
-    """``ID:SIZE`` (the size after the last colon: ``sha256:ab…:12MiB``)."""
-    layer_id, sep, size = text.rpartition(":")
-    if not sep:
-        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
-    with fields_as({"id": "--layer", "size": "--layer"}):
-        layer = Layer(id=layer_id, size=size)
-    return {"id": layer.id, "size": layer.size}
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
@@ -650,7 +641,10 @@ def images_add(
     as_json: JsonOption = False,
 ) -> None:
     """Register an image as its chain of layers with sizes."""
-    body: dict[str, Any] = {"name": name, "layers": [_parse_layer(text) for text in layer]}
+    body: dict[str, Any] = {
+        "name": name,
+        "layers": [parse_layer_flag(text).model_dump() for text in layer],
+    }
     if platform is not None:
         body["platform"] = platform
     with _client(api, token) as client, fields_as(_IMAGE_FLAGS):

@@ -14,6 +14,7 @@ from berth.service.workloads import (
     Claim,
     IdentityClaims,
     IdentityTaken,
+    StoredWorkload,
     WorkloadRegistry,
 )
 from berth.testing.nats import NatsServer, client, unique_name
@@ -117,5 +118,52 @@ def test_nats_failing_under_a_question_is_unavailable_naming_the_bucket(
             ):
                 with pytest.raises(Unavailable, match=f"the {bucket} bucket did not answer"):
                     await question
+
+    asyncio.run(scenario())
+
+
+def _running_record(workload_id: str) -> StoredWorkload:
+    return StoredWorkload(
+        id=workload_id, namespace="default", name="hello", replica=0, node="node-00",
+        node_workload_id="hello-1", colocated_bytes=0, rank=0, state="running",
+        command=["sleep", "60"], restartable=True, created_at=1.0,
+        request={"namespace": "default", "name": "hello", "spec": "micro"},
+    )  # fmt: skip
+
+
+def test_an_end_is_recorded_once_and_never_over_a_change_written_meanwhile(
+    nats_server: NatsServer,
+) -> None:
+    """A reader that saw a workload running and then learnt it ended must not overwrite what
+    was written meanwhile (a drain's ``replaced_by``, another reader's end): the end is a
+    compare-and-set on the record, and of concurrent readers exactly one records it."""
+
+    async def scenario() -> None:
+        async with client(nats_server.url) as nc:
+            registry = await WorkloadRegistry(nc, bucket=unique_name("api")).start()
+            wid = "w-000000000001"
+            await registry.record(_running_record(wid))
+            outcomes = await asyncio.gather(
+                *(registry.end(wid, {"state": "exited", "exit_code": code}) for code in range(6))
+            )
+            recorded = [ended for ended, mine in outcomes if mine]
+            assert len(recorded) == 1, outcomes
+            stored = await registry.get(wid)
+            assert stored == recorded[0] and stored.state == "exited"
+            # every other reader gets the record as it is, not its own view of the end
+            assert all(ended == stored for ended, _ in outcomes)
+
+            # a drain stopped and replaced another one; a reader that still thought it
+            # running learns of an exit afterwards: the drain's record stands
+            other = "w-000000000002"
+            await registry.record(_running_record(other))
+            drained = _running_record(other).model_copy(
+                update={"state": "stopped", "replaced_by": "w-000000000003"}
+            )
+            await registry.record(drained)
+            ended, mine = await registry.end(other, {"state": "exited", "exit_code": 0})
+            assert not mine and ended == drained
+            assert await registry.get(other) == drained
+            assert await registry.end("w-0000000000ff", {"state": "exited"}) == (None, False)
 
     asyncio.run(scenario())

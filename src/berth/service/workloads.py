@@ -277,6 +277,26 @@ class WorkloadRegistry:
     async def record(self, workload: StoredWorkload) -> None:
         await self._documents.put(workload.id, workload)
 
+    async def end(
+        self, workload_id: str, update: dict[str, object]
+    ) -> tuple[StoredWorkload | None, bool]:
+        """Record that a *running* workload ended, with ``update`` applied to its record as it
+        is now (compare-and-set on the revision, so a change written meanwhile — a drain's
+        ``replaced_by``, another reader recording the same end — is never overwritten):
+        ``(record, True)`` when this call recorded the end, ``(record, False)`` when the record
+        no longer says running (someone else recorded an end first), ``(None, False)`` when it
+        is gone."""
+        while True:
+            found = await self._documents.entry(workload_id)
+            current, revision = (None, 0) if found is None else found
+            if current is None:
+                return None, False
+            if current.state != "running":
+                return current, False
+            ended = current.model_copy(update=update)
+            if await self._documents.replace(workload_id, ended, revision):
+                return ended, True
+
     async def get(self, workload_id: str) -> StoredWorkload | None:
         if not _WORKLOAD_ID.fullmatch(workload_id):
             return None  # not an id this registry hands out (and never a key to look up)

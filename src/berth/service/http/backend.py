@@ -354,11 +354,16 @@ class ClusterBackend:
             log.warning("could not release the claim of %s on %s: %s", workload_id, identity,
                         error)  # fmt: skip
 
-    async def _ended(self, workload: StoredWorkload) -> None:
-        """Record a workload that no longer runs, and free its identity."""
-        await self.workloads.record(workload)
-        identity = f"{workload.namespace}/{workload.name}/{workload.replica}"
-        await self._release(identity, workload.id)
+    async def _end(self, workload: StoredWorkload, update: dict[str, object]) -> StoredWorkload:
+        """Record that a running workload ended (``update`` applied to its record as it is
+        now, by compare-and-set: nothing written meanwhile is lost), and free its identity —
+        once, by whichever reader recorded the end."""
+        ended, recorded = await self.workloads.end(workload.id, update)
+        if ended is None:  # the record is gone: report the end, write nothing
+            return workload.model_copy(update=update)
+        if recorded:
+            await self._release(Request.from_dict(ended.request).key, ended.id)
+        return ended
 
     async def workload(self, workload_id: str) -> StoredWorkload:
         workload = await self.workloads.get(workload_id)
@@ -404,9 +409,7 @@ class ClusterBackend:
                 )
                 update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
         update["ended_at"] = self.clock()
-        ended = workload.model_copy(update=update)
-        await self._ended(ended)
-        return ended
+        return await self._end(workload, update)
 
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
         """Stop a workload (idempotent): the node's runtime sends the graceful signal and
@@ -426,13 +429,10 @@ class ClusterBackend:
             raise Unavailable(
                 f"{workload_id} did not stop within {deadline:g}s on {workload.node}"
             ) from None
-        stopped = await self._refresh(workload)
+        stopped = await self._refresh(workload)  # records the end the node reports
         if stopped.state == "running":  # the node's status lags its stop by nothing, but be sure
-            stopped = workload.model_copy(update={"state": "stopped", "ended_at": self.clock()})
-        if stopped.state != "stopped":  # it ended on its own before the stop reached it
-            return stopped
-        stopped = stopped.model_copy(update={"detail": stopped.detail or "stopped by the API"})
-        await self._ended(stopped)
+            update = {"state": "stopped", "ended_at": self.clock(), "detail": "stopped by the API"}
+            stopped = await self._end(workload, update)
         return stopped
 
     # -- nodes -------------------------------------------------------------------------------

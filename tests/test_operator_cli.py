@@ -258,3 +258,26 @@ def test_a_broken_answer_is_one_error_not_a_traceback(
     with answering(status, content) as client, pytest.raises(BerthError) as caught:
         client.nodes()
     assert expected in str(caught.value) and len(str(caught.value)) < 2200
+
+
+def test_a_create_waits_as_long_as_the_api_may_take_to_place_and_boot() -> None:
+    """The API places (the queue group's timeout) and then boots (the node's run timeout): a
+    client that gave up first would leave the outcome unknown for no reason."""
+    from berth.nodeclient.nats import RUN_TIMEOUT_S
+    from berth.service.scheduler import SCHEDULE_TIMEOUT_S
+
+    waited: dict[str, float] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        waited[request.method] = request.extensions["timeout"]["read"]
+        return httpx.Response(503, content=problem(503, detail="no scheduler"),
+                              headers={"content-type": "application/problem+json"})  # fmt: skip
+
+    location = ApiLocation("http://api", "t", "test")
+    with ApiClient(location, transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(Unavailable):
+            client.create_workload({"name": "x"})
+        with pytest.raises(Unavailable):
+            client.workloads()
+    assert waited["GET"] == client.timeout_s  # a read keeps the client's own timeout
+    assert waited["POST"] > SCHEDULE_TIMEOUT_S + RUN_TIMEOUT_S

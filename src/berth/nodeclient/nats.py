@@ -60,7 +60,7 @@ from berth.platform import Platform
 from berth.store.nats_connection import request
 from berth.validation import Rule
 
-__all__ = ["NatsNodes"]
+__all__ = ["RUN_TIMEOUT_S", "NatsNodes"]
 
 log = logging.getLogger("berth.nodeclient.nats")
 
@@ -69,6 +69,10 @@ _INTERVAL: Rule[float] = Rule(Interval)
 
 class _TimedOut(Unavailable):
     """No answer in time: the outcome is unknown."""
+
+
+RUN_TIMEOUT_S = 60.0
+"""How long a boot (``run``) may take on the node before the caller gives up (outcome unknown)."""
 
 
 class NatsNodes:
@@ -80,7 +84,7 @@ class NatsNodes:
         *,
         prefix: str = PREFIX,
         timeout_s: float = 2.0,
-        run_timeout_s: float = 60.0,
+        run_timeout_s: float = RUN_TIMEOUT_S,
         admit_attempts: int = 2,
     ) -> None:
         if admit_attempts < 1:

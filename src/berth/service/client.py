@@ -30,11 +30,15 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
+from berth.nodeclient.nats import RUN_TIMEOUT_S
 from berth.service.http import schemas
+from berth.service.scheduler import SCHEDULE_TIMEOUT_S
 from berth.validation import one_line, shown
 
 __all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]
 
+CREATE_MARGIN_S = 5.0
+"""What a create may take beyond its placement and its boot (claims, records)."""
 API_FILE = "api.json"
 """The file under ``$BERTH_HOME`` (default ``~/.berth``) where ``berth up`` puts its API."""
 MAX_API_FILE_BYTES = 64 * 1024
@@ -290,9 +294,11 @@ class ApiClient:
         return document if isinstance(document, dict) else {}
 
     def create_workload(self, body: dict[str, Any]) -> schemas.Workload:
-        return self._parsed(
-            schemas.Workload, self.request("POST", "/v1/workloads", body=body), "run"
-        )
+        # The API places (up to SCHEDULE_TIMEOUT_S) then boots (up to RUN_TIMEOUT_S): wait for
+        # its answer rather than give up first and leave the outcome unknown.
+        timeout = max(self.timeout_s, SCHEDULE_TIMEOUT_S + RUN_TIMEOUT_S + CREATE_MARGIN_S)
+        answer = self.request("POST", "/v1/workloads", body=body, timeout_s=timeout)
+        return self._parsed(schemas.Workload, answer, "run")
 
     def workloads(
         self, *, namespace: str | None = None, node: str | None = None, state: str | None = None

@@ -105,6 +105,7 @@ from berth.store.port import StateEvent, StateStore
 __all__ = [
     "QUEUE",
     "SCHEDULER_PREFIX",
+    "SCHEDULE_TIMEOUT_S",
     "NatsScheduler",
     "RouteReplicas",
     "SchedulerService",
@@ -513,11 +514,19 @@ def _model(kind: Any, document: dict[str, Any], name: str, source: str) -> Any:
         raise MalformedMessage(error.message, source=source, field=field) from None
 
 
+SCHEDULE_TIMEOUT_S = 10.0
+"""How long a caller waits for the queue group's answer to ``schedule`` (then: unknown)."""
+
+
 class NatsScheduler:
     """The placement port over NATS: ``schedule`` on whichever scheduler the queue group picks."""
 
     def __init__(
-        self, client: Client, *, prefix: str = SCHEDULER_PREFIX, timeout_s: float = 10.0
+        self,
+        client: Client,
+        *,
+        prefix: str = SCHEDULER_PREFIX,
+        timeout_s: float = SCHEDULE_TIMEOUT_S,
     ) -> None:
         self.client = client
         self.prefix = prefix

@@ -47,17 +47,13 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from nats.aio.client import Client
-
 from berth.embedded import embedded_configs
 from berth.errors import NoCapacity
 from berth.model import Placement, Request, Spec, Spread
-from berth.node.budget import IDLE
 from berth.service.agent import NodeService
+from berth.service.cluster import nats_cluster
 from berth.service.names import Names
-from berth.service.routes import RouteRegistry
-from berth.service.scheduler import NatsScheduler, SchedulerService, scheduler_service
-from berth.store.nats_connection import connect
+from berth.service.scheduler import NatsScheduler, SchedulerService
 from berth.testing.nats import running_server, unique_name
 
 MiB = 2**20
@@ -103,54 +99,16 @@ async def spread_cluster(
 ) -> AsyncIterator[SpreadCluster]:
     """``nodes`` agents and ``schedulers`` scheduler services on the server at ``url``, under
     fresh bucket names and subjects; ``mode`` as in the module docstring."""
-    names = Names.namespaced(unique_name("spread"))
     configs = embedded_configs(nodes, runtime="fake", heartbeat_s=1.0)
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def connection(name: str) -> Client:
-            client = await connect(url, name=name)
-            stack.push_async_callback(client.close)
-            return client
-
-        caller = await connection("spread-caller")
-        agents = await connection("spread-agents")
-        agent_routes = await RouteRegistry(agents, bucket=names.routes_bucket).start()
-        node_services = {}
-        for config in configs:
-            node_services[config.node.name] = await stack.enter_async_context(
-                NodeService(
-                    agents,
-                    config,
-                    bucket=names.nodes_bucket,
-                    prefix=names.node_prefix,
-                    routes=agent_routes,
-                    readings=IDLE,
-                )
-            )
-        services = []
-        for index in range(schedulers):
-            client = await connection(f"spread-scheduler-{index}")
-            routes = await RouteRegistry(client, bucket=names.routes_bucket).start()
-            service = await stack.enter_async_context(
-                scheduler_service(
-                    client,
-                    bucket=names.nodes_bucket,
-                    node_prefix=names.node_prefix,
-                    prefix=names.scheduler_prefix,
-                    heartbeat_s=1.0,
-                    routes=routes,
-                    share_replicas=mode != "own",
-                    settle_races=mode == "settle",
-                )
-            )
-            services.append(service)
-        deadline = time.monotonic() + 10.0
-        while not all(len(s.scheduler.states()) >= nodes for s in services):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the schedulers did not see every node within 10 s")
-            await asyncio.sleep(0.01)
-        caller_port = NatsScheduler(caller, prefix=names.scheduler_prefix)
-        yield SpreadCluster(caller_port, services, node_services)
+    async with nats_cluster(
+        url,
+        configs,
+        schedulers=schedulers,
+        names=Names.namespaced(unique_name("spread")),
+        share_replicas=mode != "own",
+        settle_races=mode == "settle",
+    ) as cluster:
+        yield SpreadCluster(cluster.scheduler, cluster.scheduler_services, cluster.node_services)
 
 
 async def trial(

@@ -59,6 +59,8 @@ async def nats_cluster(
     lease_ttl_s: float = 30.0,
     auth: ClusterAuth | None = None,
     live_monitors: bool = False,
+    share_replicas: bool = True,
+    settle_races: bool = True,
 ) -> AsyncIterator[NatsCluster]:
     """Agents for ``configs`` and ``schedulers`` schedulers on the server at ``url``.
 
@@ -66,6 +68,8 @@ async def nats_cluster(
     (as the embedded cluster's do), so soft checks pass and hard budgets decide.  With
     ``auth`` (a server configured by :meth:`ClusterAuth.server_config`) every party connects
     as its own user — then each node has its own connection, as it would on its own machine.
+    ``share_replicas``/``settle_races`` go to every scheduler service (replica spreading's
+    route feed and hard-spread re-check; off only to measure what they do).
     """
     names = names or Names()
     heartbeat_s = max((config.agent.heartbeat_s for config in configs), default=5.0)
@@ -123,6 +127,8 @@ async def nats_cluster(
                     heartbeat_s=heartbeat_s,
                     lease_ttl_s=lease_ttl_s,
                     routes=scheduler_routes,
+                    share_replicas=share_replicas,
+                    settle_races=settle_races,
                 )
             )
             cluster.scheduler_services.append(service)

@@ -238,6 +238,45 @@ def test_a_layer_already_on_the_node_is_not_converted_again(
     run(scenario, GUEST_TIMEOUT_S)
 
 
+def test_a_boot_that_times_out_or_is_cancelled_leaves_no_guest_scratch_or_layer(
+    guests: tuple[LayerFiles, Path], layout: Path
+) -> None:
+    """A boot past ``boot_timeout_s``, and a ``start`` cancelled while its guest boots —
+    once, or again while it is cleaning up — leave no QEMU, no scratch and no layer held."""
+    layers, work = guests
+
+    async def nothing_left() -> None:
+        assert not work.exists() or list(work.iterdir()) == []
+        assert layers.registry.mounted() == frozenset()
+        for _ in range(100):  # QEMU has been sent SIGKILL; give the kernel a moment
+            if not _our_qemus(work):
+                break
+            await asyncio.sleep(0.1)
+        assert _our_qemus(work) == []
+
+    async def scenario() -> None:
+        spec = BootSpec(name="slow", image="busybox", command=("sleep", "600"))
+        impatient = make(guests, layout, boot_timeout_s=0.2)  # a boot takes seconds here
+        with pytest.raises(BootFailed, match=r"did not start its workload within 0\.2 s"):
+            await impatient.start(spec)
+        await nothing_left()
+        runtime = make(guests, layout)
+        for cancels in (1, 2):
+            task = asyncio.get_running_loop().create_task(runtime.start(spec))
+            while not _our_qemus(work):  # QEMU is booting the guest
+                await asyncio.sleep(0.05)
+            for _ in range(cancels):
+                task.cancel()
+                for _ in range(5):  # a few loop turns: the start is now waiting for QEMU's end
+                    await asyncio.sleep(0)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await nothing_left()
+        assert runtime.list() == ()
+
+    run(scenario, GUEST_TIMEOUT_S)
+
+
 def test_a_program_or_a_user_the_image_lacks_is_a_boot_failure(
     guests: tuple[LayerFiles, Path], layout: Path
 ) -> None:

@@ -170,6 +170,7 @@ class MicroVM:
                 self.running.exception()  # retrieved: the end reports it
             if not self._end.done():
                 self._end.set_exception(error)
+                self._end.exception()  # retrieved too: a start given up on waits no more
             raise
         finally:
             self._first_output.set()  # no more output will come: wake whoever waits for it

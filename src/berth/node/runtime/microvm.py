@@ -385,11 +385,13 @@ class MicrovmRuntime:
                     f"the guest did not start its workload within {self.boot_timeout_s:g} s"
                 ) from None
         except BaseException:
-            if vm is not None:
-                vm.kill()
-                with contextlib.suppress(Exception):
-                    await vm.wait()
-            self._cleanup(scratch, digests)
+            try:
+                if vm is not None:
+                    vm.kill()
+                    with contextlib.suppress(Exception):
+                        await vm.wait()
+            finally:  # even when the wait is cancelled too: QEMU has had its SIGKILL
+                self._cleanup(scratch, digests)
             raise
         assert scratch is not None
         workload = MicrovmWorkload(

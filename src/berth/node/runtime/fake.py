@@ -11,7 +11,6 @@ out (``stopped (killed by SIGKILL)``) or when a test ends it first.
 
 from __future__ import annotations
 
-import asyncio
 import signal
 from collections.abc import Callable, Iterable
 
@@ -25,6 +24,7 @@ from berth.node.runtime.port import (
     WorkloadExit,
     WorkloadIds,
     checked_grace,
+    end_within_grace,
     stop_grace,
 )
 
@@ -79,11 +79,12 @@ class FakeRuntime:
         if workload.spec.command[0] not in self.ignoring_term:
             self._end(workload, WorkloadExit(signal=signal.SIGTERM, stopped=True))
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(workload.wait()), grace)
-        except TimeoutError:
-            if self._running.get(workload_id) is workload:
+
+        def kill() -> None:
+            if self._running.get(workload_id) is workload:  # not ended by a test meanwhile
                 self._end(workload, WorkloadExit(signal=signal.SIGKILL, stopped=True))
+
+        await end_within_grace(workload, grace, kill)
 
     def finish(self, workload_id: str, code: int = 0) -> None:
         """End a running workload as if it exited with ``code``."""

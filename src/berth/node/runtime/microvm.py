@@ -76,6 +76,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    end_within_grace,
     stop_grace,
 )
 from berth.oci import OciImage, read_layout
@@ -503,11 +504,7 @@ class MicrovmRuntime:
         guest.stop_requested = True
         workload = guest.workload
         await workload.vm.request_stop()
-        try:
-            await asyncio.wait_for(asyncio.shield(workload.wait()), grace)
-        except TimeoutError:
-            workload.vm.kill()
-            await workload.wait()
+        await end_within_grace(workload, grace, workload.vm.kill)
 
     async def aclose(self) -> None:
         """Stop every guest."""

@@ -20,7 +20,8 @@ simulator).  :class:`ExitListeners` and :class:`WorkloadIds` are the bookkeeping
 A stop may carry its own grace (``stop(id, grace_s=30)``): how long the workload gets between
 the graceful signal (``SIGTERM``, a guest's poweroff) and the kill; ``None`` is the runtime's
 configured default.  :data:`StopGrace` bounds it (finite, 0 to :data:`MAX_STOP_GRACE_S`) and
-:func:`checked_grace` is the one check every boundary that receives one applies.
+:func:`checked_grace` is the one check every boundary that receives one applies;
+:func:`end_within_grace` is the wait-then-kill each driver's ``stop`` ends with.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
     "WorkloadExit",
     "WorkloadIds",
     "checked_grace",
+    "end_within_grace",
     "stop_grace",
 ]
 
@@ -80,6 +82,16 @@ def stop_grace(grace_s: float | None, default: float) -> float:
     """The grace a driver applies: ``grace_s`` checked, or its configured ``default``."""
     checked = checked_grace(grace_s)
     return default if checked is None else checked
+
+
+async def end_within_grace(workload: Workload, grace_s: float, kill: Callable[[], object]) -> None:
+    """After a stop's graceful signal: wait up to ``grace_s`` for ``workload`` to end, else
+    ``kill()`` it and wait for its end.  Concurrent stops: the shortest grace kills."""
+    try:
+        await asyncio.wait_for(asyncio.shield(workload.wait()), grace_s)
+    except TimeoutError:
+        kill()
+        await workload.wait()
 
 
 class BootFailed(BerthError):

@@ -33,6 +33,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    end_within_grace,
     stop_grace,
 )
 
@@ -162,11 +163,7 @@ class ProcessRuntime:
         entry.stop_requested = True
         pgid = entry.process.pid
         _signal_group(pgid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(asyncio.shield(entry.workload.wait()), grace)
-        except TimeoutError:
-            _signal_group(pgid, signal.SIGKILL)
-            await entry.workload.wait()
+        await end_within_grace(entry.workload, grace, lambda: _signal_group(pgid, signal.SIGKILL))
 
     async def aclose(self) -> None:
         """Stop every running workload."""

@@ -277,6 +277,29 @@ def test_a_boot_that_times_out_or_is_cancelled_leaves_no_guest_scratch_or_layer(
     run(scenario, GUEST_TIMEOUT_S)
 
 
+def test_a_guest_whose_files_cannot_be_made_is_a_boot_failure(
+    guests: tuple[LayerFiles, Path], layout: Path, tmp_path: Path
+) -> None:
+    """The node's own disk refusing a guest's files (an upper disk larger than a file may
+    be, a console log directory that cannot be made) is a ``BootFailed`` naming it, with
+    nothing left behind."""
+    layers, work = guests
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+
+    async def scenario() -> None:
+        huge = BootSpec(name="huge", image="busybox", command=("true",), disk_limit=2**62)
+        with pytest.raises(BootFailed, match="cannot make the guest's files"):
+            await make(guests, layout).start(huge)
+        logged = make(guests, layout, log_dir=blocker / "logs")
+        with pytest.raises(BootFailed, match="not-a-directory"):
+            await logged.start(BootSpec(name="logged", image="busybox", command=("true",)))
+        assert not work.exists() or list(work.iterdir()) == []
+        assert layers.registry.mounted() == frozenset()
+
+    run(scenario, GUEST_TIMEOUT_S)
+
+
 def test_a_program_or_a_user_the_image_lacks_is_a_boot_failure(
     guests: tuple[LayerFiles, Path], layout: Path
 ) -> None:

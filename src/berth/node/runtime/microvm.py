@@ -373,10 +373,12 @@ class MicrovmRuntime:
             console, console_path = self._console(workload_id)
             try:
                 vm = await MicroVM.launch(argv, nonce, console_log=console)
-            except OSError as error:
+            except BaseException as error:
                 if console is not None:
                     console.close()
-                raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
+                if isinstance(error, OSError):
+                    raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
+                raise
             try:
                 await asyncio.wait_for(asyncio.shield(vm.running), self.boot_timeout_s)
             except GuestBootFailed as failed:
@@ -385,7 +387,7 @@ class MicrovmRuntime:
                 raise BootFailed(
                     f"the guest did not start its workload within {self.boot_timeout_s:g} s"
                 ) from None
-        except BaseException:
+        except BaseException as error:
             try:
                 if vm is not None:
                     vm.kill()
@@ -393,6 +395,11 @@ class MicrovmRuntime:
                         await vm.wait()
             finally:  # even when the wait is cancelled too: QEMU has had its SIGKILL
                 self._cleanup(scratch, digests)
+            if isinstance(error, OSError):  # this node's disk: the work dir, log dir, upper disk
+                where = f" ({error.filename})" if error.filename else ""
+                raise BootFailed(
+                    f"cannot make the guest's files: {error.strerror or error}{where}"
+                ) from None
             raise
         assert scratch is not None
         workload = MicrovmWorkload(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -273,6 +274,37 @@ def test_a_boot_that_times_out_or_is_cancelled_leaves_no_guest_scratch_or_layer(
                 await task
             await nothing_left()
         assert runtime.list() == ()
+
+    run(scenario, GUEST_TIMEOUT_S)
+
+
+def test_a_start_cancelled_while_its_upper_disk_is_made_leaves_no_process(
+    guests: tuple[LayerFiles, Path], layout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled during ``mkfs.ext4`` (here one that takes its time: the real one is too
+    quick to catch), the start kills it: no process, scratch or layer is left."""
+    layers, work = guests
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "mkfs.ext4").write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n")
+    (slow / "mkfs.ext4").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
+
+    async def scenario() -> None:
+        spec = BootSpec(name="disk", image="busybox", command=("true",), disk_limit=64 * MIB)
+        task = asyncio.get_running_loop().create_task(make(guests, layout).start(spec))
+        while not _our_qemus(work):  # the slow mkfs.ext4 runs on the guest's upper disk
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            if not _our_qemus(work):
+                break
+            await asyncio.sleep(0.1)
+        assert _our_qemus(work) == []
+        assert not work.exists() or list(work.iterdir()) == []
+        assert layers.registry.mounted() == frozenset()
 
     run(scenario, GUEST_TIMEOUT_S)
 

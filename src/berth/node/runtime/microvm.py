@@ -444,7 +444,12 @@ class MicrovmRuntime:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
-        said, _ = await process.communicate()
+        try:
+            said, _ = await process.communicate()
+        except BaseException:  # cancelled: the guest will not need it, nor its scratch
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            raise
         if process.returncode != 0:
             detail = said.decode("utf-8", "replace").strip().splitlines()
             raise BootFailed(f"cannot make the upper disk: {detail[-1] if detail else '?'}")

@@ -100,3 +100,22 @@ def test_missing_section_unreadable_file_and_bad_toml(tmp_path: Path) -> None:
 def test_config_round_trips_through_json(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, VALID))
     assert AgentConfig.from_json(config.to_json()) == config
+
+
+def test_stop_grace_is_the_runtimes_rule_and_reaches_the_runtime(tmp_path: Path) -> None:
+    """``[agent] stop_grace_s`` follows the one stop-grace rule (0 to an hour, as a stop's
+    own ``grace_s``), and the agent's runtime — fake and process alike — gets it."""
+    from berth.node.agent import Agent
+    from berth.store.memory import MemoryStore
+
+    for grace, runtime in ((0, "fake"), (3600, "process"), (7.5, "fake")):
+        text = VALID.replace('runtime = "fake"', f'runtime = "{runtime}"\nstop_grace_s = {grace}')
+        config = load_config(write(tmp_path, text))
+        assert config.agent.stop_grace_s == grace
+        agent = Agent.from_config(config, MemoryStore())
+        assert agent.runtime.stop_grace_s == grace  # type: ignore[attr-defined]
+    for bad in ("3601", "-1", "inf", '"5s"'):
+        text = VALID.replace('runtime = "fake"', f'runtime = "fake"\nstop_grace_s = {bad}')
+        with pytest.raises(Invalid) as refused:
+            load_config(write(tmp_path, text))
+        assert refused.value.field == "agent.stop_grace_s", refused.value

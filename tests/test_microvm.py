@@ -284,7 +284,9 @@ def test_runtime_arguments_are_checked(tmp_path: Path) -> None:
     with pytest.raises(Invalid, match="accel"):
         MicrovmRuntime(layers, tmp_path, accel="hvf")  # type: ignore[arg-type]
     with pytest.raises(Invalid, match="stop_grace_s"):
-        MicrovmRuntime(layers, tmp_path, accel="tcg", stop_grace_s=0)
+        MicrovmRuntime(layers, tmp_path, accel="tcg", stop_grace_s=-1)
+    with pytest.raises(Invalid, match="stop_grace_s"):
+        MicrovmRuntime(layers, tmp_path, accel="tcg", stop_grace_s=3601)
     with pytest.raises(Invalid, match="layers"):
         MicrovmRuntime(object(), tmp_path, accel="tcg")  # type: ignore[arg-type]
 

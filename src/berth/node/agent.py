@@ -145,7 +145,7 @@ class Agent:
             elif options.runtime == "process":
                 runtime = ProcessRuntime(stop_grace_s=options.stop_grace_s)
             else:
-                runtime = FakeRuntime()
+                runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)
         layers = LayerRegistry(options.layer_cache)
         labels = config.node.labels
         if isinstance(runtime, MicrovmRuntime):  # its layers are files; it states its accel

@@ -63,6 +63,7 @@ from pydantic import AfterValidator, Field, Strict, StrictStr
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
+from berth.node.runtime.port import StopGrace
 from berth.platform import Platform, host
 from berth.validation import BerthModel, shown
 
@@ -134,7 +135,7 @@ class AgentSection(BerthModel):
     layer_cache: Bytes = 10 * 2**30
     lease_ttl_s: Interval = 30.0
     runtime: Literal["process", "fake", "microvm"] = "process"
-    stop_grace_s: Interval = 2.0
+    stop_grace_s: StopGrace = 2.0  # the runtimes' rule: 0 to an hour
 
 
 def _path_text(value: str) -> str:

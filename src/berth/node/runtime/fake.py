@@ -23,7 +23,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
-    checked_grace,
+    configured_grace,
     end_within_grace,
     stop_grace,
 )
@@ -49,10 +49,7 @@ class FakeRuntime:
     ) -> None:
         self.failing_commands: set[str] = set(failing_commands)
         self.ignoring_term: set[str] = set(ignoring_term)
-        grace = checked_grace(stop_grace_s, field="stop_grace_s")
-        if grace is None:
-            raise Invalid("must be a number of seconds, got None", field="stop_grace_s")
-        self.stop_grace_s = grace
+        self.stop_grace_s = configured_grace(stop_grace_s)
         self._running: dict[str, Workload] = {}
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()

@@ -76,6 +76,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    configured_grace,
     end_within_grace,
     stop_grace,
 )
@@ -219,15 +220,19 @@ class MicrovmRuntime:
                           field="images")  # fmt: skip
         if accel not in ("auto", "kvm", "tcg"):
             raise Invalid(f"must be 'auto', 'kvm' or 'tcg', got {shown(accel)}", field="accel")
-        for name, value in (("stop_grace_s", stop_grace_s), ("boot_timeout_s", boot_timeout_s)):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise Invalid(f"must be a positive number of seconds, got {shown(value)}",
-                              field=name)  # fmt: skip
+        if (
+            isinstance(boot_timeout_s, bool)
+            or not isinstance(boot_timeout_s, int | float)
+            or (not boot_timeout_s > 0)
+        ):
+            raise Invalid(f"must be a positive number of seconds, got {shown(boot_timeout_s)}",
+                          field="boot_timeout_s")  # fmt: skip
+        grace = configured_grace(stop_grace_s)
         self.files = files if files is not None else GuestFiles.at(None)
         self.layer_files = layers
         self.images = Path(images)
         self.qemu = qemu
-        self.stop_grace_s = float(stop_grace_s)
+        self.stop_grace_s = grace
         self.boot_timeout_s = float(boot_timeout_s)
         self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
         self.log_dir = Path(log_dir) if log_dir is not None else None

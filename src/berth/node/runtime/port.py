@@ -78,6 +78,14 @@ def checked_grace(grace_s: object, *, field: str = "grace_s") -> float | None:
     return None if grace_s is None else _STOP_GRACE(grace_s, field)
 
 
+def configured_grace(value: object, *, field: str = "stop_grace_s") -> float:
+    """A runtime's configured grace (its default for stops that name none): a
+    :data:`StopGrace`, ``None`` refused too."""
+    if value is None:
+        raise Invalid("must be a number of seconds, got None", field=field)
+    return _STOP_GRACE(value, field)
+
+
 def stop_grace(grace_s: float | None, default: float) -> float:
     """The grace a driver applies: ``grace_s`` checked, or its configured ``default``."""
     checked = checked_grace(grace_s)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from berth.errors import Invalid
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
@@ -33,6 +32,7 @@ from berth.node.runtime.port import (
     Workload,
     WorkloadExit,
     WorkloadIds,
+    configured_grace,
     end_within_grace,
     stop_grace,
 )
@@ -79,13 +79,7 @@ class ProcessRuntime:
         base_env: Mapping[str, str] | None = None,
         log_dir: str | Path | None = None,
     ) -> None:
-        if isinstance(stop_grace_s, bool) or not isinstance(stop_grace_s, int | float):
-            raise Invalid(
-                f"must be a number of seconds, got {stop_grace_s!r}", field="stop_grace_s"
-            )
-        if not stop_grace_s >= 0:
-            raise Invalid(f"must not be negative, got {stop_grace_s!r}", field="stop_grace_s")
-        self.stop_grace_s = float(stop_grace_s)
+        self.stop_grace_s = configured_grace(stop_grace_s)
         self.base_env = (
             dict(base_env) if base_env is not None else {"PATH": os.environ.get("PATH", os.defpath)}
         )

@@ -7,7 +7,7 @@ What is timed is the whole path a caller sees on a real deployment, over loopbac
     ──reply──▶ scheduler ──placement──▶ caller
 
 with 50 agents (in two agent processes, as ``berth up`` groups them above 8 nodes) and 1 then
-2 scheduler processes in one queue group, started by :class:`berth.service.up.LocalCluster`
+2 scheduler processes in one queue group, started by :class:`berth.up.LocalCluster`
 (no authentication: the same subjects, without the server's permission checks).  The caller
 keeps ``--concurrency`` requests in flight (a closed loop) and records each one's latency;
 placements/s is completed placements over the wall time of the measured run.  Each
@@ -38,9 +38,9 @@ from typing import Any
 from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError
 from berth.model import Request, Spec
-from berth.service.scheduler import NatsScheduler
-from berth.service.up import LocalCluster
-from berth.store.nats_connection import connect
+from berth.nats.connection import connect
+from berth.scheduler.nats import NatsScheduler
+from berth.up import LocalCluster
 
 SPEC = Spec(vcpus=0.001, mem=16 * 2**20, disk=16 * 2**20)
 TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0}

@@ -11,7 +11,7 @@ then settles after the fact (``settle_races``: re-read the node's routes, the la
 gives the node up and places again).
 
 The harness starts a real ``nats-server`` (:mod:`berth.testing.nats`), ``--nodes`` agents
-(:class:`~berth.service.agent.NodeService`, fake runtime, idle load) and ``--schedulers``
+(:class:`~berth.nodeclient.nats_node.NodeService`, fake runtime, idle load) and ``--schedulers``
 scheduler services in one queue group, all in this process and talking only through NATS.
 Each *trial* places ``--nodes`` replicas of a fresh function with ``Spread(hard=True)``
 through the queue group — as many replicas as nodes, so a perfect spread puts one on every
@@ -50,10 +50,10 @@ from typing import Literal
 from berth.embedded import embedded_configs
 from berth.errors import NoCapacity
 from berth.model import Placement, Request, Spec, Spread
-from berth.service.agent import NodeService
-from berth.service.cluster import nats_cluster
-from berth.service.names import Names
-from berth.service.scheduler import NatsScheduler, SchedulerService
+from berth.nats.names import Names
+from berth.nodeclient.nats_node import NodeService
+from berth.scheduler.nats import NatsScheduler, SchedulerService
+from berth.testing.cluster import nats_cluster
 from berth.testing.nats import running_server, unique_name
 
 MiB = 2**20

@@ -1,5 +1,5 @@
 """Helpers shared by the API tests that run against a real ``berth up`` cluster
-(:class:`~berth.service.up.LocalCluster` with ``http=``): a client carrying the cluster's
+(:class:`~berth.up.LocalCluster` with ``http=``): a client carrying the cluster's
 token, polling until a condition holds, and checking a problem+json answer.
 
 Imported by the test modules as ``api_helpers`` (``tests/`` is on ``sys.path`` under pytest's
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from berth.service.up import LocalCluster
+from berth.up import LocalCluster
 
 PROBLEM = "application/problem+json"
 

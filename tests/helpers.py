@@ -15,8 +15,8 @@ from types import ModuleType
 
 import typer
 
+from berth.cli.sim import register
 from berth.node.budget import NodeBudget
-from berth.sim.commands import register
 from berth.state import NodeState
 
 GiB = 2**30

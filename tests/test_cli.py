@@ -11,7 +11,7 @@ import pytest
 
 def berth(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from berth.cli import main; main()", *args],
+        [sys.executable, "-c", "from berth.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,13 +13,13 @@ import pytest
 
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
-from berth.service.up import LocalCluster, config_toml
 from berth.testing.nats import NatsServer
+from berth.up import LocalCluster, config_toml
 
 
 def berth(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from berth.cli import main; main()", *args],
+        [sys.executable, "-c", "from berth.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -15,9 +15,9 @@ from berth.embedded import embedded_configs
 from berth.errors import NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Request, Spec
 from berth.platform import Platform
+from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.port import Scheduler
-from berth.service.cluster import Names, NatsCluster, nats_cluster
-from berth.service.scheduler import NatsScheduler
+from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 from berth.testing.placement_contract import SchedulerContract
 

@@ -17,11 +17,11 @@ from berth.node.agent import Agent
 from berth.node.budget import IDLE, BudgetLimits, NodeBudget, StaticLoad
 from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.nats import NatsNodes
+from berth.nodeclient.nats_node import NodeService
 from berth.ownership import Refused
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import verdicts
 from berth.scheduler.reference import ReferenceRanker
-from berth.service.agent import NodeService
 from berth.state import NodeState, first_failed_check
 from berth.store.memory import MemoryStore
 from berth.testing.nats import NatsServer, client, unique_name

@@ -11,7 +11,7 @@ from berth import Invalid, Layer, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.node.core import NodeCore
 from berth.node.layers import LayerRegistry, MountOutcome
-from berth.node.runtime import BootSpec, FakeRuntime, Workload
+from berth.node.runtime import BootSpec, FakeRuntime, WorkloadHandle
 from berth.ownership import Lease, Refused
 from berth.platform import Platform
 
@@ -41,7 +41,7 @@ class WatchedRuntime(FakeRuntime):
         self._core = core
         self.seen: list[tuple[frozenset[str], int]] = []
 
-    async def start(self, spec: BootSpec) -> Workload:
+    async def start(self, spec: BootSpec) -> WorkloadHandle:
         node = self._core()
         self.seen.append((node.layers.mounted(), len(node.budget.reservations())))
         return await super().start(spec)

@@ -14,7 +14,7 @@ from importlib.resources import files
 import httpx
 import pytest
 
-from berth.service.http.app import create_app
+from berth.api.app import create_app
 
 TOKEN = "dashboard-test-token-0123456789"
 
@@ -88,7 +88,7 @@ def test_assets_are_served_with_their_types_and_a_strict_policy(client: Client) 
 
 
 def test_the_page_script_inserts_text_never_markup() -> None:
-    script = (files("berth.service.http") / "static" / "dashboard.js").read_text()
+    script = (files("berth.api") / "static" / "dashboard.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script, sink
     assert "textContent" in script and "createTextNode" in script
@@ -100,6 +100,6 @@ def test_the_page_script_inserts_text_never_markup() -> None:
 
 
 def test_the_shell_has_no_inline_code() -> None:
-    shell = (files("berth.service.http") / "static" / "index.html").read_text()
+    shell = (files("berth.api") / "static" / "index.html").read_text()
     assert "<script>" not in shell and "<style" not in shell
     assert not re.search(r"\son\w+=", shell)  # no inline event handlers

@@ -16,7 +16,7 @@ import pytest
 
 from berth import Invalid, NoCapacity, Platform, Request
 from berth.embedded import EmbeddedCluster, embedded_configs
-from berth.node.runtime import BootSpec, Workload
+from berth.node.runtime import BootSpec, WorkloadHandle
 from berth.platform import matches_any
 
 
@@ -26,7 +26,7 @@ def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
         async with EmbeddedCluster(embedded_configs(3)) as cluster:
             start = {name: a.budget.headroom() for name, a in cluster.agents.items()}
             types = ["micro", "milli", "centi", "deci"]
-            started: list[tuple[Request, str, Workload]] = []
+            started: list[tuple[Request, str, WorkloadHandle]] = []
             refused = 0
             for index in range(20):
                 platforms = rng.choice([(), ("linux/amd64",), ("linux/arm64",)])

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
-from berth.cli import app
+from berth.cli.main import app
 
 runner = CliRunner()
 SCRATCH = Path(tempfile.gettempdir()) / f"berth-fuzz-cli-{os.getpid()}"  # made by _scratch

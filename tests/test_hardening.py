@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from berth import ClusterScheduler, Invalid, Layer, Platform, Request, Spec
-from berth.cli import app
+from berth.cli.main import app
 from berth.model import MAX_BYTES, Placement, checked_layers
 from berth.node.agent import Agent
 from berth.node.budget import BudgetLimits, NodeBudget

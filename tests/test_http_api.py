@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from api_helpers import api_client, problem, until
+from berth.api.schemas import DrainReport, NodeList, Workload
 from berth.oci import ImageSpec, file, write_layout
-from berth.service.http.schemas import DrainReport, NodeList, Workload
-from berth.service.up import LocalCluster
-from berth.service.workloads import CLAIM_PENDING_S, Claim, IdentityClaims
+from berth.registry.workloads import CLAIM_PENDING_S, Claim, IdentityClaims
 from berth.testing.nats import client
+from berth.up import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from berth.cli import app
+from berth.cli.main import app
 
 runner = CliRunner()
 DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"

@@ -1,5 +1,5 @@
 """The API's create when the workload registry fails between the boot and the record: the
-backend (:class:`~berth.service.http.backend.ClusterBackend`) in-process over agents and a
+backend (:class:`~berth.api.backend.ClusterBackend`) in-process over agents and a
 scheduler on a real nats-server, its registry's bucket on a connection that is closed before
 the create — the boot succeeds, the record does not, and nothing is left behind (no running
 workload, no reservation, no route, no claim on the identity)."""
@@ -10,13 +10,13 @@ import asyncio
 
 import pytest
 
+from berth.api.backend import ClusterBackend
+from berth.api.schemas import WorkloadCreate
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
-from berth.service.cluster import Names, nats_cluster
-from berth.service.http.backend import ClusterBackend
-from berth.service.http.schemas import WorkloadCreate
-from berth.service.images import ImageRegistry
-from berth.service.workloads import IdentityClaims, WorkloadRegistry
+from berth.registry.images import ImageRegistry
+from berth.registry.workloads import IdentityClaims, WorkloadRegistry
+from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
 
 

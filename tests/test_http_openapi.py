@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from berth.api.app import generated_openapi
+from berth.api.server import parse_address, resolve_token, write_api_file
 from berth.errors import Invalid
-from berth.service.http.app import generated_openapi
-from berth.service.http.server import parse_address, resolve_token, write_api_file
 
 DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
 
@@ -82,7 +82,7 @@ def test_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_large_bodies_are_413_and_nothing_is_read_past_the_limit() -> None:
-    from berth.service.http.app import MAX_BODY_BYTES, create_app
+    from berth.api.app import MAX_BODY_BYTES, create_app
 
     token = "t" * 20
     app = create_app(None, token=token)  # no backend: the call never reaches a route

@@ -20,7 +20,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from berth.service.up import LocalCluster
+from berth.up import LocalCluster
 
 DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
 schema = schemathesis.openapi.from_dict(json.loads(DOCUMENT.read_text(encoding="utf-8")))

@@ -1,5 +1,5 @@
 """One running workload per identity (``namespace/name/replica``): the API's claims in
-JetStream KV (:class:`berth.service.workloads.IdentityClaims`) against a real nats-server —
+JetStream KV (:class:`berth.registry.workloads.IdentityClaims`) against a real nats-server —
 of concurrent claims exactly one wins, a holder that still holds refuses naming itself, a
 holder that no longer does is taken over, and only the holder's own release frees it."""
 
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from berth.errors import Unavailable
-from berth.service.workloads import (
+from berth.registry.workloads import (
     Claim,
     IdentityClaims,
     IdentityTaken,

@@ -1,6 +1,6 @@
 """``GET /metrics``: the scheduler's metrics in Prometheus' text format, behind the API token.
 
-The route (:mod:`berth.service.http.metrics`) on an application with the API's token rule and
+The route (:mod:`berth.api.metrics`) on an application with the API's token rule and
 problem answers, serving the metrics of a real ``ClusterScheduler`` (memory store, in-process
 budgets) after real placements: 401 without the token, the text format with it (bearer or the
 dashboard's cookie), 503 where no scheduler is measured.
@@ -15,13 +15,13 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from berth import Request, Spec
+from berth.api import metrics as metrics_route
+from berth.api.auth import COOKIE
+from berth.api.problems import install
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
 from berth.observability.metrics import Metrics
 from berth.scheduler.multinode import ClusterScheduler
-from berth.service.http import metrics as metrics_route
-from berth.service.http.auth import COOKIE
-from berth.service.http.problems import install
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 

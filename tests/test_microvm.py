@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from berth.cli import app
+from berth.cli.main import app
 from berth.errors import Invalid
 from berth.node.agent import Agent
 from berth.node.config import AgentConfig

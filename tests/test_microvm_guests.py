@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from berth.microvm_demo import run_demo, summary
+from berth.cli.demo_microvm import run_demo, summary
 from berth.node.layers import LayerFiles
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.microvm.qemu import MIB
-from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
 from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
 from berth.oci import directory, file, opaque, read_layout, whiteout
 from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
@@ -125,12 +125,12 @@ class TestMicrovmRuntimeContract(RuntimeContract):
         spec = BootSpec(name="broken", image="no-such-image", command=("true",))
         return spec, "image 'no-such-image'"
 
-    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> WorkloadHandle:
         return await runtime.start(
             BootSpec(name="exits", image="busybox", command=("sh", "-c", f"exit {code}"))
         )
 
-    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+    async def start_ignoring_term(self, runtime: Runtime) -> WorkloadHandle:
         pytest.skip(
             "two more guest boots; test_stop_kills_the_guest_after_its_grace_when_the_workload_"
             "ignores_sigterm covers a stop's own grace with the guests it boots anyway"

@@ -1,6 +1,6 @@
 """``berth up --runtime microvm``: the service's cluster booting real QEMU guests.
 
-A real cluster (:class:`~berth.service.up.LocalCluster`, as ``berth up --runtime microvm
+A real cluster (:class:`~berth.up.LocalCluster`, as ``berth up --runtime microvm
 --nodes 2 --http 127.0.0.1:0`` starts it: nats-server, two ``microvm`` agents as processes,
 a scheduler serving the API) and the operator's commands against it: import the default OCI
 layout ``berth microvm setup`` wrote, run ``busybox`` twice — a long-running guest, then
@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from berth.cli import app
+from berth.cli.main import app
+from berth.nats.connection import connect
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.oci import read_layout
-from berth.service.up import LocalCluster
 from berth.store.nats import NatsStore, bucket_ttl_s
-from berth.store.nats_connection import connect
+from berth.up import LocalCluster
 
 FILES = GuestFiles.at(None)
 MISSING = problems(FILES)

@@ -15,10 +15,10 @@ import pytest
 
 from berth.errors import NoCapacity
 from berth.model import Request, Spec
-from berth.service.routes import RouteRegistry
-from berth.service.scheduler import NatsScheduler
-from berth.service.up import LocalCluster
-from berth.store.nats_connection import connect
+from berth.nats.connection import connect
+from berth.registry.routes import RouteRegistry
+from berth.scheduler.nats import NatsScheduler
+from berth.up import LocalCluster
 
 HEARTBEAT_S = 0.5
 GiB = 2**30

@@ -14,12 +14,12 @@ from nats.aio.msg import Msg
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
 from berth.model import Request, Spec
+from berth.nats.auth import ClusterAuth, generate
+from berth.nats.connection import Credentials, connect
 from berth.nodeclient.nats import NatsNodes
 from berth.ownership import Refused
-from berth.service.auth import ClusterAuth, generate
-from berth.service.cluster import nats_cluster
 from berth.store.nats import encode_state
-from berth.store.nats_connection import Credentials, connect
+from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer, client
 from berth.testing.store_contract import sample_state
 

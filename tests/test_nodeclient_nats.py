@@ -19,11 +19,11 @@ from nats.aio.msg import Msg
 
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
+from berth.nats.wire import IDEMPOTENCY_HEADER, BadReply, encode, subject
 from berth.node.agent import Agent
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_server import NodeServer
-from berth.nodeclient.nats_wire import IDEMPOTENCY_HEADER, BadReply, encode, subject
 from berth.nodeclient.port import NodeClient
 from berth.store.memory import MemoryStore
 from berth.testing.nats import NatsServer, client, unique_name

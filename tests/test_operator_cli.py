@@ -18,9 +18,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from berth.cli import app
+from berth.api.client import ApiClient, ApiLocation, api_file, locate
+from berth.cli.main import app
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
-from berth.service.client import ApiClient, ApiLocation, api_file, locate
 
 
 def berth(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -264,7 +264,7 @@ def test_a_create_waits_as_long_as_the_api_may_take_to_place_and_boot() -> None:
     """The API places (the queue group's timeout) and then boots (the node's run timeout): a
     client that gave up first would leave the outcome unknown for no reason."""
     from berth.nodeclient.nats import RUN_TIMEOUT_S
-    from berth.service.scheduler import SCHEDULE_TIMEOUT_S
+    from berth.scheduler.nats import SCHEDULE_TIMEOUT_S
 
     waited: dict[str, float] = {}
 

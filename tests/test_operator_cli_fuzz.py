@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner, Result
 
-from berth.cli import app
+from berth.cli.main import app
 from test_fuzz_cli import FUZZ, USAGE, alarm, check, command_line, value
 
 runner = CliRunner()

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from berth.cli import app
+from berth.cli.main import app
 from berth.oci import ImageSpec, file, write_layout
 
 NODES = ("node-00", "node-01", "node-02")

@@ -11,7 +11,7 @@ from berth.embedded import embedded_configs
 from berth.errors import BerthError, NoCapacity
 from berth.model import Placement, Request, Spec
 from berth.node.runtime import BootSpec
-from berth.service.cluster import Names, NatsCluster, nats_cluster
+from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 
 MiB = 2**20

@@ -20,8 +20,8 @@ from berth.node.runtime import (
     FakeRuntime,
     ProcessRuntime,
     Runtime,
-    Workload,
     WorkloadExit,
+    WorkloadHandle,
 )
 from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
 
@@ -42,7 +42,7 @@ class TestProcessRuntimeContract(RuntimeContract):
     def make_runtime(self) -> Runtime:
         return ProcessRuntime(stop_grace_s=1.0)
 
-    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+    async def start_ignoring_term(self, runtime: Runtime) -> WorkloadHandle:
         ready = self.scratch / f"ready-{len(runtime.list())}"
         spec = BootSpec(
             name="stubborn",
@@ -59,7 +59,7 @@ class TestProcessRuntimeContract(RuntimeContract):
     def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
         return BootSpec(name="broken", command=("nosuchcmd",)), "command not found: 'nosuchcmd'"
 
-    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> WorkloadHandle:
         return await runtime.start(python(f"raise SystemExit({code})"))
 
 
@@ -71,7 +71,7 @@ class TestFakeRuntimeContract(RuntimeContract):
             stop_grace_s=0.5,
         )
 
-    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+    async def start_ignoring_term(self, runtime: Runtime) -> WorkloadHandle:
         return await runtime.start(BootSpec(name="vm", command=("firecracker-stubborn",)))
 
     def long_running_spec(self) -> BootSpec:
@@ -80,7 +80,7 @@ class TestFakeRuntimeContract(RuntimeContract):
     def failing_spec(self, runtime: Runtime) -> tuple[BootSpec, str]:
         return BootSpec(name="vm", command=("firecracker-broken",)), "'firecracker-broken'"
 
-    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> WorkloadHandle:
         assert isinstance(runtime, FakeRuntime)
         workload = await runtime.start(self.long_running_spec())
         runtime.finish(workload.id, code)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from berth.sim.commands import parse_policies, sim, sim_config
+from berth.cli.sim import parse_policies, sim, sim_config
 from berth.sim.simulator import SimConfig
 from helpers import sim_app
 
@@ -106,7 +106,7 @@ def test_parse_policies() -> None:
 
 
 def test_berth_cli_exposes_sim_and_demo_once_registered() -> None:
-    from berth import cli
+    from berth.cli import main as cli  # the module
 
     names = {command.name for command in cli.app.registered_commands}
     if "sim" not in names:

@@ -25,11 +25,11 @@ import pytest
 
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request, Spec, Spread
+from berth.nats.connection import connect
+from berth.nats.wire import MalformedMessage
+from berth.registry.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
+from berth.scheduler.nats import RouteReplicas
 from berth.scheduler.spread import Replicas
-from berth.service.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
-from berth.service.scheduler import RouteReplicas
-from berth.store.nats import MalformedMessage
-from berth.store.nats_connection import connect
 from berth.testing.nats import NatsServer, unique_name
 from helpers import load_benchmark
 
@@ -206,7 +206,7 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
             assert routes is not None
             bucket = routes._bucket()
             before = [s.scheduler.replicas.where(FN) for s in services]
-            with caplog.at_level(logging.WARNING, logger="berth.service.routes"):
+            with caplog.at_level(logging.WARNING, logger="berth.registry.routes"):
                 await bucket.put("x.y", b"not json")
                 bad = {"v": 1, "workload": "t/fn/7", "node": freed, "reservation_id": "r",
                        "namespace": "t", "name": "a b"}  # fmt: skip

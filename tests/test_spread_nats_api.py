@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from api_helpers import api_client, problem, until
-from berth.service.http.schemas import Workload
-from berth.service.up import LocalCluster
+from berth.api.schemas import Workload
+from berth.up import LocalCluster
 
 HARD = {"hard": True}
 

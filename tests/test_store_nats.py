@@ -11,13 +11,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import pytest
 
 from berth.errors import Invalid
-from berth.store.nats import (
-    MalformedMessage,
-    NatsStore,
-    decode_state,
-    encode_state,
-    node_token,
-)
+from berth.nats.wire import MalformedMessage, node_token
+from berth.store.nats import NatsStore, decode_state, encode_state
 from berth.store.port import StateEvent, StateStore
 from berth.testing.nats import NatsServer, client, unique_name
 from berth.testing.store_contract import StateStoreContract, sample_state

@@ -34,13 +34,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, NoCapacity
 from berth.model import Request, Spec
+from berth.nats.connection import connect
 from berth.node.runtime.port import BootSpec
 from berth.observability import tracing
-from berth.service.cluster import Names, nats_cluster
-from berth.service.scheduler import NatsScheduler
-from berth.service.up import LocalCluster
-from berth.store.nats_connection import connect
+from berth.scheduler.nats import NatsScheduler
+from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
+from berth.up import LocalCluster
 
 MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from berth.cli import app
+from berth.cli.main import app
 from berth.embedded import embedded_configs
 from berth.observability import tracing
-from berth.service.up import config_toml
+from berth.up import config_toml
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ import pytest
 
 from api_helpers import api_client
 from berth.errors import Invalid
-from berth.service.up import LocalCluster
+from berth.up import LocalCluster
 
 REQUEST = {"namespace": "default", "name": "probe", "spec": "micro",
            "layers": [{"id": "sha256:base", "size": 1024}]}  # fmt: skip

@@ -31,7 +31,7 @@ from berth.node.agent import Agent
 from berth.node.budget import IDLE
 from berth.node.classes import NodeClass
 from berth.node.config import AgentConfig, AgentSection, NodeSection
-from berth.node.runtime import BootSpec, Workload
+from berth.node.runtime import BootSpec, WorkloadHandle
 from berth.nodeclient.agents import AgentNodes
 from berth.ownership import Refused
 from berth.scheduler.multinode import ClusterScheduler, Confirmed
@@ -168,7 +168,7 @@ class EmbeddedCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def run(self, request: Request, boot: BootSpec) -> Confirmed[Workload]:
+    async def run(self, request: Request, boot: BootSpec) -> Confirmed[WorkloadHandle]:
         """Place ``request`` and boot ``boot`` on the first candidate that admits it.
 
         The result is the booted workload; ``node``, ``rank``, ``colocated_bytes`` and the
@@ -184,7 +184,7 @@ class EmbeddedCluster:
             raise Invalid("running a workload needs its resources (an instance type)", field="spec")
         details: dict[str, str] = {}
 
-        async def try_run(node: str) -> Workload:
+        async def try_run(node: str) -> WorkloadHandle:
             try:
                 return await self.agents[node].try_run(
                     spec, request.layers, boot, request.platforms

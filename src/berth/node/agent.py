@@ -39,7 +39,7 @@ from berth.node.config import AgentConfig
 from berth.node.core import NodeCore, WorkloadStatus
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
-from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, Workload
+from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
 from berth.node.runtime.microvm import MicrovmRuntime
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
@@ -242,7 +242,7 @@ class Agent:
         platforms: Sequence[Platform] = (),
         *,
         reservation: str | None = None,
-    ) -> Workload:
+    ) -> WorkloadHandle:
         """Mount, start, admit owned by the workload (or bind ``reservation``, a lease taken
         before, to it); stop it and refuse if admission fails."""
         booted = await self.core.boot(
@@ -268,7 +268,7 @@ class Agent:
         configured grace); unknown or already stopped ids are harmless."""
         await self.core.stop(workload_id, grace_s=grace_s)
 
-    def workloads(self) -> dict[str, Workload]:
+    def workloads(self) -> dict[str, WorkloadHandle]:
         """The running workloads by id."""
         return self.core.workloads()
 

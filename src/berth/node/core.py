@@ -76,7 +76,7 @@ from berth.model import (
 )
 from berth.node.budget import NodeBudget
 from berth.node.layers import LayerRegistry, MountResult
-from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload
+from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
 from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
@@ -138,7 +138,7 @@ class Booted:
     on this node neither mounted nor cached.
     """
 
-    workload: Workload
+    workload: WorkloadHandle
     admission: Admission
     mounts: tuple[MountResult, ...]
 
@@ -190,7 +190,7 @@ class NodeCore:
         self.end_errors: list[str] = []
         """Bookkeeping errors met when a workload ended (a runtime only logs a failing
         callback, so they are kept here for :meth:`problems` to report)."""
-        self._running: dict[str, tuple[Workload, tuple[str, ...]]] = {}
+        self._running: dict[str, tuple[WorkloadHandle, tuple[str, ...]]] = {}
         self._ended_recently: OrderedDict[str, WorkloadStatus] = OrderedDict()
         self._generation = 0
         self._generation_lock = threading.Lock()
@@ -281,7 +281,7 @@ class NodeCore:
     def _own(
         self,
         spec: Spec,
-        workload: Workload,
+        workload: WorkloadHandle,
         reservation: str | None,
         platforms: Sequence[Platform],
     ) -> Admission:
@@ -294,7 +294,7 @@ class NodeCore:
         self.budget.bind(reservation, workload)
         return held.admission
 
-    def _ended(self, workload: Workload, layer_ids: tuple[str, ...]) -> None:
+    def _ended(self, workload: WorkloadHandle, layer_ids: tuple[str, ...]) -> None:
         # The reservation is released by the budget itself (it follows its owner); the layers
         # are ours to unmount.
         if self._running.pop(workload.id, None) is None:
@@ -366,7 +366,7 @@ class NodeCore:
         for workload_id in list(self._running):
             await self.runtime.stop(workload_id)
 
-    def workloads(self) -> dict[str, Workload]:
+    def workloads(self) -> dict[str, WorkloadHandle]:
         """The running workloads by id."""
         return {workload_id: entry[0] for workload_id, entry in self._running.items()}
 

@@ -1,7 +1,7 @@
 """The node-client driver over NATS request/reply: a scheduler confirming on remote nodes.
 
 :class:`NatsNodes` implements :class:`~berth.nodeclient.port.AgentClient` by sending each
-call to the node's own subject (``berth.node.<node>.<op>``, :mod:`~berth.nodeclient.nats_wire`)
+call to the node's own subject (``berth.node.<node>.<op>``, :mod:`~berth.nats.wire`)
 where that node's :class:`~berth.nodeclient.nats_server.NodeServer` answers from its agent.
 
 Failures are typed, so a scheduler's walk knows what to do with each:
@@ -14,7 +14,7 @@ Failures are typed, so a scheduler's walk knows what to do with each:
   already took.  If no attempt is answered the walk moves on, and a reservation the node took
   anyway is an unbound lease that expires;
 * the node's ``Refused`` and ``Invalid`` arrive as themselves (the node named in every
-  refusal); a reply that is not a berth reply is :class:`~berth.nodeclient.nats_wire.BadReply`.
+  refusal); a reply that is not a berth reply is :class:`~berth.nats.wire.BadReply`.
 
 A call that is malformed on its face (``lease_ttl_s`` not an interval the node accepts; a stop's
 ``grace_s`` out of bounds) is ``Invalid`` before anything is sent.
@@ -43,9 +43,8 @@ from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
 from berth.model import Interval, Layer, Spec
-from berth.node.core import WorkloadStatus
-from berth.node.runtime.port import BootSpec, checked_grace
-from berth.nodeclient.nats_wire import (
+from berth.nats.connection import request
+from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
     PREFIX,
     SCHEMA_VERSION,
@@ -54,10 +53,11 @@ from berth.nodeclient.nats_wire import (
     encode,
     subject,
 )
+from berth.node.core import WorkloadStatus
+from berth.node.runtime.port import BootSpec, checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
-from berth.store.nats_connection import request
 from berth.validation import Rule
 
 __all__ = ["RUN_TIMEOUT_S", "NatsNodes"]

@@ -2,7 +2,7 @@
 
 A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop`` (and
 ``status``, ``cordon``, ``uncordon``)
-(:mod:`berth.nodeclient.nats_wire`) by calling the agent's own methods — ``admit``,
+(:mod:`berth.nats.wire`) by calling the agent's own methods — ``admit``,
 ``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the in-process driver
 calls, so the network adds transport and nothing else.  It owns three things the agent
 deliberately does not:
@@ -45,21 +45,22 @@ from nats.aio.msg import Msg
 
 from berth.errors import Invalid
 from berth.model import Layer, Spec
-from berth.node.agent import Agent
-from berth.node.runtime.port import BootSpec, checked_grace
-from berth.nodeclient.nats_wire import (
+from berth.nats.connection import settle
+from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
     PREFIX,
+    MalformedMessage,
     decode_request,
     error_reply,
     field_of,
+    node_token,
     ok_reply,
 )
+from berth.node.agent import Agent
+from berth.node.runtime.port import BootSpec, checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Refused
 from berth.platform import Platform
-from berth.store.nats import MalformedMessage, node_token
-from berth.store.nats_connection import settle
 
 __all__ = ["HeldUntilReleased", "NodeServer"]
 

@@ -39,7 +39,7 @@ bound to reported its end), its node left the cluster, or
 — for a lease never bound — the lease's time to live ran out, as on the node.  Replicas
 placed by *other* schedulers are invisible unless fed in (:meth:`Replicas.add`): the NATS
 scheduler service feeds every route of the routing registry in
-(:class:`~berth.service.scheduler.RouteReplicas`, keyed by node and reservation like its own
+(:class:`~berth.scheduler.nats.RouteReplicas`, keyed by node and reservation like its own
 placements, so its own come back as the same entry) and settles a hard per-node spread's
 races after the fact; schedulers fed nothing each follow only their own placements, and two
 of them can put two replicas of one function on the same node.  A placement without a

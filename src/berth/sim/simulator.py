@@ -140,9 +140,9 @@ __all__ = [
     "GaveUp",
     "InvariantViolated",
     "NodeClass",
-    "NodeInfo",
     "Observer",
     "SimConfig",
+    "SimNode",
     "SimResult",
     "Simulation",
     "check_drained",
@@ -276,7 +276,7 @@ class InvariantViolated(RuntimeError):
 
 
 @dataclass(frozen=True)
-class NodeInfo:
+class SimNode:
     """A simulated node's fixed description."""
 
     name: str
@@ -379,7 +379,7 @@ class SimResult:
 
     config: SimConfig
     policy: str
-    nodes: tuple[NodeInfo, ...]
+    nodes: tuple[SimNode, ...]
     decisions: list[Decision]
     pulls: list[tuple[float, int]]
     sample_times: npt.NDArray[np.float64]
@@ -421,7 +421,7 @@ def _reserved_load(budget: NodeBudget, load: StaticLoad) -> Callable[[], None]:
     return update
 
 
-def _simulated_node(info: NodeInfo, node_class: NodeClass, clock: Callable[[], float]) -> NodeCore:
+def _simulated_node(info: SimNode, node_class: NodeClass, clock: Callable[[], float]) -> NodeCore:
     """A node core with the simulated load model, on the simulated clock; its disk budget is
     the class's disk minus its layer cache (``info.disk_max``)."""
     load = StaticLoad()
@@ -500,7 +500,7 @@ def _counts(weights: Sequence[float], total: int) -> list[int]:
     return counts
 
 
-def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
+def layout(config: SimConfig) -> list[tuple[SimNode, NodeClass]]:
     """The nodes of ``config``: classes and platforms split by weight, shuffled by the seed."""
     rng = np.random.default_rng([config.seed, 0x5EED])
     classes = config.node_classes
@@ -518,11 +518,11 @@ def layout(config: SimConfig) -> list[tuple[NodeInfo, NodeClass]]:
     class_order = rng.permutation(config.nodes).tolist()
     platform_order = rng.permutation(config.nodes).tolist()
     width = max(3, len(str(config.nodes - 1)))
-    out: list[tuple[NodeInfo, NodeClass]] = []
+    out: list[tuple[SimNode, NodeClass]] = []
     for i in range(config.nodes):
         node_class = classes[class_of[class_order[i]]]
         cache = config.cache_of(node_class)
-        info = NodeInfo(
+        info = SimNode(
             name=f"node-{i:0{width}d}",
             node_class=node_class.name,
             platform=platforms[platform_of[platform_order[i]]],
@@ -571,7 +571,7 @@ class Simulation:
         self.check_invariants = check_invariants
         self.now = 0.0
         self._dirty: set[str] = set()
-        self.info: dict[str, NodeInfo] = {}
+        self.info: dict[str, SimNode] = {}
         self.nodes: dict[str, NodeCore] = {}
         for info, node_class in layout(config):
             node = _simulated_node(info, node_class, self._clock)
@@ -876,7 +876,7 @@ class Simulation:
 
 def _preseed(
     nodes: Mapping[str, NodeCore],
-    info: Mapping[str, NodeInfo],
+    info: Mapping[str, SimNode],
     arrivals: Sequence[Arrival],
     count: int,
 ) -> dict[str, frozenset[str]]:

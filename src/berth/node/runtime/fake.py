@@ -20,8 +20,8 @@ from berth.node.runtime.port import (
     BootSpec,
     ExitListener,
     ExitListeners,
-    Workload,
     WorkloadExit,
+    WorkloadHandle,
     WorkloadIds,
     configured_grace,
     end_within_grace,
@@ -50,21 +50,21 @@ class FakeRuntime:
         self.failing_commands: set[str] = set(failing_commands)
         self.ignoring_term: set[str] = set(ignoring_term)
         self.stop_grace_s = configured_grace(stop_grace_s)
-        self._running: dict[str, Workload] = {}
+        self._running: dict[str, WorkloadHandle] = {}
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
 
     def on_exit(self, listener: ExitListener) -> Callable[[], None]:
         return self._listeners.add(listener)
 
-    def list(self) -> tuple[Workload, ...]:
+    def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(self._running.values())
 
-    async def start(self, spec: BootSpec) -> Workload:
+    async def start(self, spec: BootSpec) -> WorkloadHandle:
         program = spec.command[0]
         if program in self.failing_commands:
             raise BootFailed(f"simulated boot failure of {program!r}")
-        workload = Workload(self._ids.next(spec), spec)
+        workload = WorkloadHandle(self._ids.next(spec), spec)
         self._running[workload.id] = workload
         return workload
 
@@ -91,13 +91,13 @@ class FakeRuntime:
         """End a running workload as if something outside the runtime killed it."""
         self._end(self._get(workload_id), WorkloadExit(signal=signum))
 
-    def _get(self, workload_id: str) -> Workload:
+    def _get(self, workload_id: str) -> WorkloadHandle:
         try:
             return self._running[workload_id]
         except KeyError:
             raise Invalid(f"no running workload {workload_id!r}", field="workload_id") from None
 
-    def _end(self, workload: Workload, status: WorkloadExit) -> None:
+    def _end(self, workload: WorkloadHandle, status: WorkloadExit) -> None:
         del self._running[workload.id]
         if workload._end(status):
             self._listeners.notify(workload)

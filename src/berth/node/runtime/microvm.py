@@ -73,8 +73,8 @@ from berth.node.runtime.port import (
     BootSpec,
     ExitListener,
     ExitListeners,
-    Workload,
     WorkloadExit,
+    WorkloadHandle,
     WorkloadIds,
     configured_grace,
     end_within_grace,
@@ -92,7 +92,7 @@ MIN_UPPER_DISK = 16 * MIB
 AccelChoice = Literal["auto", "kvm", "tcg"]
 
 
-class MicrovmWorkload(Workload):
+class MicrovmWorkload(WorkloadHandle):
     """A workload running in a guest: the port's handle plus what the guest reports.
 
     ``accel`` and ``size`` say how the guest runs; ``image`` is the image it booted;
@@ -314,10 +314,10 @@ class MicrovmRuntime:
     def on_exit(self, listener: ExitListener) -> Callable[[], None]:
         return self._listeners.add(listener)
 
-    def list(self) -> tuple[Workload, ...]:
+    def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(guest.workload for guest in self._guests.values())
 
-    async def start(self, spec: BootSpec) -> Workload:
+    async def start(self, spec: BootSpec) -> WorkloadHandle:
         """Boot ``spec`` in a new guest; return once its workload runs (``BootFailed`` if not)."""
         started_at = time.monotonic()
         if not isinstance(spec, BootSpec):

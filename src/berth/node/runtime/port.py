@@ -50,8 +50,8 @@ __all__ = [
     "ExitListeners",
     "Runtime",
     "StopGrace",
-    "Workload",
     "WorkloadExit",
+    "WorkloadHandle",
     "WorkloadIds",
     "checked_grace",
     "end_within_grace",
@@ -92,7 +92,9 @@ def stop_grace(grace_s: float | None, default: float) -> float:
     return default if checked is None else checked
 
 
-async def end_within_grace(workload: Workload, grace_s: float, kill: Callable[[], object]) -> None:
+async def end_within_grace(
+    workload: WorkloadHandle, grace_s: float, kill: Callable[[], object]
+) -> None:
     """After a stop's graceful signal: wait up to ``grace_s`` for ``workload`` to end, else
     ``kill()`` it and wait for its end.  Concurrent stops: the shortest grace kills."""
     try:
@@ -196,7 +198,7 @@ class WorkloadExit:
         return how or "ended"
 
 
-class Workload:
+class WorkloadHandle:
     """A handle on one started workload: ``id``, its ``spec``, and how it ends.
 
     ``pid`` is the OS process id for process-backed workloads (``None`` otherwise).  ``await
@@ -209,7 +211,7 @@ class Workload:
         self.pid = pid
         self._exit: WorkloadExit | None = None
         self._ended = asyncio.Event()
-        self._done_callbacks: list[Callable[[Workload], object]] = []
+        self._done_callbacks: list[Callable[[WorkloadHandle], object]] = []
 
     @property
     def done(self) -> bool:
@@ -230,7 +232,7 @@ class Workload:
         """Why it ended (``exited with code 1``, ``killed by SIGKILL``…); ``None`` while running."""
         return None if self._exit is None else self._exit.reason
 
-    def add_done_callback(self, fn: Callable[[Workload], object], /) -> None:
+    def add_done_callback(self, fn: Callable[[WorkloadHandle], object], /) -> None:
         """Call ``fn(self)`` when the workload ends (at once if it has): an ``Owner``.
 
         This is what lets a node budget hold a reservation for exactly the workload's life.
@@ -261,10 +263,10 @@ class Workload:
 
     def __repr__(self) -> str:
         state = "running" if self._exit is None else self._exit.reason
-        return f"Workload(id={self.id!r}, command={self.spec.command!r}, {state})"
+        return f"WorkloadHandle(id={self.id!r}, command={self.spec.command!r}, {state})"
 
 
-ExitListener = Callable[[Workload], None]
+ExitListener = Callable[[WorkloadHandle], None]
 """Called once when a workload ends, for any reason; read ``workload.exit`` for how."""
 
 
@@ -282,11 +284,11 @@ class Runtime(Protocol):
       ends after it was registered, whatever ended it; returns a function that unregisters it.
     """
 
-    async def start(self, spec: BootSpec) -> Workload: ...
+    async def start(self, spec: BootSpec) -> WorkloadHandle: ...
 
     async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None: ...
 
-    def list(self) -> tuple[Workload, ...]: ...
+    def list(self) -> tuple[WorkloadHandle, ...]: ...
 
     def on_exit(self, listener: ExitListener) -> Callable[[], None]: ...
 
@@ -306,7 +308,7 @@ class ExitListeners:
 
         return remove
 
-    def notify(self, workload: Workload) -> None:
+    def notify(self, workload: WorkloadHandle) -> None:
         for listener in tuple(self._listeners):
             try:
                 listener(workload)

@@ -29,8 +29,8 @@ from berth.node.runtime.port import (
     BootSpec,
     ExitListener,
     ExitListeners,
-    Workload,
     WorkloadExit,
+    WorkloadHandle,
     WorkloadIds,
     configured_grace,
     end_within_grace,
@@ -57,7 +57,7 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 @dataclass
 class _Running:
-    workload: Workload
+    workload: WorkloadHandle
     process: asyncio.subprocess.Process
     stop_requested: bool = False
 
@@ -92,10 +92,10 @@ class ProcessRuntime:
     def on_exit(self, listener: ExitListener) -> Callable[[], None]:
         return self._listeners.add(listener)
 
-    def list(self) -> tuple[Workload, ...]:
+    def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(entry.workload for entry in self._running.values())
 
-    async def start(self, spec: BootSpec) -> Workload:
+    async def start(self, spec: BootSpec) -> WorkloadHandle:
         """Spawn ``spec.command``; :class:`BootFailed` when it cannot be executed."""
         workload_id = self._ids.next(spec)
         program = spec.command[0]
@@ -124,7 +124,7 @@ class ProcessRuntime:
         finally:
             if not isinstance(output, int):
                 output.close()
-        workload = Workload(workload_id, spec, pid=process.pid)
+        workload = WorkloadHandle(workload_id, spec, pid=process.pid)
         entry = _Running(workload, process)
         self._running[workload_id] = entry
         watcher = asyncio.get_running_loop().create_task(

@@ -30,7 +30,12 @@ from berth.scheduler.policy.base import (
     Slots,
     Weighted,
 )
-from berth.scheduler.policy.baselines import Allocated, BinpackPolicy, RandomPolicy, SpreadPolicy
+from berth.scheduler.policy.baselines import (
+    Allocated,
+    BinpackPolicy,
+    LeastAllocatedPolicy,
+    RandomPolicy,
+)
 from berth.scheduler.policy.berth import BerthPolicy
 from berth.scheduler.policy.kube import ImageLocality, KubePolicy, LeastAllocated
 from berth.scheduler.policy.registry import POLICIES, PolicyFactory, policy
@@ -47,6 +52,7 @@ __all__ = [
     "KubePolicy",
     "LayerHolders",
     "LeastAllocated",
+    "LeastAllocatedPolicy",
     "PlacementRequest",
     "Policy",
     "PolicyFactory",
@@ -55,7 +61,6 @@ __all__ = [
     "SeedLike",
     "SeedPolicy",
     "Slots",
-    "SpreadPolicy",
     "Weighted",
     "policy",
 ]

@@ -38,8 +38,8 @@ from berth.scheduler.policy.base import (
 __all__ = [
     "Allocated",
     "BinpackPolicy",
+    "LeastAllocatedPolicy",
     "RandomPolicy",
-    "SpreadPolicy",
     "allocation",
     "free_fraction",
 ]
@@ -76,7 +76,7 @@ class BinpackPolicy(Weighted):
         super().__init__([(Allocated(), 1.0)], name="binpack")
 
 
-class SpreadPolicy(Weighted):
+class LeastAllocatedPolicy(Weighted):
     """Least allocated first; ties by node name."""
 
     def __init__(self) -> None:

@@ -12,7 +12,7 @@ from types import MappingProxyType
 
 from berth.errors import Invalid
 from berth.scheduler.policy.base import Policy, SeedLike
-from berth.scheduler.policy.baselines import BinpackPolicy, RandomPolicy, SpreadPolicy
+from berth.scheduler.policy.baselines import BinpackPolicy, LeastAllocatedPolicy, RandomPolicy
 from berth.scheduler.policy.berth import BerthPolicy
 from berth.scheduler.policy.kube import KubePolicy
 from berth.scheduler.policy.seed import SEED
@@ -31,7 +31,7 @@ POLICIES: Mapping[str, PolicyFactory] = MappingProxyType(
         "seed": _seed,
         "random": RandomPolicy,
         "binpack": lambda _: BinpackPolicy(),
-        "spread": lambda _: SpreadPolicy(),
+        "spread": lambda _: LeastAllocatedPolicy(),
         "kube": KubePolicy,
         "berth": BerthPolicy,
     }

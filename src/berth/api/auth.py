@@ -2,13 +2,13 @@
 
 Every route except ``GET /healthz`` depends on :func:`require_token`.  A request is
 authorized when its ``Authorization: Bearer <token>`` header, or its ``berth_token`` cookie
-(which ``GET /?token=T`` sets for the dashboard, :mod:`berth.service.http.dashboard`), equals
+(which ``GET /?token=T`` sets for the dashboard, :mod:`berth.api.dashboard`), equals
 the application's token, compared in constant time (:func:`hmac.compare_digest`).  Otherwise
 the answer is ``401`` as ``application/problem+json`` with ``WWW-Authenticate: Bearer``.
 
 The token lives on the application (``app.state.token``), set once by
-:func:`~berth.service.http.app.create_app`; there is no global.  Generating and storing a
-token (``berth up``, ``berth scheduler --http``) is :mod:`berth.service.http.server`'s.
+:func:`~berth.api.app.create_app`; there is no global.  Generating and storing a
+token (``berth up``, ``berth scheduler --http``) is :mod:`berth.api.server`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hmac
 
 from fastapi import Request
 
-from berth.service.http.problems import Problem
+from berth.api.problems import Problem
 
 __all__ = ["COOKIE", "bearer_token", "require_token", "token_matches"]
 

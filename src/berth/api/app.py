@@ -1,9 +1,9 @@
 """The FastAPI application: berth's routes over a :class:`~.backend.ClusterBackend`.
 
 :func:`create_app` wires the routes (listed in ``docs/api.md``), the token dependency on all
-of them but ``GET /healthz`` (:mod:`~berth.service.http.auth`), the problem+json answers
-(:mod:`~berth.service.http.problems`), the dashboard at ``/``
-(:mod:`~berth.service.http.dashboard`) and ``/metrics`` (:mod:`~berth.service.http.metrics`).
+of them but ``GET /healthz`` (:mod:`~berth.api.auth`), the problem+json answers
+(:mod:`~berth.api.problems`), the dashboard at ``/``
+(:mod:`~berth.api.dashboard`) and ``/metrics`` (:mod:`~berth.api.metrics`).
 The OpenAPI document is served at ``/openapi.json`` behind the token too (no Swagger UI: it
 would load scripts from a CDN); :func:`generated_openapi` gives it without a running server —
 the copy committed as ``docs/openapi.json`` (``berth api openapi``) is held equal to it by a
@@ -20,14 +20,14 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from berth.api import dashboard, metrics, schemas
+from berth.api.auth import require_token
+from berth.api.backend import ClusterBackend
+from berth.api.problems import Problem, ProblemBody, install, problem_responses
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
-from berth.service.http import dashboard, metrics, schemas
-from berth.service.http.auth import require_token
-from berth.service.http.backend import ClusterBackend
-from berth.service.http.problems import Problem, ProblemBody, install, problem_responses
-from berth.service.images import Image
-from berth.service.workloads import Workload
+from berth.registry.images import Image
+from berth.registry.workloads import Workload
 
 __all__ = ["API_VERSION", "create_app", "generated_openapi", "openapi_document"]
 

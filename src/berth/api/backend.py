@@ -3,15 +3,15 @@
 :class:`ClusterBackend` lives in a scheduler's process (``berth scheduler --http``) and uses
 that scheduler's parts — its NATS connection, its replica of the node states (for nodes and
 explanations), its node client — plus the placement port over the queue group
-(:class:`~berth.service.scheduler.NatsScheduler`, so any scheduler of the group may place)
-and the API's registries (:mod:`berth.service.workloads`, :mod:`berth.service.images`).
+(:class:`~berth.scheduler.nats.NatsScheduler`, so any scheduler of the group may place)
+and the API's registries (:mod:`berth.registry.workloads`, :mod:`berth.registry.images`).
 
 **Create** (``POST /v1/workloads``) validates everything first (the request with berth's
 types, the boot spec, the image), so bad input reserves nothing; then places through the
 queue group — the scheduler confirms on the node under a lease — and boots on that node with
 the lease (``try_run(…, reservation=…)``: the node binds the reservation to the workload it
 started).  Before placing, it claims the workload's identity (``namespace/name/replica``,
-:class:`~berth.service.workloads.IdentityClaims`): an identity a running workload holds — or
+:class:`~berth.registry.workloads.IdentityClaims`): an identity a running workload holds — or
 one a concurrent create is placing — is ``409`` naming the holder, with nothing placed.  The
 claim is given up when the create fails (except a boot whose outcome is unknown) and when the
 workload is seen to end, stop or fail; a drain's replacement takes it over from the stopped
@@ -44,28 +44,28 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from berth.api import schemas
+from berth.api.problems import Problem
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request
 from berth.node.runtime.port import BootSpec, checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
-from berth.scheduler.multinode import ClusterScheduler
-from berth.service.http import schemas
-from berth.service.http.problems import Problem
-from berth.service.images import Image, ImageRegistry, image_from_layout, image_of
-from berth.service.scheduler import NatsScheduler
-from berth.service.workloads import (
+from berth.registry.images import Image, ImageRegistry, image_from_layout, image_of
+from berth.registry.workloads import (
     CLAIM_PENDING_S,
     Claim,
     StoredWorkload,
     WorkloadRegistry,
     new_workload_id,
 )
+from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.nats import NatsScheduler
 from berth.state import NodeState
 
 __all__ = ["ClusterBackend"]
 
-log = logging.getLogger("berth.service.http")
+log = logging.getLogger("berth.api")
 
 DEFAULT_STOP_GRACE_S = 10.0
 """How long a stop that names no grace waits for the node (which applies its own grace)."""

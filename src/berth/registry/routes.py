@@ -5,9 +5,9 @@ in bucket ``berth_routes``, valued with the node, the reservation and the spec
 (:class:`Route`).  Its life follows the reservation it indexes:
 
 * **written** by the scheduler that confirmed the placement
-  (:class:`~berth.service.scheduler.SchedulerService`);
+  (:class:`~berth.scheduler.nats.SchedulerService`);
 * **removed** when the workload ends — released through a scheduler, or noticed by the node
-  that held it (:class:`~berth.service.agent.NodeService` drops the routes of reservations
+  that held it (:class:`~berth.nodeclient.nats_node.NodeService` drops the routes of reservations
   its budget no longer holds, on every heartbeat, and all of its own routes when it starts:
   a fresh agent holds nothing);
 * **purged** for a node that leaves the cluster (expired or shut down): every scheduler
@@ -16,7 +16,7 @@ in bucket ``berth_routes``, valued with the node, the reservation and the spec
 **Every scheduler follows the registry** (:meth:`RouteRegistry.follow`, an ordered consumer
 of the bucket like the state store's watch): a route carries its function's identity
 (``namespace``, ``name``), so each scheduler counts the replicas the others placed as soon as
-their routes land (:class:`~berth.service.scheduler.RouteReplicas`), which is what a spread
+their routes land (:class:`~berth.scheduler.nats.RouteReplicas`), which is what a spread
 judges.  The function fields were added to version 1 of the record as optional fields: a
 reader that predates them ignores them, and a route without them (written by an older
 scheduler) is still a route, only not counted for spreading.  A field that is present must be
@@ -56,12 +56,12 @@ from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
 from berth.model import Name, Placement, Spec
-from berth.store.nats import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
-from berth.store.nats_connection import settle
+from berth.nats.connection import settle
+from berth.nats.names import ROUTES_BUCKET
+from berth.nats.wire import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
 from berth.validation import Rule
 
 __all__ = [
-    "ROUTES_BUCKET",
     "Route",
     "RouteEvent",
     "RouteRegistry",
@@ -70,9 +70,8 @@ __all__ = [
     "encode_route",
 ]
 
-log = logging.getLogger("berth.service.routes")
+log = logging.getLogger("berth.registry.routes")
 
-ROUTES_BUCKET = "berth_routes"
 SCHEMA_VERSION = 1
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a write whose expected last revision is not the current one."""

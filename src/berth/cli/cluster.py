@@ -11,7 +11,7 @@
 * ``berth place``, ``berth whereis``, ``berth routes`` — the caller's side: place a workload
   through the schedulers, find where one runs, list every route;
 * ``berth scheduler --http ADDR`` and ``berth up`` also serve the HTTP API
-  (:mod:`berth.service.http`); ``berth api openapi`` prints its OpenAPI document.
+  (:mod:`berth.api`); ``berth api openapi`` prints its OpenAPI document.
 
 Every command that connects takes ``--nats URL`` (default ``$BERTH_NATS`` or
 ``nats://127.0.0.1:4222``) and ``--creds FILE`` (a JSON ``{"user", "password"}`` file, as
@@ -39,8 +39,8 @@ from rich.table import Table
 
 from berth.errors import Invalid
 from berth.model import Interval, Layer, Name, Request
+from berth.nats.connection import Credentials, connect
 from berth.observability import tracing
-from berth.store.nats_connection import Credentials, connect
 from berth.units import format_information
 from berth.validation import Rule, fields_as, shown
 
@@ -241,11 +241,11 @@ def _serve_agents(
     otlp: str | None = None,
     state_dir: Path | None = None,
 ) -> None:
+    from berth.nats.wire import node_token
     from berth.node.budget import IDLE
     from berth.node.config import load_config
-    from berth.service.agent import NodeService
-    from berth.service.routes import RouteRegistry
-    from berth.store.nats import node_token
+    from berth.nodeclient.nats_node import NodeService
+    from berth.registry.routes import RouteRegistry
 
     configs = [load_config(path) for path in paths]
     names = [config.node.name for config in configs]
@@ -321,10 +321,10 @@ def scheduler(
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
+    from berth.api.server import parse_address, resolve_token
+    from berth.registry.routes import RouteRegistry
+    from berth.scheduler.nats import scheduler_service
     from berth.scheduler.policy.registry import policy as policy_of
-    from berth.service.http.server import parse_address, resolve_token
-    from berth.service.routes import RouteRegistry
-    from berth.service.scheduler import scheduler_service
 
     for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
         _INTERVAL(value, flag)
@@ -376,7 +376,7 @@ async def _serve_api(
     generated: bool,
 ) -> None:
     """The HTTP API beside a running scheduler; a generated token goes to api.json."""
-    from berth.service.http.server import remove_api_file, scheduler_api, write_api_file
+    from berth.api.server import remove_api_file, scheduler_api, write_api_file
 
     host, port = address
     api = await stack.enter_async_context(
@@ -419,7 +419,7 @@ def up(
     policy: PolicyOption = "seed",
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
-    from berth.service.up import LocalCluster, wait_for_signal
+    from berth.up import LocalCluster, wait_for_signal
 
     if runtime not in ("process", "fake", "microvm"):
         raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
@@ -434,7 +434,7 @@ def up(
     traces = tracing.otlp_traces_url(otlp)  # checked here; the processes started export
     if otlp is not None and traces is not None:  # (they inherit the environment)
         os.environ[tracing.TRACES_ENDPOINT_ENV] = traces
-    from berth.service.http.server import parse_address, remove_api_file, write_api_file
+    from berth.api.server import parse_address, remove_api_file, write_api_file
 
     address = None if http == "off" else parse_address(http, public=http_public)
     cluster = LocalCluster(
@@ -490,7 +490,7 @@ def place(
     creds: CredsOption = None,
 ) -> None:
     """Place one workload through the cluster's schedulers and print the placement."""
-    from berth.service.scheduler import NatsScheduler
+    from berth.scheduler.nats import NatsScheduler
 
     with fields_as(_PLACE_FLAGS):
         request = Request(
@@ -527,7 +527,7 @@ def whereis(
     creds: CredsOption = None,
 ) -> None:
     """Which node holds a workload (from the routing registry)."""
-    from berth.service.routes import RouteRegistry
+    from berth.registry.routes import RouteRegistry
 
     _check_workload_key(workload)
     credentials = _credentials(creds)
@@ -556,7 +556,7 @@ def routes(
     creds: CredsOption = None,
 ) -> None:
     """Every route in the registry: workload → node."""
-    from berth.service.routes import RouteRegistry
+    from berth.registry.routes import RouteRegistry
 
     credentials = _credentials(creds)
 
@@ -581,7 +581,7 @@ def openapi() -> None:
     """Print the HTTP API's OpenAPI document (docs/openapi.json is this output)."""
     import json
 
-    from berth.service.http.app import generated_openapi
+    from berth.api.app import generated_openapi
 
     print(json.dumps(generated_openapi(), indent=2, ensure_ascii=False))
 

@@ -29,15 +29,15 @@ from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperGroup
 
+from berth.cli.cluster import parse_layer_flag
+from berth.cli.cluster import register as register_cluster
+from berth.cli.microvm import register as register_microvm
+from berth.cli.operator import register as register_operator
+from berth.cli.sim import register as register_sim
 from berth.errors import BerthError, Invalid
 from berth.model import Interval, Name, Request
-from berth.node.microvm.commands import register as register_microvm
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
-from berth.service.commands import parse_layer_flag
-from berth.service.commands import register as register_service
-from berth.service.operator import register as register_operator
-from berth.sim.commands import register as register_sim
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, one_line, shown
 
@@ -230,7 +230,7 @@ def agent(
             table.add_row(f"agent.{key}", _human(key, value))
         missing: list[str] = []
         if loaded.agent.runtime == "microvm":
-            from berth.node.microvm.commands import check_rows
+            from berth.node.microvm.setup import check_rows
 
             rows, missing = check_rows(loaded)
             for row in rows:
@@ -357,7 +357,7 @@ def _human(key: str, value: object) -> str:
 
 
 register_sim(app)
-register_service(app)
+register_cluster(app)
 register_microvm(app)
 register_operator(app)
 

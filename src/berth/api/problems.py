@@ -35,12 +35,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.ownership import Refused
-from berth.service.workloads import IdentityTaken
+from berth.registry.workloads import IdentityTaken
 from berth.validation import shown
 
 __all__ = ["PROBLEM_JSON", "Problem", "ProblemBody", "install", "problem_responses"]
 
-log = logging.getLogger("berth.service.http")
+log = logging.getLogger("berth.api")
 
 PROBLEM_JSON = "application/problem+json"
 _TITLES = {

@@ -29,10 +29,9 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from berth.service.names import Names
-from berth.service.workloads import API_BUCKET
-from berth.store.nats import node_token
-from berth.store.nats_connection import Credentials
+from berth.nats.connection import Credentials
+from berth.nats.names import API_BUCKET, Names
+from berth.nats.wire import node_token
 
 __all__ = ["ClusterAuth", "generate"]
 
@@ -111,7 +110,7 @@ class ClusterAuth:
             *self._js(s.nodes_bucket, read=True),
             *self._js(s.routes_bucket, read=True),
             # the HTTP API in a scheduler's process: placements through the queue group, and
-            # its registries of workloads and images (berth.service.workloads)
+            # its registries of workloads and images (berth.registry.workloads)
             f"{s.scheduler_prefix}.*",
             f"$KV.{API_BUCKET}.>",
             *self._js(API_BUCKET, read=True),

@@ -1,11 +1,11 @@
 """The operator's commands: ``berth run / ps / stop / nodes / explain / cordon / uncordon /
-drain / images``, each one call (or a few) to the HTTP API through :mod:`berth.service.client`.
+drain / images``, each one call (or a few) to the HTTP API through :mod:`berth.api.client`.
 
 :func:`register` adds them to a typer app (berth's own in :mod:`berth.cli`).  They are the
 kubectl/nomad side of berth: lists are rich tables, a drain shows its progress while the
 server stops the node's workloads and then a table of what happened to each, and ``--json``
 on every command prints the API's answer as one JSON document on stdout instead (for
-scripts; errors still go to stderr).  The API is found as :func:`berth.service.client.locate`
+scripts; errors still go to stderr).  The API is found as :func:`berth.api.client.locate`
 says: ``--api``/``$BERTH_API``, ``--token``/``$BERTH_TOKEN``, else the ``$BERTH_HOME/api.json``
 that ``berth up`` writes.
 
@@ -38,12 +38,12 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from berth.api.client import ApiClient, locate
+from berth.api.schemas import DRAIN_GRACE_S
+from berth.cli.cluster import parse_layer_flag
 from berth.errors import Invalid
 from berth.model import Name
 from berth.node.runtime.port import StopGrace
-from berth.service.client import ApiClient, locate
-from berth.service.commands import parse_layer_flag
-from berth.service.http.schemas import DRAIN_GRACE_S
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
 

@@ -1,10 +1,10 @@
 """The workload registry: every workload the API placed and booted, in a JetStream KV bucket.
 
-The HTTP API (:mod:`berth.service.http`) records each workload it boots as a
+The HTTP API (:mod:`berth.api`) records each workload it boots as a
 :class:`Workload` — where it runs (node, the node's own workload id, the reservation), what it
 runs (command, image), how it was placed (colocated bytes, rank) and its state — under the
 key ``w.<id>`` of bucket ``berth_api`` (:data:`API_BUCKET`, shared with the image registry,
-:mod:`berth.service.images`).  A bucket, not the API's memory, so a restarted scheduler (or
+:mod:`berth.registry.images`).  A bucket, not the API's memory, so a restarted scheduler (or
 another one serving the API) knows the workloads that run.
 
 The state machine is small: ``running`` → ``exited`` (it ended by itself; ``exit_code``),
@@ -23,7 +23,7 @@ create that died before recording its workload, after :data:`CLAIM_PENDING_S`) i
 with a compare-and-set on its revision; the API releases a claim when its workload ends
 (a conditional delete: only the holder's own claim).
 
-What it is not: the routing registry (:mod:`berth.service.routes`, the schedulers' index of
+What it is not: the routing registry (:mod:`berth.registry.routes`, the schedulers' index of
 reservations) nor a scheduler.  :class:`JsonBucket` is the small typed KV layer both API
 registries use.
 """
@@ -46,10 +46,10 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from berth.errors import BerthError, Unavailable
-from berth.store.nats import node_token
+from berth.nats.names import API_BUCKET
+from berth.nats.wire import node_token
 
 __all__ = [
-    "API_BUCKET",
     "CLAIM_PENDING_S",
     "Claim",
     "IdentityClaims",
@@ -62,9 +62,8 @@ __all__ = [
     "new_workload_id",
 ]
 
-log = logging.getLogger("berth.service.workloads")
+log = logging.getLogger("berth.registry.workloads")
 
-API_BUCKET = "berth_api"
 WorkloadState = Literal["running", "exited", "stopped", "failed"]
 Model = TypeVar("Model", bound=BaseModel)
 _WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")

@@ -4,7 +4,7 @@
 answering its own subjects and publishing to the nodes bucket) and K scheduler services
 (each with its own replica, node client and assume cache, in one queue group), each on its
 own connection, and yields a :class:`NatsCluster` whose ``scheduler`` is the caller's
-placement port (:class:`~berth.service.scheduler.NatsScheduler`).  Nothing passes between
+placement port (:class:`~berth.scheduler.nats.NatsScheduler`).  Nothing passes between
 them but NATS messages, exactly as between machines; only the process is shared.
 
 Bucket names and subject prefixes can be made unique (``namespace``) so that several
@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 
+from berth.nats.auth import ClusterAuth
+from berth.nats.connection import Credentials, connect
+from berth.nats.names import Names
 from berth.node.budget import IDLE
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
-from berth.service.agent import NodeService
-from berth.service.auth import ClusterAuth
-from berth.service.names import Names
-from berth.service.routes import RouteRegistry
-from berth.service.scheduler import NatsScheduler, SchedulerService
-from berth.service.scheduler import scheduler_service as open_scheduler_service
-from berth.store.nats_connection import Credentials, connect
+from berth.nodeclient.nats_node import NodeService
+from berth.registry.routes import RouteRegistry
+from berth.scheduler.nats import NatsScheduler, SchedulerService
+from berth.scheduler.nats import scheduler_service as open_scheduler_service
 
 __all__ = ["Names", "NatsCluster", "nats_cluster"]
 

@@ -32,14 +32,14 @@ import uvicorn
 from fastapi import FastAPI
 from nats.aio.client import Client
 
+from berth.api.app import create_app
+from berth.api.backend import ClusterBackend
+from berth.api.client import api_file
 from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
-from berth.service.client import api_file
-from berth.service.http.app import create_app
-from berth.service.http.backend import ClusterBackend
-from berth.service.images import ImageRegistry
-from berth.service.scheduler import NatsScheduler, SchedulerService
-from berth.service.workloads import WorkloadRegistry
+from berth.registry.images import ImageRegistry
+from berth.registry.workloads import WorkloadRegistry
+from berth.scheduler.nats import NatsScheduler, SchedulerService
 from berth.validation import shown
 
 __all__ = [

@@ -4,7 +4,7 @@ What it owns: the route, and nothing else — the metrics themselves (names, hel
 collector that reads the scheduler's view at scrape time) are
 :mod:`berth.observability.metrics`'.  The application names the
 :class:`~berth.observability.metrics.Metrics` to serve in ``app.state.metrics``
-(:func:`~berth.service.http.app.create_app` sets it to its scheduler's); without one the
+(:func:`~berth.api.app.create_app` sets it to its scheduler's); without one the
 answer is ``503`` (problem+json), never an empty page that would read as "no placements".
 
 The handler is ``async`` on purpose: it runs on the event loop that owns the scheduler's
@@ -20,9 +20,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from berth.api.auth import require_token
+from berth.api.problems import Problem
 from berth.observability.metrics import CONTENT_TYPE, Metrics
-from berth.service.http.auth import require_token
-from berth.service.http.problems import Problem
 
 __all__ = ["router"]
 

@@ -3,7 +3,7 @@
 What it owns: finding the API (:func:`locate`: ``--api``/``$BERTH_API`` and
 ``--token``/``$BERTH_TOKEN``, else the ``$BERTH_HOME/api.json`` that ``berth up`` writes), one
 method per route (:class:`ApiClient`), parsing every answer with the API's own pydantic
-schemas (:mod:`berth.service.http.schemas`), and turning every failure into one of berth's
+schemas (:mod:`berth.api.schemas`), and turning every failure into one of berth's
 errors, so the command line prints it as its usual one line:
 
 * an ``application/problem+json`` answer → ``Invalid`` (400, with the problem's ``field``),
@@ -29,10 +29,10 @@ from urllib.parse import quote, urlsplit
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from berth.api import schemas
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
 from berth.nodeclient.nats import RUN_TIMEOUT_S
-from berth.service.http import schemas
-from berth.service.scheduler import SCHEDULE_TIMEOUT_S
+from berth.scheduler.nats import SCHEDULE_TIMEOUT_S
 from berth.validation import one_line, shown
 
 __all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]

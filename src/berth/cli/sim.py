@@ -493,7 +493,7 @@ def demo(
     """A short fixed scenario: explained placements, then the policy comparison."""
     with _clean_errors():
         if runtime == "microvm":
-            from berth.microvm_demo import show
+            from berth.cli.demo_microvm import show
 
             show(console)
             return

@@ -27,32 +27,60 @@ read is :class:`BadReply` (an ``Unavailable``: the node misbehaved, and a walk m
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from berth.errors import Invalid, Unavailable
+from berth.nats.names import NODE_PREFIX
 from berth.ownership import Refused
-from berth.store.nats import MalformedMessage, node_token
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
+    "KV_OPERATION",
+    "MARKER_REASON",
     "OPERATIONS",
     "PREFIX",
     "SCHEMA_VERSION",
     "BadReply",
+    "MalformedMessage",
     "decode_reply",
     "decode_request",
     "encode",
     "error_reply",
     "field_of",
+    "node_token",
     "ok_reply",
     "raise_error",
     "subject",
 ]
 
-PREFIX = "berth.node"
+PREFIX = NODE_PREFIX
 SCHEMA_VERSION = 1
 IDEMPOTENCY_HEADER = "Berth-Idempotency-Key"
 OPERATIONS = ("admit", "bind", "release", "run", "stop", "status", "cordon", "uncordon")
+
+
+KV_OPERATION = "KV-Operation"
+MARKER_REASON = "Nats-Marker-Reason"  # nats-server >= 2.11: a limit marker (expiry)
+_SAFE = re.compile(r"[A-Za-z0-9_-]")
+
+
+class MalformedMessage(Invalid):
+    """Data from the network that berth cannot accept: ``source`` says where it came from."""
+
+    def __init__(self, message: str, *, source: str, field: str | None = None) -> None:
+        self.source = source
+        super().__init__(f"malformed message on {source}: {message}", field=field)
+
+
+def node_token(node: str) -> str:
+    """``node`` as one NATS subject token / KV key (see the module docstring)."""
+    if not node:
+        raise Invalid("must not be empty", field="node")
+    return "".join(
+        ch if _SAFE.fullmatch(ch) else "".join(f"={byte:02X}" for byte in ch.encode())
+        for ch in node
+    )
 
 
 class BadReply(Unavailable):

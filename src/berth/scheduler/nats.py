@@ -21,14 +21,14 @@ first, so new requests go to the other members; requests in flight get ``grace_s
 and any still running after that are answered ``unavailable`` ("shutting down") rather than
 left to time out.
 
-On a confirmed placement the service records a route (:mod:`berth.service.routes`) when it
+On a confirmed placement the service records a route (:mod:`berth.registry.routes`) when it
 has a registry, and on ``release`` removes it; when a node leaves its replica (expired or
 shut down) it purges that node's routes.  Registry failures are logged, never a failed
 placement: the node's reservation is the truth, the route an index of it.
 
 **Replicas are shared through the routes** (``share_replicas``, on by default with a
 registry): a route names its function, and every service follows the registry
-(:meth:`~berth.service.routes.RouteRegistry.follow`) into its scheduler's replica index
+(:meth:`~berth.registry.routes.RouteRegistry.follow`) into its scheduler's replica index
 (:class:`RouteReplicas`), so a spread counts the replicas every scheduler placed, not only
 its own.  A scheduler's own replica is keyed by its node and reservation from the moment the
 node is asked; its route, when it comes back through the watch, names the same node and
@@ -74,10 +74,12 @@ from nats.aio.msg import Msg
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Placement, Request
-from berth.nodeclient.nats import NatsNodes
-from berth.nodeclient.nats_wire import (
+from berth.nats.connection import request, settle
+from berth.nats.names import SCHEDULER_PREFIX
+from berth.nats.wire import (
     PREFIX,
     BadReply,
+    MalformedMessage,
     decode_request,
     encode,
     error_reply,
@@ -85,26 +87,19 @@ from berth.nodeclient.nats_wire import (
     ok_reply,
     raise_error,
 )
+from berth.nodeclient.nats import NatsNodes
 from berth.observability import tracing
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
+from berth.registry.routes import Route, RouteEvent, RouteRegistry, RouteWatch
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.scheduler.spread import Replicas
-from berth.service.routes import Route, RouteEvent, RouteRegistry, RouteWatch
-from berth.store.nats import (
-    DEFAULT_BUCKET,
-    SCHEMA_VERSION,
-    MalformedMessage,
-    NatsStore,
-    bucket_ttl_s,
-)
-from berth.store.nats_connection import request, settle
+from berth.store.nats import DEFAULT_BUCKET, SCHEMA_VERSION, NatsStore, bucket_ttl_s
 from berth.store.port import StateEvent, StateStore
 
 __all__ = [
     "QUEUE",
-    "SCHEDULER_PREFIX",
     "SCHEDULE_TIMEOUT_S",
     "NatsScheduler",
     "RouteReplicas",
@@ -112,9 +107,8 @@ __all__ = [
     "scheduler_service",
 ]
 
-log = logging.getLogger("berth.service.scheduler")
+log = logging.getLogger("berth.scheduler.nats")
 
-SCHEDULER_PREFIX = "berth.scheduler"
 QUEUE = "berth-schedulers"
 OPERATIONS = ("schedule", "release", "ping")
 MAX_RACE_RETRIES = 4

@@ -6,7 +6,7 @@ types) when the backend turns them into a :class:`~berth.model.Request` — one 
 place: the schema says the shape, berth's types say the bounds, and either refusal is a
 ``400`` naming the field.  Response bodies are what the backend returns, validated on the way
 out, so the document and the answers cannot drift apart; the CLI
-(:mod:`berth.service.client`) parses answers with these same models.
+(:mod:`berth.api.client`) parses answers with these same models.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from berth.node.runtime.port import StopGrace
-from berth.service.images import Image
-from berth.service.workloads import Workload
+from berth.registry.images import Image
+from berth.registry.workloads import Workload
 
 __all__ = [
     "DrainItem",

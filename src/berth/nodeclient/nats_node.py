@@ -28,17 +28,17 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from berth.nats.wire import PREFIX
 from berth.node.agent import Agent
 from berth.node.budget import LoadReadings
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats_server import NodeServer
-from berth.nodeclient.nats_wire import PREFIX
-from berth.service.routes import RouteRegistry
+from berth.registry.routes import RouteRegistry
 from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
 
 __all__ = ["NodeService"]
 
-log = logging.getLogger("berth.service.agent")
+log = logging.getLogger("berth.nodeclient.nats_node")
 
 
 class NodeService:

@@ -24,7 +24,7 @@ from importlib.resources import files
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from berth.service.http.auth import COOKIE, bearer_token, token_matches
+from berth.api.auth import COOKIE, bearer_token, token_matches
 
 __all__ = ["router"]
 
@@ -51,11 +51,11 @@ with <code>/?token=</code> and its token appended.</p></body></html>
 
 @cache
 def _static(name: str) -> str:
-    return (files("berth.service.http") / "static" / name).read_text(encoding="utf-8")
+    return (files("berth.api") / "static" / name).read_text(encoding="utf-8")
 
 
 def _authorized(request: Request) -> bool:
-    """The API's rule (:func:`~berth.service.http.auth.require_token`), answered with a page."""
+    """The API's rule (:func:`~berth.api.auth.require_token`), answered with a page."""
     return token_matches(request, request.cookies.get(COOKIE)) or token_matches(
         request, bearer_token(request)
     )

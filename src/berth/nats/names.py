@@ -1,7 +1,7 @@
 """Where a berth cluster lives on a NATS server: its two buckets and its subject prefixes.
 
 One value names them all, so the services, the permissions ``berth up`` writes
-(:mod:`berth.service.auth`) and the tests agree; :meth:`Names.namespaced` gives a cluster
+(:mod:`berth.nats.auth`) and the tests agree; :meth:`Names.namespaced` gives a cluster
 names of its own, so several share one server (tests, the benchmark).
 """
 
@@ -9,21 +9,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from berth.nodeclient.nats_wire import PREFIX
-from berth.service.routes import ROUTES_BUCKET
-from berth.service.scheduler import SCHEDULER_PREFIX
-from berth.store.nats import DEFAULT_BUCKET
+__all__ = [
+    "API_BUCKET",
+    "NODES_BUCKET",
+    "NODE_PREFIX",
+    "ROUTES_BUCKET",
+    "SCHEDULER_PREFIX",
+    "Names",
+]
 
-__all__ = ["Names"]
+NODES_BUCKET = "berth_nodes"  # every node's NodeState (berth.store.nats)
+ROUTES_BUCKET = "berth_routes"  # which node holds each workload (berth.registry.routes)
+API_BUCKET = "berth_api"  # the API's workloads, images and identity claims (berth.registry)
+NODE_PREFIX = "berth.node"  # berth.node.<node>.<operation> (berth.nodeclient.nats)
+SCHEDULER_PREFIX = "berth.scheduler"  # the placement port's queue group (berth.scheduler.nats)
 
 
 @dataclass(frozen=True)
 class Names:
     """Where a cluster lives on the server: its buckets and subject prefixes."""
 
-    nodes_bucket: str = DEFAULT_BUCKET
+    nodes_bucket: str = NODES_BUCKET
     routes_bucket: str = ROUTES_BUCKET
-    node_prefix: str = PREFIX
+    node_prefix: str = NODE_PREFIX
     scheduler_prefix: str = SCHEDULER_PREFIX
 
     @classmethod

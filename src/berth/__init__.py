@@ -11,6 +11,8 @@ simulator).  Shared vocabulary sits at the top: ``model`` (requests, specs, plac
 ``state`` (node snapshots), ``ownership`` (owners, leases, refusals), ``errors``.
 """
 
+__version__ = "0.1.0"
+
 from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import INSTANCE_TYPES, Layer, Placement, Request, Spec, instance_type
@@ -64,6 +66,7 @@ __all__ = [
     "StateStore",
     "Unavailable",
     "Weighted",
+    "__version__",
     "colocation_score",
     "fits",
     "format_bandwidth",

@@ -62,6 +62,7 @@ from berth.validation import BerthModel, Rule, shown
 
 __all__ = [
     "INSTANCE_TYPES",
+    "INTERVAL_RULE",
     "MAX_BYTES",
     "MAX_CORES",
     "MAX_DURATION_S",
@@ -72,6 +73,7 @@ __all__ = [
     "MAX_REPLICA",
     "MAX_SKEW",
     "MIN_INTERVAL_S",
+    "NAME_RULE",
     "ByteCount",
     "ByteRate",
     "Bytes",
@@ -183,6 +185,11 @@ Seconds = Annotated[float, Strict(), Field(ge=0, le=MAX_DURATION_S, allow_inf_na
 Interval = Annotated[
     float, Strict(), Field(ge=MIN_INTERVAL_S, le=MAX_DURATION_S, allow_inf_nan=False)
 ]
+
+NAME_RULE: Rule[str] = Rule(Name)
+"""Checks one ``Name`` argument of a plain function: ``NAME_RULE(node, "node")``."""
+INTERVAL_RULE: Rule[float] = Rule(Interval)
+"""Checks one ``Interval`` argument (seconds, > 0): ``INTERVAL_RULE(ttl, "lease_ttl_s")``."""
 
 
 class Spec(BerthModel):

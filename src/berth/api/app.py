@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Query
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from berth import __version__
 from berth.api import dashboard, metrics, schemas
 from berth.api.auth import require_token
 from berth.api.backend import ClusterBackend
@@ -31,7 +32,7 @@ from berth.registry.workloads import Workload
 
 __all__ = ["API_VERSION", "create_app", "generated_openapi", "openapi_document"]
 
-API_VERSION = "1.0.0"
+API_VERSION = __version__  # the package's version is the API's (docs/openapi.json says it)
 _DESCRIPTION = (
     "berth's API: place and boot workloads, stop them, drain and cordon nodes, register "
     "images, explain placements. Every route but /healthz needs 'Authorization: Bearer "

@@ -30,9 +30,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from berth.api import schemas
+from berth.defaults import RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
-from berth.nodeclient.nats import RUN_TIMEOUT_S
-from berth.scheduler.nats import SCHEDULE_TIMEOUT_S
 from berth.validation import one_line, shown
 
 __all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]

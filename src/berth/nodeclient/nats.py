@@ -41,6 +41,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 
+from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Interval, Layer, Spec
 from berth.nats.connection import request
@@ -60,7 +61,7 @@ from berth.ownership import Admission, Owner, Refused
 from berth.platform import Platform
 from berth.validation import Rule
 
-__all__ = ["RUN_TIMEOUT_S", "NatsNodes"]
+__all__ = ["NatsNodes"]
 
 log = logging.getLogger("berth.nodeclient.nats")
 
@@ -71,7 +72,6 @@ class _TimedOut(Unavailable):
     """No answer in time: the outcome is unknown."""
 
 
-RUN_TIMEOUT_S = 60.0
 """How long a boot (``run``) may take on the node before the caller gives up (outcome unknown)."""
 
 

@@ -72,6 +72,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from berth.defaults import SCHEDULE_TIMEOUT_S
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import Placement, Request
 from berth.nats.connection import request, settle
@@ -100,7 +101,6 @@ from berth.store.port import StateEvent, StateStore
 
 __all__ = [
     "QUEUE",
-    "SCHEDULE_TIMEOUT_S",
     "NatsScheduler",
     "RouteReplicas",
     "SchedulerService",
@@ -508,7 +508,6 @@ def _model(kind: Any, document: dict[str, Any], name: str, source: str) -> Any:
         raise MalformedMessage(error.message, source=source, field=field) from None
 
 
-SCHEDULE_TIMEOUT_S = 10.0
 """How long a caller waits for the queue group's answer to ``schedule`` (then: unknown)."""
 
 

@@ -1,0 +1,30 @@
+"""berth's defaults: every value a caller gets when it does not say, typed once.
+
+A default that two modules share lives here and nowhere else, so the agent's configuration,
+the schedulers, the test clusters and ``berth up`` cannot drift apart (``lease_ttl_s`` was
+typed as ``30.0`` in six places).  This module imports nothing of berth's: any layer may read
+it.  What a value *may* be (its bounds) is not here but in the type that carries it
+(:mod:`berth.model`, :mod:`berth.units`); a default is only the value chosen when none is
+given.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HEARTBEAT_S",
+    "LEASE_TTL_S",
+    "RUN_TIMEOUT_S",
+    "SCHEDULE_TIMEOUT_S",
+]
+
+LEASE_TTL_S = 30.0
+"""How long an unbound reservation is held for its owner before the node ends it."""
+
+HEARTBEAT_S = 5.0
+"""How often an agent publishes its node's snapshot (liveness is three of them)."""
+
+SCHEDULE_TIMEOUT_S = 10.0
+"""How long a caller of the scheduler queue group waits for a placement."""
+
+RUN_TIMEOUT_S = 60.0
+"""How long a scheduler waits for a node to boot a workload (a microVM's cold start)."""

@@ -101,6 +101,12 @@ class Refused(BerthError):
         text = f"{where}: {reason} ({describe_reason(reason)})"
         super().__init__(f"{text}: {detail}" if detail else text)
 
+    @classmethod
+    def lease_expired(cls, reservation_id: str) -> Refused:
+        """The refusal of a call on a reservation the node no longer holds (released, expired,
+        or never taken): ``lease_expired``, whoever notices it."""
+        return cls("lease_expired", f"reservation {reservation_id} is gone")
+
 
 @contextlib.contextmanager
 def refused_by(node: str) -> Iterator[None]:

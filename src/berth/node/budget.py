@@ -304,7 +304,7 @@ class NodeBudget:
         with self._lock:
             lease = self._leases.get(reservation_id)
         if lease is None:
-            raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+            raise Refused.lease_expired(reservation_id)
         lease.bind(owner)
 
     def release(self, reservation_id: str) -> bool:

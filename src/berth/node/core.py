@@ -231,7 +231,7 @@ class NodeCore:
             if reservation is None and self.budget.cordoned:  # before mounting anything
                 raise Refused(CORDONED.code, CORDONED_DETAIL)
             if reservation is not None and not self.budget.holds(reservation):
-                raise Refused("lease_expired", f"reservation {reservation} is gone")
+                raise Refused.lease_expired(reservation)
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
             limits = {"mem_limit": spec.mem, "vcpus": spec.vcpus, "disk_limit": spec.disk}
@@ -290,7 +290,7 @@ class NodeCore:
             return self.budget.admit(spec, workload, platforms).admission
         held = self.budget.get(reservation)
         if held is None:
-            raise Refused("lease_expired", f"reservation {reservation} is gone")
+            raise Refused.lease_expired(reservation)
         self.budget.bind(reservation, workload)
         return held.admission
 
@@ -342,7 +342,7 @@ class NodeCore:
         with refused_by(self.name):
             if isinstance(owner, str):
                 if not self.budget.holds(reservation_id):  # say the likelier thing first
-                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+                    raise Refused.lease_expired(reservation_id)
                 running = self._running.get(owner)
                 if running is None:
                     raise Refused("unknown_workload", f"no workload {owner!r}")

@@ -65,7 +65,7 @@ class LocalNodes:
         with refused_by(node):
             if isinstance(owner, str):
                 if not budget.holds(reservation_id):
-                    raise Refused("lease_expired", f"reservation {reservation_id} is gone")
+                    raise Refused.lease_expired(reservation_id)
                 raise Refused("unknown_workload", "budget-only nodes run no workloads")
             budget.bind(reservation_id, owner)
 

@@ -52,7 +52,8 @@ from berth.errors import NoCapacity
 from berth.model import Placement, Request, Spec, Spread
 from berth.nats.names import Names
 from berth.nodeclient.nats_node import NodeService
-from berth.scheduler.nats import NatsScheduler, SchedulerService
+from berth.scheduler.nats import NatsScheduler
+from berth.scheduler.nats_server import SchedulerService
 from berth.testing.cluster import nats_cluster
 from berth.testing.nats import running_server, unique_name
 

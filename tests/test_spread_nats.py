@@ -28,7 +28,7 @@ from berth.model import Placement, Request, Spec, Spread
 from berth.nats.connection import connect
 from berth.nats.wire import MalformedMessage
 from berth.registry.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
-from berth.scheduler.nats import RouteReplicas
+from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
 from berth.testing.nats import NatsServer, unique_name
 from helpers import load_benchmark

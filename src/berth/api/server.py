@@ -39,7 +39,8 @@ from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
 from berth.registry.images import ImageRegistry
 from berth.registry.workloads import WorkloadRegistry
-from berth.scheduler.nats import NatsScheduler, SchedulerService
+from berth.scheduler.nats import NatsScheduler
+from berth.scheduler.nats_server import SchedulerService
 from berth.validation import shown
 
 __all__ = [

@@ -323,7 +323,7 @@ def scheduler(
     API with --http)."""
     from berth.api.server import parse_address, resolve_token
     from berth.registry.routes import RouteRegistry
-    from berth.scheduler.nats import scheduler_service
+    from berth.scheduler.nats_server import scheduler_service
     from berth.scheduler.policy.registry import policy as policy_of
 
     for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):

@@ -1,65 +1,98 @@
-"""The messages of admission over NATS request/reply: subjects, bodies, replies, errors.
+"""berth's wire format on NATS: the envelope, its version, the error codec, malformed messages.
 
-Both ends of :mod:`berth.nodeclient.nats` (the scheduler's client) and
-:mod:`berth.nodeclient.nats_server` (the node's responder) speak through this module, so the
-protocol is written down once:
+Every berth message on NATS — a node's snapshot in the nodes bucket
+(:mod:`berth.store.nats`), a request to a node (:mod:`berth.nodeclient.nats`,
+:mod:`berth.nodeclient.nats_server`) or to the schedulers' queue group
+(:mod:`berth.scheduler.nats`, :mod:`berth.scheduler.nats_server`) and their replies — is read
+and written here, so the format is written down once and each protocol only names its
+operations and fields:
 
-* **subjects** — one per node and operation, ``berth.node.<node>.<op>``, ``<node>`` the
-  escaped node name (:func:`berth.store.nats.node_token`), ``<op>`` one of :data:`OPERATIONS`;
-  per-node subjects are what lets NATS permissions say "this agent answers only for itself";
-* **requests** — a JSON object with ``"v": 1`` and the operation's fields (``spec``,
-  ``lease_ttl_s``, ``platforms``, ``reservation_id``, ``workload_id``, ``layers``, ``boot``;
-  a ``stop`` may carry ``grace_s``, seconds from ``SIGTERM`` to ``SIGKILL``, a finite number
-  from 0 to :data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's
-  default);
-  an ``admit`` carries an idempotency key in the ``Berth-Idempotency-Key`` header;
-* **replies** — ``{"v": 1, "ok": value}`` or ``{"v": 1, "error": {"kind": …}}`` where the
-  kind is ``refused`` (with the node's ``reason`` code, ``detail`` and ``node``), ``invalid``
-  (``field``, ``message``) or ``failed`` (the node could not do it; retrying may help).
+* **the envelope** — a JSON object with ``"v": 1`` (:data:`SCHEMA_VERSION`) and the
+  message's fields: :func:`encode_request` writes it, :func:`decode_document` reads it back
+  (the version checked), :func:`field_of` and :func:`model_of` read its fields;
+* **replies** — ``{"v": 1, "ok": value}`` or ``{"v": 1, "error": {"kind": …}}``.  A
+  protocol's :class:`Replies` lists the error kinds it carries, each an :class:`ErrorKind`
+  (the exception, its body, the exception a body gives back): a node carries ``refused``
+  (the node's ``reason`` code, ``detail`` and ``node``) and ``invalid`` (``field``,
+  ``message``) — :data:`NODE_REPLIES`; the schedulers carry ``no_matching_platform``
+  (``requested``, ``offered``), ``no_capacity`` (``message``, every node's ``reasons``) and
+  ``unavailable`` (``message``) besides — :data:`PLACEMENT_REPLIES`.  Any other exception is
+  ``failed`` (the server could not do it; retrying may help), which the caller reads as
+  ``Unavailable``; the rest cross the network as themselves;
+* **malformed messages** — data from the network that berth cannot accept (unreadable,
+  another version, a field of the wrong type, an invalid value) is
+  :class:`MalformedMessage`, an ``Invalid`` naming the field and where the message came from:
+  a server answers it ``invalid`` and changes nothing (:class:`Responder` counts and logs
+  it), a watch logs and skips it.  A *reply* a caller cannot read is :class:`BadReply` (an
+  ``Unavailable``: the peer misbehaved, and a walk moves on);
+* **operations** — a server answers each operation from a table, operation name →
+  :class:`Operation` (its request's decoder, its handler), so adding one is a new row, never
+  a new branch (:func:`perform`).
 
-:func:`raise_error` turns an error reply back into the exception the node raised:
-``Refused`` and ``Invalid`` cross the network as themselves; ``failed`` becomes
-``Unavailable``.  A request the server cannot read is :class:`~berth.store.nats.MalformedMessage`
-(an ``Invalid``: the server answers ``invalid`` and changes nothing); a reply the client cannot
-read is :class:`BadReply` (an ``Unavailable``: the node misbehaved, and a walk moves on).
+Also here, because every NATS module needs them: node names as one subject token or KV key
+(:func:`node_token` escapes every character outside ``[A-Za-z0-9_-]`` as ``=XX``, the hex of
+its UTF-8 bytes: ``node.1`` → ``node=2E1``), the KV headers that mark deletes and expiry
+markers, and the node protocol's addressing — one subject per node and operation,
+``berth.node.<node token>.<op>`` (:func:`subject`; per-node subjects are what lets NATS
+permissions say "this agent answers only for itself"), an ``admit`` carrying an idempotency
+key in the :data:`IDEMPOTENCY_HEADER` header.  The node protocol's operations and fields are
+:class:`~berth.nodeclient.nats_server.NodeServer`'s table; the schedulers' are
+:class:`~berth.scheduler.nats_server.SchedulerService`'s.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, TypeVar
 
-from berth.errors import Invalid, Unavailable
+from nats.aio.msg import Msg
+
+from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.nats.names import NODE_PREFIX
 from berth.ownership import Refused
+from berth.validation import BerthModel
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
+    "INVALID",
     "KV_OPERATION",
     "MARKER_REASON",
-    "OPERATIONS",
+    "NODE_REPLIES",
+    "NO_CAPACITY",
+    "NO_MATCHING_PLATFORM",
+    "PLACEMENT_REPLIES",
     "PREFIX",
+    "REFUSED",
     "SCHEMA_VERSION",
+    "UNAVAILABLE",
     "BadReply",
+    "ErrorKind",
     "MalformedMessage",
-    "decode_reply",
-    "decode_request",
+    "Operation",
+    "Replies",
+    "Responder",
+    "decode_document",
     "encode",
-    "error_reply",
+    "encode_request",
     "field_of",
+    "model_of",
+    "no_fields",
     "node_token",
     "ok_reply",
-    "raise_error",
+    "perform",
     "subject",
 ]
 
-PREFIX = NODE_PREFIX
+T = TypeVar("T")
+M = TypeVar("M", bound=BerthModel)
+
 SCHEMA_VERSION = 1
+PREFIX = NODE_PREFIX
 IDEMPOTENCY_HEADER = "Berth-Idempotency-Key"
-OPERATIONS = ("admit", "bind", "release", "run", "stop", "status", "cordon", "uncordon")
-
-
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"  # nats-server >= 2.11: a limit marker (expiry)
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
@@ -73,6 +106,11 @@ class MalformedMessage(Invalid):
         super().__init__(f"malformed message on {source}: {message}", field=field)
 
 
+class BadReply(Unavailable):
+    """A peer answered with something that is not a berth reply (named, logged, never trusted)."""
+
+
+# -- names ---------------------------------------------------------------------------------
 def node_token(node: str) -> str:
     """``node`` as one NATS subject token / KV key (see the module docstring)."""
     if not node:
@@ -83,38 +121,30 @@ def node_token(node: str) -> str:
     )
 
 
-class BadReply(Unavailable):
-    """A node answered with something that is not a berth reply (named, logged, never trusted)."""
-
-
 def subject(node: str, operation: str, prefix: str = PREFIX) -> str:
-    """``<prefix>.<node token>.<operation>``."""
+    """``<prefix>.<node token>.<operation>``: where ``node`` answers ``operation``."""
     return f"{prefix}.{node_token(node)}.{operation}"
 
 
-def encode(document: dict[str, Any]) -> bytes:
+# -- the envelope ----------------------------------------------------------------------------
+def encode(document: Mapping[str, Any]) -> bytes:
+    """``document`` as compact JSON (no NaN or infinity: they are not JSON)."""
     return json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
 
 
+def encode_request(fields: Mapping[str, Any]) -> bytes:
+    """A request: the envelope around ``fields``."""
+    return encode({"v": SCHEMA_VERSION, **fields})
+
+
 def ok_reply(value: Any) -> bytes:
+    """The reply that carries ``value``."""
     return encode({"v": SCHEMA_VERSION, "ok": value})
 
 
-def error_reply(error: BaseException) -> bytes:
-    """The reply that carries ``error`` (``Refused``, ``Invalid``, anything else: ``failed``)."""
-    body: dict[str, Any]
-    if isinstance(error, Refused):
-        body = {"kind": "refused", "reason": error.reason, "detail": error.detail}
-        body["node"] = error.node
-    elif isinstance(error, Invalid):
-        body = {"kind": "invalid", "field": error.field, "message": error.message}
-    else:
-        body = {"kind": "failed", "message": f"{type(error).__name__}: {error}"}
-    return encode({"v": SCHEMA_VERSION, "error": body})
-
-
-def decode_request(data: bytes, *, source: str) -> dict[str, Any]:
-    """A request's fields; :class:`MalformedMessage` when it is not a berth request."""
+def decode_document(data: bytes, *, source: str) -> dict[str, Any]:
+    """A message's fields; :class:`MalformedMessage` when it is not a berth message of this
+    version."""
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:
@@ -143,42 +173,212 @@ def field_of(
     return value
 
 
-def decode_reply(data: bytes, *, source: str) -> Any:
-    """The ``ok`` value of a reply; the node's error raised as itself (:func:`raise_error`)."""
+def model_of(kind: type[M], document: dict[str, Any], name: str, *, source: str) -> M:
+    """``document[name]`` validated as a ``kind``; its invalid field named under ``name``
+    (``spec.mem``)."""
     try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise BadReply(f"unreadable reply on {source}: {data[:80]!r}") from None
-    if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
-        raise BadReply(f"not a berth reply on {source}: {data[:80]!r}")
-    if "error" in document:
-        raise_error(document["error"], source=source)
-    if "ok" not in document:
-        raise BadReply(f"a reply with neither ok nor error on {source}")
-    return document["ok"]
+        return kind.from_dict(document.get(name))
+    except Invalid as error:
+        field = f"{name}.{error.field}" if error.field else name
+        raise MalformedMessage(error.message, source=source, field=field) from None
 
 
-def raise_error(error: Any, *, source: str) -> None:
-    """Raise what an error reply says (see the module docstring)."""
-    if not isinstance(error, dict):
-        raise BadReply(f"a malformed error reply on {source}: {error!r}")
-    kind = error.get("kind")
-    if kind == "refused":
-        reason = error.get("reason")
-        if not isinstance(reason, str) or not reason:
-            raise BadReply(f"a refusal without a reason on {source}")
-        node = error.get("node")
-        raise Refused(
-            reason,
-            str(error.get("detail") or ""),
-            node=node if isinstance(node, str) else None,
-        )
-    if kind == "invalid":
-        field = error.get("field")
-        raise Invalid(
-            str(error.get("message") or "invalid"),
-            field=field if isinstance(field, str) else None,
-        )
-    if kind == "failed":
-        raise Unavailable(f"the node failed on {source}: {error.get('message')}")
-    raise BadReply(f"an error reply of unknown kind {kind!r} on {source}")
+# -- the error codec -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ErrorKind:
+    """One kind of error reply: ``kind`` carries the exceptions of type ``carries``;
+    ``body`` gives an exception's fields (after ``kind``), ``raised`` the exception a body
+    read on ``source`` stands for (or raises :class:`BadReply` when it cannot say)."""
+
+    kind: str
+    carries: type[Exception]
+    body: Callable[[Any], dict[str, Any]]
+    raised: Callable[[dict[str, Any], str], Exception]
+
+
+def _refused(body: dict[str, Any], source: str) -> Refused:
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason:
+        raise BadReply(f"a refusal without a reason on {source}")
+    node = body.get("node")
+    return Refused(
+        reason, str(body.get("detail") or ""), node=node if isinstance(node, str) else None
+    )
+
+
+def _invalid(body: dict[str, Any], source: str) -> Invalid:
+    field = body.get("field")
+    return Invalid(
+        str(body.get("message") or "invalid"), field=field if isinstance(field, str) else None
+    )
+
+
+def _no_matching_platform(body: dict[str, Any], source: str) -> NoMatchingPlatform:
+    requested = body.get("requested")
+    if not isinstance(requested, list):
+        raise BadReply(f"a malformed error reply on {source}")
+    return NoMatchingPlatform(tuple(map(str, requested)), str(body.get("offered") or ""))
+
+
+def _no_capacity(body: dict[str, Any], source: str) -> NoCapacity:
+    reasons = body.get("reasons")
+    return NoCapacity(
+        str(body.get("message") or "no capacity"),
+        {str(k): str(v) for k, v in reasons.items()} if isinstance(reasons, dict) else {},
+    )
+
+
+REFUSED = ErrorKind(
+    "refused",
+    Refused,
+    lambda error: {"reason": error.reason, "detail": error.detail, "node": error.node},
+    _refused,
+)
+INVALID = ErrorKind(
+    "invalid", Invalid, lambda error: {"field": error.field, "message": error.message}, _invalid
+)
+NO_MATCHING_PLATFORM = ErrorKind(
+    "no_matching_platform",
+    NoMatchingPlatform,
+    lambda error: {"requested": list(error.requested), "offered": error.offered},
+    _no_matching_platform,
+)
+NO_CAPACITY = ErrorKind(
+    "no_capacity",
+    NoCapacity,
+    lambda error: {"message": str(error), "reasons": error.reasons},
+    _no_capacity,
+)
+UNAVAILABLE = ErrorKind(
+    "unavailable",
+    Unavailable,
+    lambda error: {"message": str(error)},
+    lambda body, source: Unavailable(str(body.get("message") or "unavailable")),
+)
+
+
+class Replies:
+    """The replies of one protocol: ``ok``, or an error of one of ``kinds`` (the first that
+    carries it: a subclass before its base), else ``failed``."""
+
+    def __init__(self, *kinds: ErrorKind) -> None:
+        self.kinds = kinds
+        self.carried = tuple(kind.carries for kind in kinds)
+        """The exceptions a server answers as themselves (any other one is a failure)."""
+        self._by_kind = {kind.kind: kind for kind in kinds}
+
+    def error(self, error: BaseException) -> bytes:
+        """The reply that carries ``error``."""
+        for kind in self.kinds:
+            if isinstance(error, kind.carries):
+                body = {"kind": kind.kind, **kind.body(error)}
+                break
+        else:
+            body = {"kind": "failed", "message": f"{type(error).__name__}: {error}"}
+        return encode({"v": SCHEMA_VERSION, "error": body})
+
+    def read(self, data: bytes, *, source: str) -> Any:
+        """The ``ok`` value of a reply; the server's error raised as itself
+        (:meth:`raise_error`)."""
+        try:
+            document = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise BadReply(f"unreadable reply on {source}: {data[:80]!r}") from None
+        if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
+            raise BadReply(f"not a berth reply on {source}: {data[:80]!r}")
+        if "error" in document:
+            self.raise_error(document["error"], source=source)
+        if "ok" not in document:
+            raise BadReply(f"a reply with neither ok nor error on {source}")
+        return document["ok"]
+
+    def raise_error(self, body: Any, *, source: str) -> NoReturn:
+        """Raise what an error reply's ``body`` says (see the module docstring)."""
+        if not isinstance(body, dict):
+            raise BadReply(f"a malformed error reply on {source}: {body!r}")
+        kind = body.get("kind")
+        known = self._by_kind.get(kind) if isinstance(kind, str) else None
+        if known is not None:
+            raise known.raised(body, source)
+        if kind == "failed":
+            raise Unavailable(f"the node failed on {source}: {body.get('message')}")
+        raise BadReply(f"an error reply of unknown kind {kind!r} on {source}")
+
+
+NODE_REPLIES = Replies(REFUSED, INVALID)
+"""A node's replies: its refusals and invalid requests as themselves."""
+
+PLACEMENT_REPLIES = Replies(NO_MATCHING_PLATFORM, NO_CAPACITY, UNAVAILABLE, REFUSED, INVALID)
+"""The schedulers' replies: also why nothing was placed (no platform, no capacity, no node)."""
+
+
+# -- the server side -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Operation(Generic[T]):
+    """One operation a server answers: ``read`` decodes its request (the envelope's document
+    and the message, for its subject and headers) or raises :class:`MalformedMessage`;
+    ``run`` answers the decoded request with the reply's ``ok`` value."""
+
+    read: Callable[[dict[str, Any], Msg], T]
+    run: Callable[[T], Awaitable[Any]]
+
+
+def no_fields(document: dict[str, Any], msg: Msg) -> None:
+    """The decoder of an operation whose request carries nothing but the envelope."""
+    return None
+
+
+async def perform(
+    operations: Mapping[str, Operation[Any]], name: str, document: dict[str, Any], msg: Msg
+) -> Any:
+    """Answer ``document`` with operation ``name`` of ``operations``."""
+    operation = operations.get(name)
+    if operation is None:
+        raise MalformedMessage(f"unknown operation {name!r}", source=msg.subject)
+    return await operation.run(operation.read(document, msg))
+
+
+class Responder:
+    """What every berth server does with a request, whatever its protocol: drop a message
+    without a reply subject (nobody could learn its outcome), read the envelope, answer the
+    errors ``replies`` carries as themselves, count and log a malformed request on ``log``
+    (``rejected: …``), log any other failure (``<failed> <subject>``, with its traceback) and
+    answer it ``failed``."""
+
+    def __init__(self, replies: Replies, log: logging.Logger, *, failed: str) -> None:
+        self.replies = replies
+        self.log = log
+        self.failed = failed
+        self.rejected = 0
+        """Requests refused as malformed, and messages dropped (each one logged)."""
+
+    def unanswerable(self, msg: Msg) -> bool:
+        """Whether ``msg`` has no reply subject (then it is counted, logged and dropped)."""
+        if msg.reply:
+            return False
+        self.rejected += 1
+        self.log.warning("ignored a message without a reply subject on %s", msg.subject)
+        return True
+
+    async def reply(
+        self,
+        msg: Msg,
+        answer: Callable[[dict[str, Any]], Awaitable[Any]],
+        *,
+        malformed: Callable[[], None] | None = None,
+    ) -> bytes:
+        """The reply to ``msg``: what ``answer`` makes of its document, or the error it raised
+        (``malformed`` is told of a malformed request, after it is counted)."""
+        try:
+            return ok_reply(await answer(decode_document(msg.data, source=msg.subject)))
+        except MalformedMessage as error:
+            self.rejected += 1
+            self.log.warning("rejected: %s", error)
+            if malformed is not None:
+                malformed()
+            return self.replies.error(error)
+        except self.replies.carried as error:
+            return self.replies.error(error)
+        except Exception as error:
+            self.log.exception("%s %s", self.failed, msg.subject)
+            return self.replies.error(error)

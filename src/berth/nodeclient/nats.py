@@ -43,36 +43,29 @@ from nats.aio.client import Client
 
 from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
-from berth.model import Interval, Layer, Spec
+from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.nats.connection import request
 from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
+    NODE_REPLIES,
     PREFIX,
-    SCHEMA_VERSION,
     BadReply,
-    decode_reply,
-    encode,
+    encode_request,
     subject,
 )
 from berth.node.core import WorkloadStatus
 from berth.node.runtime.port import BootSpec, checked_grace
 from berth.observability import tracing
-from berth.ownership import Admission, Owner, Refused
+from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
-from berth.validation import Rule
 
 __all__ = ["NatsNodes"]
 
 log = logging.getLogger("berth.nodeclient.nats")
 
-_INTERVAL: Rule[float] = Rule(Interval)
-
 
 class _TimedOut(Unavailable):
     """No answer in time: the outcome is unknown."""
-
-
-"""How long a boot (``run``) may take on the node before the caller gives up (outcome unknown)."""
 
 
 class NatsNodes:
@@ -108,9 +101,8 @@ class NatsNodes:
         lease_ttl_s: float,
         platforms: Sequence[Platform] = (),
     ) -> Admission:
-        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")  # the node's own rule
+        lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")  # the node's own rule
         document = {
-            "v": SCHEMA_VERSION,
             "spec": spec.model_dump(mode="json"),
             "lease_ttl_s": lease_ttl_s,
             "platforms": [str(platform) for platform in platforms],
@@ -131,14 +123,13 @@ class NatsNodes:
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         workload_id = owner if isinstance(owner, str) else None
-        document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
-        document["workload_id"] = workload_id
+        document = {"reservation_id": reservation_id, "workload_id": workload_id}
         await self._call(node, "bind", document)
         if not isinstance(owner, str):
             owner.add_done_callback(lambda _: self._owner_ended(node, reservation_id))
 
     async def release(self, node: str, reservation_id: str) -> bool:
-        document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
+        document = {"reservation_id": reservation_id}
         return bool(await self._call(node, "release", document))
 
     async def try_run(
@@ -152,7 +143,6 @@ class NatsNodes:
         reservation: str | None = None,
     ) -> str:
         document = {
-            "v": SCHEMA_VERSION,
             "spec": spec.model_dump(mode="json"),
             "layers": [Layer.of(layer).model_dump(mode="json") for layer in layers],
             "boot": boot.model_dump(mode="json"),
@@ -166,7 +156,7 @@ class NatsNodes:
 
     async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
         grace = checked_grace(grace_s)
-        document: dict[str, Any] = {"v": SCHEMA_VERSION, "workload_id": workload_id}
+        document: dict[str, Any] = {"workload_id": workload_id}
         if grace is not None:
             document["grace_s"] = grace
         # the node answers once the workload has ended: give it its grace on top
@@ -174,7 +164,7 @@ class NatsNodes:
         await self._call(node, "stop", document, timeout_s=timeout)
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
-        document = {"v": SCHEMA_VERSION, "workload_id": workload_id}
+        document = {"workload_id": workload_id}
         value = await self._call(node, "status", document)
         try:
             return WorkloadStatus.from_dict(value)
@@ -182,10 +172,10 @@ class NatsNodes:
             raise BadReply(f"node {node} answered status with {value!r}: {error}") from None
 
     async def cordon(self, node: str) -> bool:
-        return bool(await self._call(node, "cordon", {"v": SCHEMA_VERSION}))
+        return bool(await self._call(node, "cordon", {}))
 
     async def uncordon(self, node: str) -> bool:
-        return bool(await self._call(node, "uncordon", {"v": SCHEMA_VERSION}))
+        return bool(await self._call(node, "uncordon", {}))
 
     # -- transport ---------------------------------------------------------------------------
     async def _call(
@@ -228,7 +218,8 @@ class NatsNodes:
     ) -> Any:
         headers = tracing.headers(headers)
         try:
-            reply = await request(self.client, where, encode(document), timeout, headers=headers)
+            payload = encode_request(document)
+            reply = await request(self.client, where, payload, timeout, headers=headers)
         except nats.errors.NoRespondersError:
             raise Unavailable(f"node {node!r} is not reachable: no agent answers {where}") from None
         except nats.errors.TimeoutError:
@@ -237,12 +228,8 @@ class NatsNodes:
             ) from None
         except nats.errors.Error as error:
             raise Unavailable(f"node {node!r} is not reachable: {error}") from None
-        try:
-            return decode_reply(reply.data, source=where)
-        except Refused as refused:
-            if refused.node is None:
-                raise Refused(refused.reason, refused.detail, node=node) from None
-            raise
+        with refused_by(node):  # a refusal without a node's name gets this one's
+            return NODE_REPLIES.read(reply.data, source=where)
 
     # -- releases for owner objects that ended -----------------------------------------------
     def _owner_ended(self, node: str, reservation_id: str) -> None:
@@ -277,7 +264,7 @@ class NatsNodes:
             if not owed:
                 return
             for reservation_id in owed:
-                document = {"v": SCHEMA_VERSION, "reservation_id": reservation_id}
+                document = {"reservation_id": reservation_id}
                 try:
                     await self._request(node, "release", document, None, None)
                 except (Unavailable, Refused, Invalid) as error:

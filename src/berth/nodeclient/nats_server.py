@@ -1,10 +1,15 @@
 """The node's side of admission over NATS: one agent's responder on its own subjects.
 
 A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop`` (and
-``status``, ``cordon``, ``uncordon``)
-(:mod:`berth.nats.wire`) by calling the agent's own methods — ``admit``,
+``status``, ``cordon``, ``uncordon``) by calling the agent's own methods — ``admit``,
 ``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the in-process driver
-calls, so the network adds transport and nothing else.  It owns three things the agent
+calls, so the network adds transport and nothing else.  Its table of operations is the node
+protocol: each operation's request fields (``spec``, ``lease_ttl_s``, ``platforms``,
+``reservation_id``, ``workload_id``, ``layers``, ``boot``; a ``stop`` may carry ``grace_s``,
+seconds from ``SIGTERM`` to ``SIGKILL``, a finite number from 0 to
+:data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's default),
+read by its decoder before its handler calls the agent; the envelope, the replies and the
+malformed-request handling are :mod:`berth.nats.wire`'s.  It owns three things the agent
 deliberately does not:
 
 * **idempotent admission.**  A request that times out may still be delivered (DESIGN.md §5),
@@ -38,7 +43,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -48,18 +53,21 @@ from berth.model import Layer, Spec
 from berth.nats.connection import settle
 from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
+    NODE_REPLIES,
     PREFIX,
     MalformedMessage,
-    decode_request,
-    error_reply,
+    Operation,
+    Responder,
     field_of,
+    model_of,
+    no_fields,
     node_token,
-    ok_reply,
+    perform,
 )
 from berth.node.agent import Agent
 from berth.node.runtime.port import BootSpec, checked_grace
 from berth.observability import tracing
-from berth.ownership import Admission, Refused
+from berth.ownership import Admission, refused_by
 from berth.platform import Platform
 
 __all__ = ["HeldUntilReleased", "NodeServer"]
@@ -100,12 +108,27 @@ class NodeServer:
         self.agent = agent
         self.prefix = prefix
         self.idempotency_capacity = idempotency_capacity
-        self.rejected = 0
-        """Requests refused as malformed (each one logged)."""
         self.answered = 0
+        self._responder = Responder(NODE_REPLIES, log, failed=f"node {agent.name} failed to answer")
+        self._operations: dict[str, Operation[Any]] = {
+            "admit": Operation(_read_admit, self._admit),
+            "bind": Operation(_read_bind, self._bind),
+            "release": Operation(_reservation_id, self._release),
+            "run": Operation(_read_run, self._run),
+            "stop": Operation(_read_stop, self._stop),
+            "status": Operation(_workload_id, self._status),
+            "cordon": Operation(no_fields, self._cordon),
+            "uncordon": Operation(no_fields, self._uncordon),
+        }
+        """The node protocol: operation → its request's decoder and its handler."""
         self._admitted: OrderedDict[str, Admission] = OrderedDict()
         self._subscription: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def rejected(self) -> int:
+        """Requests refused as malformed, and messages without a reply subject (each logged)."""
+        return self._responder.rejected
 
     @property
     def subjects(self) -> str:
@@ -135,7 +158,7 @@ class NodeServer:
     # -- dispatch ----------------------------------------------------------------------------
     async def _on_request(self, msg: Msg) -> None:
         operation = msg.subject.rsplit(".", 1)[-1]
-        if operation in ("run", "stop"):
+        if operation in _OWN_TASK:
             task = asyncio.create_task(self._answer(msg, operation))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -143,97 +166,32 @@ class NodeServer:
             await self._answer(msg, operation)
 
     async def _answer(self, msg: Msg, operation: str) -> None:
-        source = msg.subject
-        if not msg.reply:
-            self.rejected += 1
-            log.warning("ignored a message without a reply subject on %s", source)
+        if self._responder.unanswerable(msg):
             return
-        try:
-            document = decode_request(msg.data, source=source)
-            # the scheduler's trace continues here (its context is in the message's headers)
-            name = (
-                f"berth.node.{operation}"
-                if operation.isalpha() and len(operation) <= 16
-                else "berth.node.unknown"
-            )
-            attributes = {"berth.node": self.agent.name}
-            with tracing.server_span(name, msg.headers, attributes):
-                value = await self._handle(operation, document, msg)
-            reply = ok_reply(value)
-        except MalformedMessage as error:
-            self.rejected += 1
-            log.warning("rejected: %s", error)
-            reply = error_reply(error)
-        except Refused as error:
-            if error.node is None:
-                error = Refused(error.reason, error.detail, node=self.agent.name)
-            reply = error_reply(error)
-        except Invalid as error:
-            reply = error_reply(error)
-        except Exception as error:
-            log.exception("node %s failed to answer %s", self.agent.name, source)
-            reply = error_reply(error)
+        reply = await self._responder.reply(
+            msg, lambda document: self._perform(operation, document, msg)
+        )
         self.answered += 1
         with contextlib.suppress(Exception):  # the asker may be gone; it has its timeout
             await msg.respond(reply)
 
-    async def _handle(self, operation: str, document: dict[str, Any], msg: Msg) -> Any:
-        source = msg.subject
-        if operation == "admit":
-            return self._admit(document, msg)
-        if operation == "bind":
-            reservation_id = field_of(document, "reservation_id", str, source=source)
-            workload_id = document.get("workload_id")
-            if workload_id is None:
-                self.agent.bind(reservation_id, HeldUntilReleased())
-            elif isinstance(workload_id, str):
-                self.agent.bind(reservation_id, workload_id)
-            else:
-                raise MalformedMessage(
-                    f"must be a string or null, got {workload_id!r}",
-                    source=source,
-                    field="workload_id",
-                )
-            return None
-        if operation == "release":
-            return self.agent.release(field_of(document, "reservation_id", str, source=source))
-        if operation == "run":
-            spec = _spec(document, source)
-            layers = _layers(document, source)
-            boot = _model(BootSpec, document, "boot", source)
-            platforms = _platforms(document, source)
-            reservation = document.get("reservation_id")
-            if reservation is not None and not isinstance(reservation, str):
-                raise MalformedMessage(f"must be a string or null, got {reservation!r}",
-                                       source=source, field="reservation_id")  # fmt: skip
-            workload = await self.agent.try_run(
-                spec, layers, boot, platforms, reservation=reservation
-            )
-            return workload.id
-        if operation == "stop":
-            workload_id = field_of(document, "workload_id", str, source=source)
-            try:
-                grace_s = checked_grace(document.get("grace_s"))
-            except Invalid as error:
-                raise MalformedMessage(error.message, source=source, field="grace_s") from None
-            await self.agent.stop_workload(workload_id, grace_s=grace_s)
-            return None
-        if operation == "status":
-            workload_id = field_of(document, "workload_id", str, source=source)
-            return self.agent.status(workload_id).to_dict()
-        if operation in ("cordon", "uncordon"):
-            return self.agent.cordon(operation == "cordon")
-        raise MalformedMessage(f"unknown operation {operation!r}", source=source)
+    async def _perform(self, operation: str, document: dict[str, Any], msg: Msg) -> Any:
+        # the scheduler's trace continues here (its context is in the message's headers)
+        name = (
+            f"berth.node.{operation}"
+            if operation.isalpha() and len(operation) <= 16
+            else "berth.node.unknown"
+        )
+        attributes = {"berth.node": self.agent.name}
+        with refused_by(self.agent.name), tracing.server_span(name, msg.headers, attributes):
+            return await perform(self._operations, operation, document, msg)
 
-    def _admit(self, document: dict[str, Any], msg: Msg) -> dict[str, Any]:
-        source = msg.subject
-        spec = _spec(document, source)
-        lease_ttl_s = field_of(document, "lease_ttl_s", (int, float), source=source)
-        platforms = _platforms(document, source)
-        key = (msg.headers or {}).get(IDEMPOTENCY_HEADER)
+    # -- the operations ----------------------------------------------------------------------
+    async def _admit(self, request: _Admit) -> dict[str, Any]:
+        key = request.key
         admission = self._admitted.get(key) if key else None
         if admission is None:
-            admission = self.agent.admit(spec, float(lease_ttl_s), platforms)
+            admission = self.agent.admit(request.spec, request.lease_ttl_s, request.platforms)
             if key:
                 self._admitted[key] = admission
                 while len(self._admitted) > self.idempotency_capacity:
@@ -242,21 +200,109 @@ class NodeServer:
             log.info("node %s: admit retried with key %s: %s", self.agent.name, key, admission)
         return {"reservation_id": admission.reservation_id, "seq": admission.seq}
 
+    async def _bind(self, request: tuple[str, str | None]) -> None:
+        reservation_id, workload_id = request
+        if workload_id is None:
+            self.agent.bind(reservation_id, HeldUntilReleased())
+        else:
+            self.agent.bind(reservation_id, workload_id)
 
-def _model(kind: Any, document: dict[str, Any], name: str, source: str) -> Any:
-    value = document.get(name)
-    if not isinstance(value, dict):
-        raise MalformedMessage(f"must be an object, got {value!r}", source=source, field=name)
+    async def _release(self, reservation_id: str) -> bool:
+        return self.agent.release(reservation_id)
+
+    async def _run(self, request: _Run) -> str:
+        workload = await self.agent.try_run(
+            request.spec,
+            request.layers,
+            request.boot,
+            request.platforms,
+            reservation=request.reservation,
+        )
+        return workload.id
+
+    async def _stop(self, request: tuple[str, float | None]) -> None:
+        workload_id, grace_s = request
+        await self.agent.stop_workload(workload_id, grace_s=grace_s)
+
+    async def _status(self, workload_id: str) -> dict[str, Any]:
+        return self.agent.status(workload_id).to_dict()
+
+    async def _cordon(self, _: None) -> bool:
+        return self.agent.cordon(True)
+
+    async def _uncordon(self, _: None) -> bool:
+        return self.agent.cordon(False)
+
+
+_OWN_TASK = frozenset({"run", "stop"})
+"""Operations answered from their own task: a boot or a stop may take long."""
+
+
+# -- the requests: each operation's fields, read in order (the first wrong one is named) ----
+class _Admit(NamedTuple):
+    spec: Spec
+    lease_ttl_s: float
+    platforms: tuple[Platform, ...]
+    key: str | None
+
+
+class _Run(NamedTuple):
+    spec: Spec
+    layers: tuple[Layer, ...]
+    boot: BootSpec
+    platforms: tuple[Platform, ...]
+    reservation: str | None
+
+
+def _read_admit(document: dict[str, Any], msg: Msg) -> _Admit:
+    source = msg.subject
+    spec = model_of(Spec, document, "spec", source=source)
+    lease_ttl_s = field_of(document, "lease_ttl_s", (int, float), source=source)
+    platforms = _platforms(document, source)
+    key = (msg.headers or {}).get(IDEMPOTENCY_HEADER)
+    return _Admit(spec, float(lease_ttl_s), platforms, key)
+
+
+def _read_bind(document: dict[str, Any], msg: Msg) -> tuple[str, str | None]:
+    return _reservation_id(document, msg), _optional_str(document, "workload_id", msg.subject)
+
+
+def _reservation_id(document: dict[str, Any], msg: Msg) -> str:
+    reservation_id: str = field_of(document, "reservation_id", str, source=msg.subject)
+    return reservation_id
+
+
+def _workload_id(document: dict[str, Any], msg: Msg) -> str:
+    workload_id: str = field_of(document, "workload_id", str, source=msg.subject)
+    return workload_id
+
+
+def _read_run(document: dict[str, Any], msg: Msg) -> _Run:
+    source = msg.subject
+    spec = model_of(Spec, document, "spec", source=source)
+    layers = _layers(document, source)
+    boot = model_of(BootSpec, document, "boot", source=source)
+    platforms = _platforms(document, source)
+    reservation = _optional_str(document, "reservation_id", source)
+    return _Run(spec, layers, boot, platforms, reservation)
+
+
+def _read_stop(document: dict[str, Any], msg: Msg) -> tuple[str, float | None]:
+    workload_id = _workload_id(document, msg)
     try:
-        return kind.from_dict(value)
+        grace_s = checked_grace(document.get("grace_s"))
     except Invalid as error:
-        field = f"{name}.{error.field}" if error.field else name
-        raise MalformedMessage(error.message, source=source, field=field) from None
+        raise MalformedMessage(error.message, source=msg.subject, field="grace_s") from None
+    return workload_id, grace_s
 
 
-def _spec(document: dict[str, Any], source: str) -> Spec:
-    spec: Spec = _model(Spec, document, "spec", source)
-    return spec
+def _optional_str(document: dict[str, Any], name: str, source: str) -> str | None:
+    value = document.get(name)
+    if value is not None and not isinstance(value, str):
+        raise MalformedMessage(
+            f"must be a string or null, got {value!r}", source=source, field=name
+        )
+    return value
 
 
 def _platforms(document: dict[str, Any], source: str) -> tuple[Platform, ...]:

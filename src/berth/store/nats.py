@@ -18,12 +18,13 @@ clean shutdown) deletes the key at once.
 sequence after the last one it saw, so a replica resumes about two seconds after a server
 restart — the stock KV watcher waits for its own 5 s heartbeats and resumed only after ~14 s.
 
-**Messages are versioned and schema-checked.**  A value is ``{"v": 1, "state": {...}}``
-(:func:`encode_state`); :func:`decode_state` validates it into a ``NodeState`` and checks
-that the state names the node whose key it is stored under.  Peer data that fails — not
-JSON, another version, an invalid field, a state filed under another node's key — raises
-:class:`MalformedMessage`, which the watch logs (``berth.store.nats``) and counts
-(:attr:`NatsStore.rejected`); the replica is left exactly as it was.
+**Messages are versioned and schema-checked.**  A value is ``{"v": 1, "state": {...}}``,
+berth's envelope (:mod:`berth.nats.wire`) around the state (:func:`encode_state`);
+:func:`decode_state` validates it into a ``NodeState`` and checks that the state names the
+node whose key it is stored under.  Peer data that fails — not JSON, another version, an
+invalid field, a state filed under another node's key — raises :class:`MalformedMessage`,
+which the watch logs (``berth.store.nats``) and counts (:attr:`NatsStore.rejected`); the
+replica is left exactly as it was.
 
 **Generations survive a node's restart.**  Readers drop snapshots older than one they hold
 (the port's guarantee), and a restarted agent counts generations from 1 again; so a store
@@ -32,8 +33,9 @@ snapshot and numbers its own after it (``generation + offset``).  A publication 
 the store's previous one for that node is dropped before it reaches the server, so the bucket
 never regresses.
 
-Node names become keys (and subject tokens, :func:`node_token`) by escaping every character
-outside ``[A-Za-z0-9_-]`` as ``=XX`` (hex of its UTF-8 bytes): ``node.1`` → ``node=2E1``.
+Node names become keys (and subject tokens, :func:`~berth.nats.wire.node_token`) by escaping
+every character outside ``[A-Za-z0-9_-]`` as ``=XX`` (hex of its UTF-8 bytes): ``node.1`` →
+``node=2E1``.
 
 Not here: admission (the node-client drivers) and the routing registry.
 """
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -57,13 +58,20 @@ from nats.js.kv import KeyValue
 from berth.errors import Invalid, Unavailable
 from berth.nats.connection import settle
 from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
-from berth.nats.wire import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
+from berth.nats.wire import (
+    KV_OPERATION,
+    MARKER_REASON,
+    SCHEMA_VERSION,
+    MalformedMessage,
+    decode_document,
+    model_of,
+    node_token,
+)
 from berth.state import NodeState
 from berth.store.port import StateEvent, StateListener
 
 __all__ = [
     "DEFAULT_BUCKET",
-    "SCHEMA_VERSION",
     "NatsStore",
     "bucket_ttl_s",
     "decode_state",
@@ -71,8 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("berth.store.nats")
-
-SCHEMA_VERSION = 1
 
 
 def bucket_ttl_s(heartbeat_s: float) -> float:
@@ -90,24 +96,7 @@ def decode_state(data: bytes, *, key: str | None = None, source: str = "state st
 
     ``key`` (the KV key it was stored under) must be the snapshot's own node's token.
     """
-    try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MalformedMessage(f"not JSON ({error})", source=source) from None
-    if not isinstance(document, dict):
-        raise MalformedMessage("not a JSON object", source=source)
-    version = document.get("v")
-    if version != SCHEMA_VERSION:
-        raise MalformedMessage(
-            f"schema version {version!r}, this berth reads {SCHEMA_VERSION}",
-            source=source,
-            field="v",
-        )
-    try:
-        state = NodeState.from_dict(document.get("state"))
-    except Invalid as error:
-        field = f"state.{error.field}" if error.field else "state"
-        raise MalformedMessage(error.message, source=source, field=field) from None
+    state = model_of(NodeState, decode_document(data, source=source), "state", source=source)
     if key is not None and node_token(state.node) != key:
         raise MalformedMessage(
             f"the state of node {state.node!r} is stored under key {key!r}",

@@ -29,8 +29,9 @@ from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_node import NodeService
 from berth.registry.routes import RouteRegistry
-from berth.scheduler.nats import NatsScheduler, SchedulerService
-from berth.scheduler.nats import scheduler_service as open_scheduler_service
+from berth.scheduler.nats import NatsScheduler
+from berth.scheduler.nats_server import SchedulerService
+from berth.scheduler.nats_server import scheduler_service as open_scheduler_service
 
 __all__ = ["Names", "NatsCluster", "nats_cluster"]
 

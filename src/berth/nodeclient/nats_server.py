@@ -12,7 +12,7 @@ read by its decoder before its handler calls the agent; the envelope, the replie
 malformed-request handling are :mod:`berth.nats.wire`'s.  It owns three things the agent
 deliberately does not:
 
-* **idempotent admission.**  A request that times out may still be delivered (DESIGN.md §5),
+* **idempotent admission.**  A request that times out may still be delivered (docs/design.md §5),
   so a client retries an ``admit`` with the same idempotency key, and the server answers a
   key it has seen with the admission it took the first time instead of reserving twice.  The
   key map is bounded (``idempotency_capacity`` keys, oldest forgotten first); a retry arriving

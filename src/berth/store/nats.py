@@ -10,7 +10,7 @@ heartbeats: :func:`bucket_ttl_s`) and it is created *with limit markers*
 (``limit_marker_ttl``): when a node's last value ages out, the server writes a marker that
 every watcher receives as a purge, so a node that stops heartbeating leaves every replica,
 decided by the server's clock, never a node's.  Without markers an expired key vanishes
-silently and stays in every replica (DESIGN.md §5).  :meth:`NatsStore.remove` (an agent's
+silently and stays in every replica (docs/design.md §5).  :meth:`NatsStore.remove` (an agent's
 clean shutdown) deletes the key at once.
 
 **The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
@@ -140,7 +140,7 @@ class NatsStore:
         self.idle_heartbeat_s = idle_heartbeat_s
         self.sync_timeout_s = sync_timeout_s
         self.watch = watch
-        # An unacknowledged put may still be applied (DESIGN.md §5); waiting longer than a
+        # An unacknowledged put may still be applied (docs/design.md §5); waiting longer than a
         # heartbeat for the ack only delays the next attempt, so wait about one heartbeat.
         self.publish_timeout_s = publish_timeout_s or (
             2.0 if ttl_s is None else min(2.0, max(0.25, ttl_s / 3))

@@ -502,7 +502,7 @@ def fitting_keys(engine: Engine, probe: Probe) -> npt.NDArray[Any]:
     shift = name_shift(len(engine))
     limit = match.key_limit
     dtype: type[np.unsignedinteger[Any]] = np.uint32 if (limit + 1) << shift <= 2**32 else np.uint64
-    keys = (limit - match.key[fit].astype(np.int64)).astype(dtype) << dtype(shift)
+    keys: npt.NDArray[Any] = (limit - match.key[fit].astype(np.int64)).astype(dtype) << dtype(shift)
     keys |= engine.tie_breaks(shift, dtype)[fit]
     return keys
 

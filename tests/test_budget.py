@@ -43,7 +43,7 @@ def limits(**changes: object) -> BudgetLimits:
         "net_bw_max_load": 0.5,
     }
     fields.update(changes)
-    return BudgetLimits(**fields)  # type: ignore[arg-type]
+    return BudgetLimits(**fields)
 
 
 def spec(
@@ -352,7 +352,7 @@ def test_a_lease_ttl_must_be_a_positive_finite_number(ttl: object) -> None:
     budget = NodeBudget(limits(), clock=FakeClock())
     for make in (budget.lease, lambda ttl: budget.admit_leased(spec(), ttl)):
         with pytest.raises(Invalid) as caught:
-            make(ttl)  # type: ignore[operator]
+            make(ttl)  # type: ignore[arg-type]
         assert caught.value.field == "lease_ttl_s"
         assert "positive, finite number of seconds" in caught.value.message
     assert budget.reservations() == []  # nothing reserved by a malformed admission
@@ -785,10 +785,10 @@ def test_owner_whose_callback_fails_gets_the_reservation_back() -> None:
 
 
 @pytest.mark.parametrize("owner", [object(), 42, None, "task"])
-def test_owner_without_add_done_callback_is_invalid(owner) -> None:
+def test_owner_without_add_done_callback_is_invalid(owner: object) -> None:
     budget = NodeBudget(limits())
     with pytest.raises(Invalid) as caught:
-        budget.admit(spec(), owner)
+        budget.admit(spec(), owner)  # type: ignore[arg-type]
     assert caught.value.field == "owner"
     assert caught.value.message == (
         f"an owner reports its end through add_done_callback; {owner!r} does not"
@@ -804,21 +804,21 @@ def test_owner_with_a_non_callable_add_done_callback_is_invalid() -> None:
             return "Odd()"
 
     with pytest.raises(Invalid) as caught:
-        NodeBudget(limits()).admit(spec(), Odd())
+        NodeBudget(limits()).admit(spec(), Odd())  # type: ignore[arg-type]
     assert caught.value.field == "owner"
     assert caught.value.message.endswith("; Odd() does not")
 
 
 @pytest.mark.parametrize("reservation_id", [None, 7, b"id"])
-def test_reservation_id_must_be_a_string(reservation_id) -> None:
+def test_reservation_id_must_be_a_string(reservation_id: object) -> None:
     budget = NodeBudget(limits())
     for call in (budget.release, budget.get):
         with pytest.raises(Invalid) as caught:
-            call(reservation_id)
+            call(reservation_id)  # type: ignore[arg-type]
         assert caught.value.field == "reservation_id"
         assert caught.value.message == (f"expected a reservation id string, got {reservation_id!r}")
     with pytest.raises(Invalid) as caught:
-        budget.bind(reservation_id, concurrent.futures.Future())
+        budget.bind(reservation_id, concurrent.futures.Future())  # type: ignore[arg-type]
     assert caught.value.field == "reservation_id"
 
 
@@ -826,7 +826,7 @@ def test_a_reservation_needs_a_spec() -> None:
     budget = NodeBudget(limits())
     for admit in (budget.admit, budget.reserve):
         with pytest.raises(Invalid) as caught:
-            admit(None, concurrent.futures.Future())
+            admit(None, concurrent.futures.Future())  # type: ignore[arg-type]
         assert caught.value.field == "spec"
         assert caught.value.message == "a reservation needs a spec, got None"
         assert str(caught.value) == "spec: a reservation needs a spec, got None"

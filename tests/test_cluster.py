@@ -76,7 +76,7 @@ class Cluster:
             "layers": self.layers[name],
         }
         fields.update(overrides)
-        self.store.publish_now(NodeState(**fields))  # type: ignore[arg-type]
+        self.store.publish_now(NodeState(**fields))
 
 
 class TestClusterContract(SchedulerContract):
@@ -110,8 +110,8 @@ class TestReferenceRankerContract(TestClusterContract):
 
 
 def micro(**layers: int) -> Request:
-    return Request(namespace="ns", name="fn", spec="micro",  # type: ignore[arg-type]
-                   layers=tuple(layers.items()))  # type: ignore[arg-type]  # fmt: skip
+    return Request(namespace="ns", name="fn", spec="micro",
+                   layers=tuple(layers.items()))  # fmt: skip
 
 
 def test_candidates_most_colocated_first_and_schedule_reserves() -> None:
@@ -197,7 +197,7 @@ def test_no_capacity_message_summarises_every_node() -> None:
         cluster.add(f"small-{index}", mem=64 * 2**20)
     cluster.add("arm", platform="linux/arm64")
     cluster.add("hot", load=StaticLoad(cpu_load=1.0))
-    request = Request(namespace="ns", name="fn", spec="micro", platforms=("linux/amd64",))  # type: ignore[arg-type]
+    request = Request(namespace="ns", name="fn", spec="micro", platforms=("linux/amd64",))
     with pytest.raises(NoCapacity) as caught:
         asyncio.run(cluster.scheduler.schedule(request))
     message = str(caught.value)
@@ -215,7 +215,7 @@ def test_spec_bigger_than_any_node_and_empty_cluster() -> None:
         asyncio.run(cluster.scheduler.schedule(micro()))
     cluster.add("a")
     with pytest.raises(NoCapacity, match="1 insufficient memory"):
-        asyncio.run(cluster.scheduler.schedule(Request(namespace="n", name="x", spec="tera")))  # type: ignore[arg-type]
+        asyncio.run(cluster.scheduler.schedule(Request(namespace="n", name="x", spec="tera")))
     assert cluster.budgets["a"].reservations() == []
 
 
@@ -223,7 +223,7 @@ def test_no_matching_platform_is_invalid_and_names_what_is_offered() -> None:
     cluster = Cluster()
     cluster.add("a")
     cluster.add("b", platform="linux/arm64")
-    request = Request(namespace="n", name="x", platforms=("linux/s390x",))  # type: ignore[arg-type]
+    request = Request(namespace="n", name="x", platforms=("linux/s390x",))
     with pytest.raises(NoMatchingPlatform) as caught:
         asyncio.run(cluster.scheduler.schedule(request))
     assert isinstance(caught.value, Invalid)
@@ -237,9 +237,9 @@ def test_preferred_node_is_tried_first_when_it_fits() -> None:
     cluster.add("b")
     cluster.add("tiny", mem=1)
     base = {"namespace": "n", "name": "x", "spec": "micro", "layers": (("l", 5),)}
-    preferred = Request(**base, preferred_node="b")  # type: ignore[arg-type]
+    preferred = Request(**base, preferred_node="b")
     assert asyncio.run(cluster.scheduler.schedule(preferred)).worker_node == "b"
-    cannot = Request(**base, preferred_node="tiny")  # type: ignore[arg-type]
+    cannot = Request(**base, preferred_node="tiny")
     assert asyncio.run(cluster.scheduler.schedule(cannot)).worker_node == "a"
 
 
@@ -249,8 +249,8 @@ def test_explain_gives_every_verdict_with_rank() -> None:
     cluster.add("b")
     cluster.add("full", mem=1)
     cluster.add("arm", platform="linux/arm64")
-    request = Request(namespace="n", name="x", spec="micro", layers=(("l", 7),),  # type: ignore[arg-type]
-                      platforms=("linux/amd64",))  # type: ignore[arg-type]  # fmt: skip
+    request = Request(namespace="n", name="x", spec="micro", layers=(("l", 7),),
+                      platforms=("linux/amd64",))  # fmt: skip
     explanation = cluster.scheduler.explain(request)
     table = [(v.node, v.verdict, v.colocated_bytes, v.rank) for v in explanation.verdicts]
     assert table == [

@@ -90,9 +90,9 @@ def test_summary_names_cordoned_nodes() -> None:
     base = dict(platform=AMD64, mem_free=GiB, disk_free=GiB, cpu_capacity=2.0,
                 disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
     states = [
-        NodeState(node="a", cordoned=True, **base),  # type: ignore[arg-type]
-        NodeState(node="b", cordoned=True, **base),  # type: ignore[arg-type]
-        NodeState(node="c", **base),  # type: ignore[arg-type]
+        NodeState(node="a", cordoned=True, **base),
+        NodeState(node="b", cordoned=True, **base),
+        NodeState(node="c", **base),
     ]
     explanation = verdicts(states, Spec(vcpus=0.1, mem=1, disk=0), [], [], {"c": 0})
     assert explanation.summary().count("node cordoned") == 1

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def make_core(
                     layers=LayerRegistry(1000), labels=labels)  # fmt: skip
 
 
-def run(test: Callable[[], Awaitable[None]]) -> None:
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 

@@ -30,8 +30,8 @@ def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
             refused = 0
             for index in range(20):
                 platforms = rng.choice([(), ("linux/amd64",), ("linux/arm64",)])
-                request = Request(namespace="it", name="job", replica=index,  # type: ignore[arg-type]
-                                  spec=rng.choice(types), platforms=platforms,  # type: ignore[arg-type]
+                request = Request(namespace="it", name="job", replica=index,
+                                  spec=rng.choice(types), platforms=platforms,
                                   layers=((f"layer-{index % 4}", 1000 + index % 4),))  # fmt: skip
                 # Every fourth workload runs until it is killed below; the rest end on their own.
                 seconds = "600" if index % 4 == 0 else f"{rng.uniform(0.05, 0.3):.2f}"

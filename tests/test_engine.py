@@ -156,8 +156,8 @@ def test_older_generation_is_ignored_by_both() -> None:
     base = dict(platform=PLATFORMS[0], mem_free=1024, disk_free=1024, cpu_capacity=1.0,
                 disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
     for ranker in (engine, reference):
-        ranker.upsert(NodeState(node="n", generation=2, layers=frozenset({"x"}), **base))  # type: ignore[arg-type]
-        ranker.upsert(NodeState(node="n", generation=1, **base))  # type: ignore[arg-type]
+        ranker.upsert(NodeState(node="n", generation=2, layers=frozenset({"x"}), **base))
+        ranker.upsert(NodeState(node="n", generation=1, **base))
         assert ranker.rank(None, [Layer(id="x", size=5)]).pairs() == [("n", 5)]
 
 
@@ -168,12 +168,12 @@ def test_ties_go_to_node_name_order_and_empty_cluster_ranks_nothing() -> None:
                 disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
     for name in ("c", "a", "b", "d"):
         layers = frozenset({"x"}) if name in ("b", "d") else frozenset()
-        engine.upsert(NodeState(node=name, layers=layers, **base))  # type: ignore[arg-type]
+        engine.upsert(NodeState(node=name, layers=layers, **base))
     assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["b", "d", "a", "c"]
     engine.remove("b")
     engine.remove("b")
     assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["d", "a", "c"]
-    engine.upsert(NodeState(node="aa", layers=frozenset({"x"}), **base))  # type: ignore[arg-type]
+    engine.upsert(NodeState(node="aa", layers=frozenset({"x"}), **base))
     assert list(engine.rank(None, [Layer(id="x", size=1)])) == ["aa", "d", "a", "c"]
 
 
@@ -181,9 +181,9 @@ def test_layer_index_follows_mounts_and_unmounts() -> None:
     engine = Engine()
     base = dict(platform=PLATFORMS[0], mem_free=1, disk_free=1, cpu_capacity=1.0,
                 disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
-    engine.upsert(NodeState(node="n", generation=0, layers=frozenset({"a", "b"}), **base))  # type: ignore[arg-type]
-    engine.upsert(NodeState(node="m", generation=0, layers=frozenset({"b"}), **base))  # type: ignore[arg-type]
-    engine.upsert(NodeState(node="n", generation=1, layers=frozenset({"b", "c"}), **base))  # type: ignore[arg-type]
+    engine.upsert(NodeState(node="n", generation=0, layers=frozenset({"a", "b"}), **base))
+    engine.upsert(NodeState(node="m", generation=0, layers=frozenset({"b"}), **base))
+    engine.upsert(NodeState(node="n", generation=1, layers=frozenset({"b", "c"}), **base))
     assert sorted(engine.mounted.holders("b").tolist()) == [0, 1]
     assert engine.mounted.holders("a").size == 0
     assert engine.mounted.holders("c").tolist() == [0]
@@ -238,7 +238,7 @@ def plain(name: str, **fields: object) -> NodeState:
         "net_bw_ceiling": 1.0,
     }
     base.update(fields)
-    return NodeState(node=name, **base)  # type: ignore[arg-type]
+    return NodeState(node=name, **base)
 
 
 def test_compaction_renumbers_slots_into_name_order_and_keeps_answers() -> None:

@@ -38,6 +38,7 @@ from berth.node.erofs import (
 )
 from berth.oci import (
     ImageSpec,
+    LayerCompression,
     LayerSource,
     OciLayer,
     TarMember,
@@ -61,11 +62,11 @@ pytestmark = [
 
 
 def _layer(
-    tmp_path: Path, source: LayerSource, compression: str = "gzip", name: str = "l"
+    tmp_path: Path, source: LayerSource, compression: LayerCompression = "gzip", name: str = "l"
 ) -> OciLayer:
     root = write_layout(
         tmp_path / f"layout-{name}", ImageSpec(layers=[source]), compression=compression
-    )  # type: ignore[arg-type]
+    )
     return read_layout(root).layers[0]
 
 
@@ -146,7 +147,7 @@ APP = [
 
 
 @pytest.mark.parametrize("compression", ["gzip", "none"])
-def test_modes_owners_links_are_kept(tmp_path: Path, compression: str) -> None:
+def test_modes_owners_links_are_kept(tmp_path: Path, compression: LayerCompression) -> None:
     layer = _layer(tmp_path, BASE, compression)
     image = convert_layer(layer, tmp_path / "img" / "base.erofs")
     assert image.path.stat().st_size == image.size > 0

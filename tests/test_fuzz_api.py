@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -39,7 +39,7 @@ from berth.model import (
     checked_spec,
 )
 from berth.node.agent import Agent
-from berth.node.budget import IDLE, BudgetLimits, NodeBudget
+from berth.node.budget import IDLE, BudgetLimits, NodeBudget, Reservation
 from berth.node.classes import NodeClass
 from berth.node.config import AgentConfig, AgentSection, BudgetSection, NodeSection
 from berth.node.runtime import FakeRuntime
@@ -366,6 +366,7 @@ def test_budget_admission(fields: dict[str, Any], spec: Any, platform_list: Any,
         return
     budget = NodeBudget(limits, clock=lambda: 0.0, platform="linux/amd64")
     before = (budget.reservations(), budget.headroom(), budget.admitted, budget.overcommit())
+    call: Callable[[], Reservation]  # lambdas over Any values: say what they return
     for call in (
         lambda: budget.admit(spec, Lease(1.0, lambda: 0.0), platform_list),
         lambda: budget.admit_leased(spec, ttl, platform_list),
@@ -428,6 +429,7 @@ def test_cluster_scheduler(fields: dict[str, Any], spec: Any, layers: Any, where
     if scheduler is None:
         return
     try:
+        call: Callable[[], Sequence[str]]  # lambdas over Any values: say what they return
         for call in (
             lambda: scheduler.candidates(spec, layers, where),
             lambda: scheduler.rank(spec, layers, where),

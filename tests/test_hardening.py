@@ -183,9 +183,9 @@ def test_every_name_is_one_name_type(name: str) -> None:
     base = dict(platform="linux/amd64", mem_free=0, disk_free=0, cpu_capacity=1.0,
                 disk_bw_ceiling=0.0, net_bw_ceiling=0.0)  # fmt: skip
     for make in (
-        lambda: NodeState(node=name, **base),  # type: ignore[arg-type]
-        lambda: NodeState(node="n", layers=frozenset({name}), **base),  # type: ignore[arg-type]
-        lambda: NodeState(node="n", labels={name: "v"}, **base),  # type: ignore[arg-type]
+        lambda: NodeState(node=name, **base),
+        lambda: NodeState(node="n", layers=frozenset({name}), **base),
+        lambda: NodeState(node="n", labels={name: "v"}, **base),
         lambda: Request(namespace=name, name="b"),
         lambda: Layer(id=name, size=1),
         lambda: Placement(worker_node=name),
@@ -360,7 +360,7 @@ def test_node_core_and_scheduler_validate_before_acting() -> None:
         lambda: core.admit(spec, 5.0, "linux/amd64"),  # type: ignore[arg-type]
         lambda: core.bind(7, "w"),  # type: ignore[arg-type]
         lambda: asyncio.run(core.boot(spec, "sha256:x", BootSpec(name="w", command=("x",)))),  # type: ignore[arg-type]
-        lambda: asyncio.run(core.boot(spec, [("x", 1)], "not a boot spec")),  # type: ignore[arg-type]
+        lambda: asyncio.run(core.boot(spec, [("x", 1)], "not a boot spec")),  # type: ignore[arg-type, list-item]
         lambda: NodeCore("n 1", "linux/amd64", budget, FakeRuntime()),
         lambda: NodeCore("n1", "linux/amd64", budget, FakeRuntime(), labels={"": "x"}),
     ):
@@ -368,9 +368,9 @@ def test_node_core_and_scheduler_validate_before_acting() -> None:
     assert budget.reservations() == [] and core.layers.mounted() == frozenset()
 
     store = MemoryStore()
-    assert invalid(lambda: ClusterScheduler(store, LocalNodes({}), ranker="nope")).field == (
+    assert invalid(lambda: ClusterScheduler(store, LocalNodes({}), ranker="nope")).field == (  # type: ignore[arg-type]
         "ranker"
-    )  # type: ignore[arg-type]
+    )
     assert invalid(lambda: ClusterScheduler(store, LocalNodes({}), assume=1)).field == "assume"  # type: ignore[arg-type]
     assert invalid(lambda: ClusterScheduler(store, object())).field == "nodes"  # type: ignore[arg-type]
     scheduler = ClusterScheduler(store, LocalNodes({}))
@@ -394,7 +394,7 @@ def test_messages_carry_no_pydantic_internals() -> None:
 
 
 def test_a_string_where_a_list_belongs_is_reported_as_such() -> None:
-    error = invalid(lambda: Request(namespace="a", name="b", platforms="linux/amd64"))  # type: ignore[arg-type]
+    error = invalid(lambda: Request(namespace="a", name="b", platforms="linux/amd64"))
     assert error.field == "platforms"
     assert error.message == "expected a list, got a string 'linux/amd64'"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -48,7 +49,8 @@ def service() -> Iterator[tuple[str, dict[str, str]]]:
     suppress_health_check=list(HealthCheck),
 )
 def test_the_service_keeps_its_document(
-    case: schemathesis.Case, service: tuple[str, dict[str, str]]
+    case: schemathesis.Case[Any],  # an OpenAPI operation's case (its type is private)
+    service: tuple[str, dict[str, str]],
 ) -> None:
     base_url, headers = service
     case.call_and_validate(base_url=base_url, headers=headers, checks=CHECKS, timeout=20)

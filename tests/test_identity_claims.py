@@ -149,7 +149,7 @@ def test_an_end_is_recorded_once_and_never_over_a_change_written_meanwhile(
             recorded = [ended for ended, mine in outcomes if mine]
             assert len(recorded) == 1, outcomes
             stored = await registry.get(wid)
-            assert stored == recorded[0] and stored.state == "exited"
+            assert stored is not None and stored == recorded[0] and stored.state == "exited"
             # every other reader gets the record as it is, not its own view of the end
             assert all(ended == stored for ended, _ in outcomes)
 

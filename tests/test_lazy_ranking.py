@@ -132,7 +132,7 @@ def test_lazy_reads_are_the_full_order_and_the_reference(
 
     walked = engine.rank(spec, layers, platforms)
     depth = data.draw(st.integers(0, len(names)), label="depth")
-    head = []
+    head: list[str] = []
     for node in walked:  # as place() reads it: stop after `depth` nodes
         if len(head) == depth:
             break

@@ -92,7 +92,7 @@ class Cluster:
 
 
 def request(name: str, spec: Spec = SMALL, **fields: object) -> Request:
-    return Request(namespace="test", name=name, spec=spec, **fields)  # type: ignore[arg-type]
+    return Request(namespace="test", name=name, spec=spec, **fields)
 
 
 def test_decisions_are_counted_by_outcome_and_timed() -> None:

@@ -64,7 +64,7 @@ def test_spec_accepts_unit_strings() -> None:
 )
 def test_bad_specs_name_the_field(fields: dict[str, object], field: str) -> None:
     with pytest.raises(Invalid) as caught:
-        Spec(**fields)  # type: ignore[arg-type]
+        Spec(**fields)
     assert caught.value.field == field
     assert str(caught.value).startswith(field)
 
@@ -74,9 +74,9 @@ def test_request_accepts_friendly_forms() -> None:
         namespace="default",
         name="web",
         replica=2,
-        platforms=("linux/x86_64",),  # type: ignore[arg-type]
-        spec="micro",  # type: ignore[arg-type]
-        layers=(("sha256:a", "2MiB"), Layer(id="sha256:b", size=10)),  # type: ignore[arg-type]
+        platforms=("linux/x86_64",),
+        spec="micro",
+        layers=(("sha256:a", "2MiB"), Layer(id="sha256:b", size=10)),
         preferred_node="n1",
     )
     assert request.platforms == (Platform.parse("linux/amd64"),)
@@ -103,7 +103,7 @@ def test_request_accepts_friendly_forms() -> None:
 )
 def test_bad_requests_name_the_field(fields: dict[str, object], field: str) -> None:
     with pytest.raises(Invalid) as caught:
-        Request(**fields)  # type: ignore[arg-type]
+        Request(**fields)
     assert caught.value.field == field
 
 
@@ -173,9 +173,9 @@ def test_placements_round_trip_through_json(placement: Placement) -> None:
 def test_a_request_refuses_layers_that_could_overflow_a_sum() -> None:
     from berth.model import MAX_BYTES
 
-    Request(namespace="a", name="b", layers=(("x", MAX_BYTES - 1), ("y", 1)))  # type: ignore[arg-type]
+    Request(namespace="a", name="b", layers=(("x", MAX_BYTES - 1), ("y", 1)))
     with pytest.raises(Invalid) as caught:
-        Request(namespace="a", name="b", layers=(("x", MAX_BYTES), ("y", 1)))  # type: ignore[arg-type]
+        Request(namespace="a", name="b", layers=(("x", MAX_BYTES), ("y", 1)))
     assert caught.value.field == "layers" and "2^63 - 1" in caught.value.message
 
 
@@ -191,7 +191,7 @@ def test_a_request_refuses_layers_that_could_overflow_a_sum() -> None:
 )
 def test_request_fields_are_strict(fields: dict[str, object], field: str, message: str) -> None:
     with pytest.raises(Invalid) as caught:
-        Request(**{"namespace": "a", "name": "web", **fields})  # type: ignore[arg-type]
+        Request(**{"namespace": "a", "name": "web", **fields})
     assert caught.value.field == field and message in caught.value.message
 
 

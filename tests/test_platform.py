@@ -161,18 +161,14 @@ def test_only_amd64_drops_a_v1_variant() -> None:
 def test_host_platform_from_what_python_reports(
     monkeypatch: pytest.MonkeyPatch, system: str, machine: str, expected: str
 ) -> None:
-    import berth.platform
-
-    monkeypatch.setattr(berth.platform.host_platform, "system", lambda: system)
-    monkeypatch.setattr(berth.platform.host_platform, "machine", lambda: machine)
+    monkeypatch.setattr("berth.platform.host_platform.system", lambda: system)
+    monkeypatch.setattr("berth.platform.host_platform.machine", lambda: machine)
     assert str(host()) == expected
 
 
 def test_an_unknown_host_is_invalid_naming_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    import berth.platform
-
-    monkeypatch.setattr(berth.platform.host_platform, "system", lambda: "Linux")
-    monkeypatch.setattr(berth.platform.host_platform, "machine", lambda: "sparc64")
+    monkeypatch.setattr("berth.platform.host_platform.system", lambda: "Linux")
+    monkeypatch.setattr("berth.platform.host_platform.machine", lambda: "sparc64")
     with pytest.raises(Invalid) as caught:
         host()
     assert caught.value.field == "host"
@@ -213,12 +209,12 @@ def test_unknown_variant_through_parse_names_the_callers_field() -> None:
 
 
 @pytest.mark.parametrize("variant", ["v1", "v9", "v8.0", "v8.9", "v9.0", "v9.5", "sse2"])
-def test_known_variants_at_the_edges(variant) -> None:
+def test_known_variants_at_the_edges(variant: str) -> None:
     assert variant in KNOWN_VARIANTS
 
 
 @pytest.mark.parametrize("variant", ["v0", "v10", "v8.10", "v9.6"])
-def test_variants_one_past_the_edges_are_unknown(variant) -> None:
+def test_variants_one_past_the_edges_are_unknown(variant: str) -> None:
     assert variant not in KNOWN_VARIANTS
     with pytest.raises(Invalid):
         Platform.parse(f"linux/arm64/{variant}")
@@ -229,12 +225,10 @@ def test_amd64_v1_is_plain_amd64() -> None:
     assert Platform.parse("linux/amd64/v1").variant == ""
 
 
-def test_host_falls_back_to_linux_amd64(monkeypatch) -> None:
-    import berth.platform as module
-
-    monkeypatch.setattr(module.host_platform, "system", lambda: "")
-    monkeypatch.setattr(module.host_platform, "machine", lambda: "")
+def test_host_falls_back_to_linux_amd64(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("berth.platform.host_platform.system", lambda: "")
+    monkeypatch.setattr("berth.platform.host_platform.machine", lambda: "")
     assert str(host()) == "linux/amd64"
-    monkeypatch.setattr(module.host_platform, "system", lambda: "Linux")
-    monkeypatch.setattr(module.host_platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr("berth.platform.host_platform.system", lambda: "Linux")
+    monkeypatch.setattr("berth.platform.host_platform.machine", lambda: "aarch64")
     assert str(host()) == "linux/arm64/v8"

@@ -246,8 +246,8 @@ def test_engine_and_reference_views_agree_node_by_node() -> None:
 
 def test_the_seed_policy_on_a_view_equals_the_engines_fast_path() -> None:
     engine = Engine()
-    for index, layers in enumerate(["xy", "x", "", "y", "xy"]):
-        engine.upsert(state(f"n{(7 * index) % 5}", layers=frozenset(layers)))
+    for index, mounted in enumerate(["xy", "x", "", "y", "xy"]):
+        engine.upsert(state(f"n{(7 * index) % 5}", layers=frozenset(mounted)))
     layers = [Layer(id="x", size=10), Layer(id="y", size=3)]
     view = engine.view()
     general = [view.name(int(s)) for s in SEED.order(view, request_for(view, layers))]

@@ -11,6 +11,7 @@ from berth.embedded import embedded_configs
 from berth.errors import BerthError, NoCapacity
 from berth.model import Placement, Request, Spec
 from berth.node.runtime import BootSpec
+from berth.nodeclient.nats import NatsNodes
 from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 
@@ -40,6 +41,7 @@ def test_server_restart_mid_traffic() -> None:
 async def _traffic_across_a_restart(server: NatsServer, cluster: NatsCluster) -> None:
     service = cluster.scheduler_services[0]
     nodes = service.scheduler.nodes
+    assert isinstance(nodes, NatsNodes)  # the agent operations of the scheduler's own client
     outcomes: dict[str, int] = {}
     stop = asyncio.Event()
 

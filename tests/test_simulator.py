@@ -36,7 +36,7 @@ def small(**overrides: object) -> SimConfig:
     workload = WorkloadConfig(requests=150, rate=1.0, lifetime_mean=30.0, seed=3)
     fields: dict[str, object] = {"nodes": 12, "workload": workload, "seed": 3, "samples": 40}
     fields.update(overrides)
-    return SimConfig(**fields)  # type: ignore[arg-type]
+    return SimConfig(**fields)
 
 
 def run(
@@ -312,7 +312,7 @@ def test_layout_splits_classes_and_platforms_by_weight() -> None:
 )
 def test_bad_configs_are_invalid(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(Invalid) as error:
-        SimConfig(**overrides)  # type: ignore[arg-type]
+        SimConfig(**overrides)
     assert (error.value.field or "").startswith(field)
 
 

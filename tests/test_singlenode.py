@@ -42,7 +42,7 @@ def test_platform_not_os_arch_is_invalid(platform: str) -> None:
 
 def test_no_matching_platform_names_artifact_node_and_platform() -> None:
     driver = SingleNode("worker-1", "linux/amd64")
-    request = Request(namespace="ns", name="fn", platforms=("linux/arm64", "linux/s390x"))  # type: ignore[arg-type]
+    request = Request(namespace="ns", name="fn", platforms=("linux/arm64", "linux/s390x"))
     with pytest.raises(NoMatchingPlatform) as caught:
         asyncio.run(driver.schedule(request))
     message = str(caught.value)
@@ -53,6 +53,6 @@ def test_no_matching_platform_names_artifact_node_and_platform() -> None:
 
 def test_places_on_local_regardless_of_resources() -> None:
     driver = SingleNode("worker-1", "linux/amd64")
-    request = Request(namespace="ns", name="fn", spec="tera", layers=(("l", 10),))  # type: ignore[arg-type]
+    request = Request(namespace="ns", name="fn", spec="tera", layers=(("l", 10),))
     assert asyncio.run(driver.schedule(request)).worker_node == "worker-1"
     assert isinstance(driver, Scheduler)

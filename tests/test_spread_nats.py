@@ -19,6 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from functools import partial
 from types import ModuleType
 
 import pytest
@@ -178,7 +179,7 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
                                   spread=HARD)  # fmt: skip
                 placements.append(await cluster.caller.schedule(request))
                 expected = {p.worker_node: 1 for p in placements}
-                await _eventually(lambda expected=expected: everyone_counts(expected))
+                await _eventually(partial(everyone_counts, expected))
             assert len({p.worker_node for p in placements}) == 3
             # every scheduler knows all three nodes are taken, whichever gets the request
             for replica in range(3, 6):
@@ -265,7 +266,7 @@ def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_ou
             raced: list[Placement] = []
 
             async def racing(request: Request) -> Placement:
-                placement = await place(request)
+                placement: Placement = await place(request)
                 if not raced:  # another scheduler's sibling lands first, on the same node
                     raced.append(placement)
                     node = cluster.nodes[placement.worker_node].agent
@@ -282,14 +283,14 @@ def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_ou
                 await routes.record("t/fn/0", again, SMALL, function=FN)
                 raise Unavailable(f"node {node!r} did not answer release (outcome unknown)")
 
-            scheduler.schedule = racing  # type: ignore[method-assign]
-            scheduler.nodes.release = silent  # type: ignore[method-assign]
+            scheduler.schedule = racing
+            scheduler.nodes.release = silent
             try:
                 request = Request(namespace="t", name="fn", replica=0, spec=SMALL, spread=HARD)
                 placement = await cluster.caller.schedule(request)
             finally:
-                scheduler.schedule = place  # type: ignore[method-assign]
-                scheduler.nodes.release = release  # type: ignore[method-assign]
+                scheduler.schedule = place
+                scheduler.nodes.release = release
             assert service.yielded == 1
             assert placement.worker_node != raced[0].worker_node
             route = await routes.whereis("t/fn/0")
@@ -332,16 +333,18 @@ def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) 
 
     async def scenario() -> None:
         async with harness.spread_cluster(nats_server.url, nodes=3, schedulers=2) as cluster:
+
+            def everyone_counts(n: int) -> bool:
+                return all(
+                    sum(s.scheduler.replicas.where(FN).values()) == n for s in cluster.services
+                )
+
             placements = []
             for replica in range(3):
                 request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
                                   spread=HARD)  # fmt: skip
                 placements.append(await cluster.caller.schedule(request))
-                await _eventually(
-                    lambda n=replica + 1: all(
-                        sum(s.scheduler.replicas.where(FN).values()) == n for s in cluster.services
-                    )
-                )
+                await _eventually(partial(everyone_counts, replica + 1))
             victim = placements[0].worker_node
             node = cluster.nodes[victim]
             await node.stop()

@@ -27,13 +27,13 @@ def node(**changes: object) -> NodeState:
     }
     defaults.update(changes)
     name = str(defaults.pop("node", "n"))
-    return sample_state(name, **defaults)
+    return sample_state(name, 0, **defaults)
 
 
 def spec(**changes: object) -> Spec:
     fields: dict[str, object] = {"vcpus": 1, "mem": GiB, "disk": GiB, "disk_bw": 100, "net_bw": 10}
     fields.update(changes)
-    return Spec(**fields)  # type: ignore[arg-type]
+    return Spec(**fields)
 
 
 def test_exact_fills_fit() -> None:

@@ -72,8 +72,9 @@ def _one(spans: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
 
 def _parent_of(child: ReadableSpan, parent: ReadableSpan) -> bool:
     assert child.parent is not None, f"{child.name} has no parent"
-    assert parent.context is not None
-    return child.parent.span_id == parent.context.span_id
+    context = parent.get_span_context()  # the typed accessor of ``context``
+    assert context is not None
+    return child.parent.span_id == context.span_id
 
 
 def test_one_placement_is_one_trace_across_the_nats_hops(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import TypedDict
 
 import pytest
 
@@ -22,8 +23,14 @@ REQUEST = {"namespace": "default", "name": "probe", "spec": "micro",
            "layers": [{"id": "sha256:base", "size": 1024}]}  # fmt: skip
 
 
+class PolicyFlag(TypedDict, total=False):
+    """``LocalCluster``'s ``policy`` when given (absent: its default)."""
+
+    policy: str
+
+
 def _placed_on(policy: str | None) -> str:
-    extra = {} if policy is None else {"policy": policy}
+    extra: PolicyFlag = {} if policy is None else {"policy": policy}
     with (
         LocalCluster(3, heartbeat_s=0.5, runtime="fake", http=("127.0.0.1", 0), **extra) as up,
         api_client(up) as client,

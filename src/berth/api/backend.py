@@ -46,9 +46,10 @@ from typing import Any
 
 from berth.api import schemas
 from berth.api.problems import Problem
+from berth.boot import BootSpec
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request
-from berth.node.runtime.port import BootSpec, checked_grace
+from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
 from berth.registry.images import Image, ImageRegistry, image_from_layout, image_of

@@ -32,14 +32,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from berth.boot import BootSpec, WorkloadStatus
 from berth.errors import Invalid
 from berth.model import Interval, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
-from berth.node.core import NodeCore, WorkloadStatus
+from berth.node.core import NodeCore
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
-from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
+from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
 from berth.node.runtime.microvm import MicrovmRuntime
 from berth.ownership import Admission, Owner
 from berth.platform import Platform

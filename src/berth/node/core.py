@@ -62,6 +62,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from berth.boot import BootFailed, BootSpec, WorkloadStatus
 from berth.checks import CORDONED, CORDONED_DETAIL
 from berth.errors import BerthError, Invalid
 from berth.model import (
@@ -76,58 +77,19 @@ from berth.model import (
 )
 from berth.node.budget import NodeBudget
 from berth.node.layers import LayerRegistry, MountResult
-from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
-from berth.node.runtime.port import checked_grace
+from berth.node.runtime.port import Runtime, WorkloadHandle, checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
 from berth.state import NodeState
 from berth.validation import Rule, shown
 
-__all__ = ["ENDED_MEMORY", "Booted", "NodeCore", "WorkloadStatus"]
+__all__ = ["ENDED_MEMORY", "Booted", "NodeCore"]
 
 log = logging.getLogger("berth.node")
 
 ENDED_MEMORY = 4096
 """How many ended workloads a node remembers (with how each ended) for status queries."""
-
-
-@dataclass(frozen=True)
-class WorkloadStatus:
-    """What a node knows of one workload id: ``running``, ``ended`` (with how: its exit code,
-    or the signal's ``reason``, and whether a stop ended it) or ``unknown`` (never ran here,
-    or ended longer ago than the node remembers — :data:`ENDED_MEMORY` ends — or before the
-    agent restarted)."""
-
-    state: str
-    exit_code: int | None = None
-    reason: str | None = None
-    stopped: bool = False
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "reason": self.reason,
-            "stopped": self.stopped,
-        }
-
-    @classmethod
-    def from_dict(cls, value: object) -> WorkloadStatus:
-        """A status read back from the wire (``Invalid`` naming the field when malformed)."""
-        if not isinstance(value, dict):
-            raise Invalid(f"expected an object, got {shown(value)}", field="status")
-        state, code = value.get("state"), value.get("exit_code")
-        reason, stopped = value.get("reason"), value.get("stopped", False)
-        if state not in ("running", "ended", "unknown"):
-            raise Invalid(f"unknown state {shown(state)}", field="status.state")
-        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
-            raise Invalid(f"expected an integer, got {shown(code)}", field="status.exit_code")
-        if reason is not None and not isinstance(reason, str):
-            raise Invalid(f"expected a string, got {shown(reason)}", field="status.reason")
-        if not isinstance(stopped, bool):
-            raise Invalid(f"expected true or false, got {shown(stopped)}", field="status.stopped")
-        return cls(state, code, reason, stopped)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from berth.boot import BootSpec, WorkloadStatus
 from berth.errors import Unavailable
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
-from berth.node.core import WorkloadStatus
-from berth.node.runtime.port import BootSpec
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 

@@ -41,6 +41,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 
+from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE, Layer, Spec
@@ -53,8 +54,7 @@ from berth.nats.wire import (
     encode_request,
     subject,
 )
-from berth.node.core import WorkloadStatus
-from berth.node.runtime.port import BootSpec, checked_grace
+from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform

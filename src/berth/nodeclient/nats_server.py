@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from berth.boot import BootSpec
 from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.nats.connection import settle
@@ -65,7 +66,7 @@ from berth.nats.wire import (
     perform,
 )
 from berth.node.agent import Agent
-from berth.node.runtime.port import BootSpec, checked_grace
+from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, refused_by
 from berth.platform import Platform

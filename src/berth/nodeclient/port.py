@@ -26,9 +26,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from berth.boot import BootSpec, WorkloadStatus
 from berth.model import Layer, Spec
-from berth.node.core import WorkloadStatus
-from berth.node.runtime.port import BootSpec
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 

@@ -63,6 +63,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
+from berth.boot import BootFailed
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import (
     MAX_BYTES,
@@ -78,7 +79,6 @@ from berth.model import (
     checked_platforms,
     checked_spec,
 )
-from berth.node.runtime.port import BootFailed
 from berth.nodeclient.port import NodeClient
 from berth.observability.metrics import Metrics
 from berth.observability.probe import SILENT, Probe, placement_probe

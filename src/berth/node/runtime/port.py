@@ -1,16 +1,19 @@
 """The workload runtime port: what a node needs from whatever boots its workloads.
 
-This module owns *running* a workload on this node: booting it from a :class:`BootSpec`,
-stopping it, and reporting — to every ``on_exit`` listener, exactly once — when it ends for
-any reason: it exited by itself, something outside killed it, or :meth:`Runtime.stop` did.
-That last guarantee is what the node agent builds on: a hard reservation lives exactly as long
-as its workload, so the agent releases it from an exit listener, whatever ended the workload.
+This module owns *running* a workload on this node: booting it from a
+:class:`~berth.boot.BootSpec`, stopping it, and reporting — to every ``on_exit``
+listener, exactly once — when it ends for any reason: it exited by itself, something outside
+killed it, or :meth:`Runtime.stop` did.  That last guarantee is what the node agent builds
+on: a hard reservation lives exactly as long as its workload, so the agent releases it from
+an exit listener, whatever ended the workload.
 
 It is deliberately *not* admission (the budget decides whether a workload may start) nor
 placement, and it does not pull image layers.  A boot that cannot happen raises
-:class:`BootFailed` with the real reason (``boot_failed: command not found: 'nosuchcmd'``), so
-a scheduler walking its candidates logs why a node refused rather than mistaking a broken
-command for a full node.
+:class:`~berth.boot.BootFailed` with the real reason (``boot_failed: command not found:
+'nosuchcmd'``), so a scheduler walking its candidates logs why a node refused rather than
+mistaking a broken command for a full node.  ``BootSpec`` and ``BootFailed`` live in
+:mod:`berth.boot`, below the node, because the node client port and the scheduler speak
+them too; they are re-exported here as part of this port's signature.
 
 Drivers, each in its own module beside this one: :mod:`~berth.node.runtime.process` (one OS
 process group per workload) and :mod:`~berth.node.runtime.fake` (no processes; tests and the
@@ -33,14 +36,13 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
-from pydantic import BeforeValidator, Field, Strict, StrictInt, field_validator
+from pydantic import Field, Strict
 
-from berth.errors import BerthError, Invalid
-from berth.model import Cores, Name
-from berth.units import parse_information
-from berth.validation import BerthModel, Rule
+from berth.boot import BootFailed, BootSpec
+from berth.errors import Invalid
+from berth.validation import Rule
 
 __all__ = [
     "MAX_STOP_GRACE_S",
@@ -102,71 +104,6 @@ async def end_within_grace(
     except TimeoutError:
         kill()
         await workload.wait()
-
-
-class BootFailed(BerthError):
-    """A workload could not be started; ``reason`` says why (``command not found: 'x'``)."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(f"boot_failed: {reason}")
-
-
-def _information(value: Any) -> Any:
-    return parse_information(value) if isinstance(value, str) else value
-
-
-def _workload_name(value: str) -> str:
-    if not value:
-        raise Invalid("must not be empty")
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
-        raise Invalid(f"must not contain whitespace or control characters, got {value!r}")
-    return value
-
-
-class BootSpec(BerthModel):
-    """How to boot one workload.
-
-    ``name`` — a label (workload ids are derived from it); ``command`` — the program and its
-    arguments, never empty; ``env`` — environment variables for the workload; ``mem_limit`` —
-    a memory ceiling in bytes (or a unit string such as ``"256MiB"``), ``None`` for none.
-    For runtimes that boot machines (``microvm``): ``image`` — the image to boot (a reference
-    in the node's OCI image layout; ``None``: the layout's only image), ``vcpus`` and
-    ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
-    ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
-    """
-
-    name: str
-    command: Annotated[tuple[str, ...], Field(min_length=1)]
-    env: dict[str, str] = Field(default_factory=dict)
-    mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
-    image: Name | None = None
-    vcpus: Cores | None = None
-    disk_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, name: str) -> str:
-        return _workload_name(name)
-
-    @field_validator("command")
-    @classmethod
-    def _check_command(cls, command: tuple[str, ...]) -> tuple[str, ...]:
-        if not command[0]:
-            raise Invalid("the program (first element) must not be empty")
-        if any("\0" in part for part in command):
-            raise Invalid("must not contain NUL characters")
-        return command
-
-    @field_validator("env")
-    @classmethod
-    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
-        for key, value in env.items():
-            if not key or "=" in key or "\0" in key:
-                raise Invalid(f"variable names must be non-empty without '=' or NUL: {key!r}")
-            if "\0" in value:
-                raise Invalid(f"the value of {key!r} must not contain NUL characters")
-        return env
 
 
 @dataclass(frozen=True, slots=True)

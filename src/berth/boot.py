@@ -1,0 +1,132 @@
+"""A workload as the node, its clients and the scheduler all speak of it: how to boot one, how a
+boot fails, what a node says about one.
+
+This module owns the value types that cross the node's edge — :class:`BootSpec` (what a
+client asks a node to boot), :class:`BootFailed` (a boot that cannot happen, with the real
+reason) and :class:`WorkloadStatus` (``running``, ``ended`` or ``unknown``, read back by id).
+They sit below both the node (:mod:`berth.node.core`, the runtime port
+:mod:`berth.node.runtime.port`, which re-exports ``BootSpec`` and ``BootFailed`` as part of
+its signature) and the ports that reach a node (:mod:`berth.nodeclient.port`), so a port
+never imports the implementation it fronts and a scheduler recognises a boot failure
+without loading a node.
+
+It is deliberately only vocabulary: booting, stopping and remembering workloads are the
+runtime drivers' and the node core's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, StrictInt, field_validator
+
+from berth.errors import BerthError, Invalid
+from berth.model import Cores, Name
+from berth.units import parse_information
+from berth.validation import BerthModel, shown
+
+__all__ = ["BootFailed", "BootSpec", "WorkloadStatus"]
+
+
+class BootFailed(BerthError):
+    """A workload could not be started; ``reason`` says why (``command not found: 'x'``)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"boot_failed: {reason}")
+
+
+def _information(value: Any) -> Any:
+    return parse_information(value) if isinstance(value, str) else value
+
+
+def _workload_name(value: str) -> str:
+    if not value:
+        raise Invalid("must not be empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise Invalid(f"must not contain whitespace or control characters, got {value!r}")
+    return value
+
+
+class BootSpec(BerthModel):
+    """How to boot one workload.
+
+    ``name`` — a label (workload ids are derived from it); ``command`` — the program and its
+    arguments, never empty; ``env`` — environment variables for the workload; ``mem_limit`` —
+    a memory ceiling in bytes (or a unit string such as ``"256MiB"``), ``None`` for none.
+    For runtimes that boot machines (``microvm``): ``image`` — the image to boot (a reference
+    in the node's OCI image layout; ``None``: the layout's only image), ``vcpus`` and
+    ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
+    ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
+    """
+
+    name: str
+    command: Annotated[tuple[str, ...], Field(min_length=1)]
+    env: dict[str, str] = Field(default_factory=dict)
+    mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
+    image: Name | None = None
+    vcpus: Cores | None = None
+    disk_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        return _workload_name(name)
+
+    @field_validator("command")
+    @classmethod
+    def _check_command(cls, command: tuple[str, ...]) -> tuple[str, ...]:
+        if not command[0]:
+            raise Invalid("the program (first element) must not be empty")
+        if any("\0" in part for part in command):
+            raise Invalid("must not contain NUL characters")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not key or "=" in key or "\0" in key:
+                raise Invalid(f"variable names must be non-empty without '=' or NUL: {key!r}")
+            if "\0" in value:
+                raise Invalid(f"the value of {key!r} must not contain NUL characters")
+        return env
+
+
+@dataclass(frozen=True)
+class WorkloadStatus:
+    """What a node knows of one workload id: ``running``, ``ended`` (with how: its exit code,
+    or the signal's ``reason``, and whether a stop ended it) or ``unknown`` (never ran here,
+    or ended longer ago than the node remembers — :data:`~berth.node.core.ENDED_MEMORY`
+    ends — or before the agent restarted)."""
+
+    state: str
+    exit_code: int | None = None
+    reason: str | None = None
+    stopped: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "stopped": self.stopped,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> WorkloadStatus:
+        """A status read back from the wire (``Invalid`` naming the field when malformed)."""
+        if not isinstance(value, dict):
+            raise Invalid(f"expected an object, got {shown(value)}", field="status")
+        state, code = value.get("state"), value.get("exit_code")
+        reason, stopped = value.get("reason"), value.get("stopped", False)
+        if state not in ("running", "ended", "unknown"):
+            raise Invalid(f"unknown state {shown(state)}", field="status.state")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, int)):
+            raise Invalid(f"expected an integer, got {shown(code)}", field="status.exit_code")
+        if reason is not None and not isinstance(reason, str):
+            raise Invalid(f"expected a string, got {shown(reason)}", field="status.reason")
+        if not isinstance(stopped, bool):
+            raise Invalid(f"expected true or false, got {shown(stopped)}", field="status.stopped")
+        return cls(state, code, reason, stopped)

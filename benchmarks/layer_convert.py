@@ -1,7 +1,7 @@
 """What a layer already on the node saves: converting an OCI layer to erofs versus reusing it.
 
 A node that boots a microVM from an image must hold each layer as an erofs image file
-(:class:`berth.node.layers.LayerFiles`).  A layer it does not hold is converted — the blob is
+(:class:`berth.node.layer_files.LayerFiles`).  A layer it does not hold is converted — the blob is
 streamed, its digest checked, the tar extracted into scratch space and ``mkfs.erofs`` run —
 once; a layer it holds (mounted or in the LRU cache) costs a reference count.  This benchmark
 builds a real-sized gzip layer from a directory on this machine (default: Debian's Python
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import berth
-from berth.node.layers import LayerFiles
+from berth.node.layer_files import LayerFiles
 from berth.oci import ImageSpec, OciLayer, read_layout, write_layout
 
 

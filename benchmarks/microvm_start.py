@@ -43,7 +43,8 @@ from typing import Any
 from berth.model import Spec
 from berth.node.budget import IDLE, BudgetLimits, NodeBudget
 from berth.node.core import NodeCore
-from berth.node.layers import LayerFiles, MountOutcome
+from berth.node.layer_files import LayerFiles
+from berth.node.layers import MountOutcome
 from berth.node.microvm.images import app_layer, busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.runtime import BootSpec

@@ -1,4 +1,4 @@
-"""berth.node.layers.LayerFiles: layers kept as erofs image files, advertised by the registry."""
+"""berth.node.layer_files.LayerFiles: layers kept as erofs files, advertised by the registry."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.node.core import NodeCore
-from berth.node.layers import LayerFiles, LayerRegistry, MountOutcome
+from berth.node.layer_files import LayerFiles
+from berth.node.layers import LayerRegistry, MountOutcome
 from berth.node.runtime import BootSpec, FakeRuntime
 from berth.oci import ImageSpec, OciImage, OciLayer, directory, file, read_layout, write_layout
 

@@ -21,7 +21,7 @@ from berth.cli.main import app
 from berth.errors import Invalid
 from berth.node.agent import Agent
 from berth.node.config import AgentConfig
-from berth.node.layers import LayerFiles
+from berth.node.layer_files import LayerFiles
 from berth.node.microvm.initramfs import (
     GUEST_PATH,
     INIT_SCRIPT,

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from berth.cli.demo_microvm import run_demo, summary
-from berth.node.layers import LayerFiles
+from berth.node.layer_files import LayerFiles
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.microvm.qemu import MIB

@@ -8,7 +8,12 @@ policies), ``store`` (the replicated node-state store port and its drivers), ``n
 node's authoritative budget, layers, runtime port and drivers, monitors, configuration and
 agent), ``embedded`` (the whole system wired in one process), ``sim`` (workloads and the
 simulator).  Shared vocabulary sits at the top: ``model`` (requests, specs, placements),
-``state`` (node snapshots), ``ownership`` (owners, leases, refusals), ``errors``.
+``state`` (node snapshots), ``ownership`` (owners, leases, refusals), ``boot`` (what a node is
+asked to boot, a failed boot, a workload's status), ``errors``.
+
+Importing ``berth`` loads this core only: the NATS drivers, the HTTP API, the commands, the
+simulator and the microVM/OCI stack are loaded by the modules that need them
+(``tests/test_layout.py`` holds it so, and holds every import to the layers' direction).
 """
 
 __version__ = "0.1.0"

@@ -21,6 +21,10 @@ the simulator runs the very same code.  The agent owns what touches the outside 
 admit owned by the workload, stop on refusal).  The agent is deliberately not a scheduler (it
 never looks at other nodes) and not a transport: the network driver of the node client port
 will call these same methods.
+
+The runtime driver is the configuration's (``[agent] runtime``); the microVM driver's module
+— and with it QEMU's command line, erofs conversion and OCI reading — is imported only when
+the configuration asks for it, so ``import berth`` loads none of them.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard
 
 from berth.boot import BootSpec, WorkloadStatus
 from berth.errors import Invalid
@@ -41,12 +47,14 @@ from berth.node.core import NodeCore
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
-from berth.node.runtime.microvm import MicrovmRuntime
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 from berth.state import NodeState
 from berth.store.port import StateStore
 from berth.validation import Rule, shown
+
+if TYPE_CHECKING:
+    from berth.node.runtime.microvm import MicrovmRuntime
 
 __all__ = ["Agent"]
 
@@ -142,6 +150,9 @@ class Agent:
             readings = monitor
         if runtime is None:
             if options.runtime == "microvm":
+                # the microVM stack (QEMU, erofs, OCI reading) is loaded only when asked for
+                from berth.node.runtime.microvm import MicrovmRuntime
+
                 runtime = MicrovmRuntime.from_config(config)
             elif options.runtime == "process":
                 runtime = ProcessRuntime(stop_grace_s=options.stop_grace_s)
@@ -149,7 +160,7 @@ class Agent:
                 runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)
         layers = LayerRegistry(options.layer_cache)
         labels = config.node.labels
-        if isinstance(runtime, MicrovmRuntime):  # its layers are files; it states its accel
+        if _is_microvm(runtime):  # its layers are files; it states its accel
             layers = runtime.layer_files.registry
             labels = {**runtime.labels, **labels}
         return cls(
@@ -303,3 +314,10 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, {self.platform}, {len(self.core.workloads())} workloads)"
+
+
+def _is_microvm(runtime: Runtime) -> TypeGuard[MicrovmRuntime]:
+    """Whether ``runtime`` is the microVM driver, asked without importing it: a
+    ``MicrovmRuntime`` exists only once its module has been imported."""
+    module = sys.modules.get("berth.node.runtime.microvm")
+    return module is not None and isinstance(runtime, module.MicrovmRuntime)

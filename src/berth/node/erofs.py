@@ -36,7 +36,7 @@ Whiteouts need ``mknod`` and owners need ``chown``, so conversion runs as root; 
 it refuses with :class:`ConversionUnavailable` before reading anything, as it does when
 ``mkfs.erofs`` is missing.
 
-It is not a cache, a mount or a registry: :class:`berth.node.layers.LayerFiles` decides when
+It is not a cache, a mount or a registry: :class:`berth.node.layer_files.LayerFiles` decides when
 to convert, keeps the images and deletes them.
 """
 

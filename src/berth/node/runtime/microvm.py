@@ -1,7 +1,7 @@
 """The microVM runtime driver: each workload boots in its own QEMU ``microvm`` guest.
 
 A workload's image comes from the node's OCI image layout (``BootSpec.image``, a reference
-in it); its layers are the node's erofs image files (:class:`~berth.node.layers.LayerFiles`:
+in it); its layers are the node's erofs image files (:class:`~berth.node.layer_files.LayerFiles`:
 converted once from the layer blob, then kept and shared), attached read-only as virtio-blk
 disks and stacked by berth's init with overlayfs, topmost layer first.  The guest gets:
 
@@ -55,7 +55,7 @@ from typing import IO, Literal
 from berth.errors import BerthError, Invalid
 from berth.node.config import AgentConfig
 from berth.node.erofs import pid_alive
-from berth.node.layers import LayerFiles
+from berth.node.layer_files import LayerFiles
 from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
 from berth.node.microvm.qemu import (

@@ -48,7 +48,7 @@ from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform, matches_any
 from berth.scheduler.multinode import ClusterScheduler
-from berth.sim.report import PolicyMetrics
+from berth.sim.metrics import PolicyMetrics
 from berth.sim.simulator import SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.state import NodeState

@@ -38,13 +38,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from berth.model import INSTANCE_TYPES
+from berth.sim.metrics import PolicyMetrics
 from berth.sim.simulator import SimConfig, layout
-
-if TYPE_CHECKING:
-    from berth.sim.report import PolicyMetrics
 
 __all__ = ["GOALS", "Regime", "RegimeName", "check_goals", "regime_of"]
 

@@ -230,9 +230,6 @@ ALLOWED: dict[tuple[str, str], str] = {
 """Wrong-way imports let through, by (importing module, imported module), each with why.
 An allowance no import uses any more is reported too: the list only shrinks."""
 
-VOCABULARY = LAYERS[: LAYERS.index(("berth.ownership", "berth.state", "berth.boot")) + 1]
-"""What a port (a ``port`` module) may import: the vocabulary, never a package's module."""
-
 
 def group(module: str, layers: Layers, container: str) -> str | None:
     """The listed name ``module`` belongs to (the longest that is it or a package of it);
@@ -248,6 +245,10 @@ def group(module: str, layers: Layers, container: str) -> str | None:
 
 def layer_of(name: str, layers: Layers) -> int:
     return next(index for index, layer in enumerate(layers) if name in layer)
+
+
+VOCABULARY = LAYERS[: layer_of("berth.boot", LAYERS) + 1]
+"""What a port (a ``port`` module) may import: the vocabulary layers, up to ``berth.boot``'s."""
 
 
 def inside(module: str, container: str) -> bool:

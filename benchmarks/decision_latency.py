@@ -99,7 +99,8 @@ from berth.model import INSTANCE_TYPES, Layer, Placement, Request
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform
-from berth.scheduler.engine import Engine, LayerMatch
+from berth.scheduler.engine import Engine
+from berth.scheduler.layer_index import LayerMatch
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy.seed import name_shift
 from berth.scheduler.reference import ReferenceRanker

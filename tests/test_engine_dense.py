@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from berth import Layer, Platform, Spec
-from berth.scheduler.engine import _DENSE_MIN, _DENSE_SHARE, Engine
+from berth.scheduler.engine import Engine
+from berth.scheduler.layer_index import _DENSE_MIN, _DENSE_SHARE
 from berth.scheduler.policy import policy
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState

@@ -18,7 +18,7 @@ Two implementations, held equal by property tests:
     packed = ((key_limit − key) << shift  |  (2**shift − 1 − name_position)) × fit
 
 where ``key`` is the dense rank of the slot's colocated bytes (0 for the most; the engine's
-:class:`~berth.scheduler.engine.LayerMatch`) and ``shift`` the bits a name position needs.
+:class:`~berth.scheduler.layer_index.LayerMatch`) and ``shift`` the bits a name position needs.
 The best node has the *largest* integer; among equal keys the first name wins; all packed
 keys of fitting slots are distinct and non-zero, and every unfit slot is 0 — the product by
 ``fit`` is one branch-free pass (a ``where`` on a random mask mispredicts a branch per

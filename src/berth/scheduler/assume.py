@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.ownership import Admission, Clock
@@ -91,7 +92,7 @@ class AssumeCache:
     """Assumed reservations per node, until covered, forgotten or expired.  Not thread-safe:
     a scheduler calls it from its own event loop."""
 
-    def __init__(self, ttl_s: float = 30.0, *, clock: Clock = time.monotonic) -> None:
+    def __init__(self, ttl_s: float = LEASE_TTL_S, *, clock: Clock = time.monotonic) -> None:
         if not ttl_s > 0:
             raise Invalid(f"must be positive, got {ttl_s!r}", field="assume_ttl_s")
         self.ttl_s = float(ttl_s)

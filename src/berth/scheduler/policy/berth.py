@@ -27,10 +27,9 @@ from berth.scheduler.policy.base import (
     generator,
     order_fitting,
 )
+from berth.units import MiB
 
 __all__ = ["BerthPolicy"]
-
-_MiB = 1024 * 1024
 
 
 class BerthPolicy:
@@ -93,7 +92,7 @@ class BerthPolicy:
         *,
         cached_weight: float = 1.0,
         room_price: float = 0.025,
-        tolerance_bytes: int = _MiB,
+        tolerance_bytes: int = MiB,
         jitter: float = 0.2,
     ) -> None:
         if not 0 <= cached_weight <= 1:

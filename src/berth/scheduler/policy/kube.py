@@ -43,6 +43,7 @@ from berth.scheduler.policy.base import (
     Weighted,
     generator,
 )
+from berth.units import MiB
 
 __all__ = [
     "KUBE_MAX_CONTAINER_THRESHOLD",
@@ -57,10 +58,9 @@ __all__ = [
 
 Ints = npt.NDArray[np.int64]
 
-_MiB = 1024 * 1024
-KUBE_MIN_THRESHOLD = 23 * _MiB
+KUBE_MIN_THRESHOLD = 23 * MiB
 """kube-scheduler's ImageLocality ``minThreshold`` (``23 * mb``, with ``mb = 1024 * 1024``)."""
-KUBE_MAX_CONTAINER_THRESHOLD = 1000 * _MiB
+KUBE_MAX_CONTAINER_THRESHOLD = 1000 * MiB
 """kube-scheduler's ImageLocality ``maxContainerThreshold`` (``1000 * mb``) per container."""
 KUBE_MAX_NODE_SCORE = 100
 """kube-scheduler's ``framework.MaxNodeScore``: every plugin scores 0..100."""

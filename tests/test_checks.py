@@ -28,6 +28,7 @@ from berth.checks import (
     _hard,
     _overcommit,
     describe_reason,
+    first_excluding,
     first_failed,
     narrow,
 )
@@ -35,6 +36,7 @@ from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.ownership import Refused
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import summarise, verdicts
+from berth.scheduler.ranking import Stages
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState, Overcommit, first_failed_check, fits
 
@@ -277,6 +279,41 @@ def test_an_added_check_is_explained() -> None:
     )
     default = verdicts(CLUSTER, SPEC, LAYERS, [], {})
     assert summarise(default.verdicts) == "2/3 nodes can run it: 1 insufficient memory"
+
+
+# -- a filter beside the table ----------------------------------------------------------------
+class Maintenance:
+    """A filter on what no node's figures hold: the nodes an operator listed take nothing new."""
+
+    code = "maintenance"
+    described = "the maintenance window"
+
+    def __init__(self, *nodes: str) -> None:
+        self.nodes = set(nodes)
+
+    def exclusion(self, node: str) -> str | None:
+        return f"{node} is in its maintenance window" if node in self.nodes else None
+
+
+def test_a_filter_beside_the_table_is_explained_by_its_code_after_the_checks() -> None:
+    explanation = verdicts(CLUSTER, SPEC, LAYERS, [], {},
+                           stages=Stages(filters=(Maintenance("roomy", "tiny"),)))  # fmt: skip
+    by_node = {v.node: v for v in explanation.verdicts}
+    assert {node: v.verdict for node, v in by_node.items()} == {
+        "exact": "fits",
+        "roomy": "maintenance",
+        "tiny": "mem_exhausted",  # the table first: a filter judges only what passes it
+    }
+    assert by_node["roomy"].description == (
+        "excluded by the maintenance: roomy is in its maintenance window"
+    )
+    assert explanation.summary() == (
+        "1/3 nodes can run it: 1 excluded by the maintenance window, 1 insufficient memory"
+    )
+    assert explanation.spread == "the maintenance window"
+    assert first_excluding("exact", [Maintenance("roomy")]) is None
+    excluded = first_excluding("roomy", [Maintenance(), Maintenance("roomy")])
+    assert excluded is not None and excluded[1] == "roomy is in its maintenance window"
 
 
 # -- platform ---------------------------------------------------------------------------------

@@ -23,8 +23,10 @@ from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
 from berth.ownership import Refused
 from berth.platform import Platform
+from berth.scheduler.decision import Decision
 from berth.scheduler.engine import Engine
 from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.ranking import NO_STAGES, Ranking, StagedRanking, Stages
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 
@@ -233,6 +235,82 @@ def test_engine_ranking_is_a_value(count: int, layer_count: int) -> None:
     assert fresh[0] in (("aaa-newcomer", sum(layer.size for layer in layers)),
                         (survivor, sum(layer.size for layer in layers)))  # fmt: skip
     assert not set(departed) & {node for node, _ in fresh}
+
+
+class Listed:
+    """A filter or a tier by node name (the nodes listed), recording the nodes it judged."""
+
+    code = "listed"
+    described = "the list"
+
+    def __init__(self, *nodes: str) -> None:
+        self.nodes = set(nodes)
+        self.judged: list[str] = []
+
+    def exclusion(self, node: str) -> str | None:
+        self.judged.append(node)
+        return f"{node} is listed" if node in self.nodes else None
+
+    demotion = exclusion
+
+
+BASE = Ranking(["a", "b", "c", "d", "e"], [50, 40, 30, 20, 10])
+
+
+def test_stages_leave_filtered_nodes_out_and_set_tiered_ones_back_as_far_as_read() -> None:
+    out, back = Listed("b"), Listed("a", "d")
+    ranking = Stages(filters=(out,), tiers=(back,)).apply(BASE)
+    assert isinstance(ranking, StagedRanking)
+    assert ranking[0] == "c"
+    assert (out.judged, back.judged) == (["a", "b", "c"], ["a", "c"])  # lazily, b not tiered
+    assert ranking.pairs() == [("c", 30), ("e", 10), ("a", 50), ("d", 20)]
+    assert ranking.excluded == {"b": "b is listed"}
+    assert ranking.demoted == {"a": "a is listed", "d": "d is listed"}
+    assert NO_STAGES.apply(BASE) is BASE and not NO_STAGES
+
+
+class Rules:
+    """A request's rules for one test: fixed stages, and nodes a re-check now excludes."""
+
+    def __init__(self, stages: Stages = NO_STAGES) -> None:
+        self.fixed = stages
+        self.taken: set[str] = set()
+        self.passes = 0
+
+    def for_pass(self) -> Rules:
+        self.passes += 1
+        return self
+
+    def stages(self) -> Stages:
+        return self.fixed
+
+    def recheck(self, node: str) -> str | None:
+        return "another replica landed there" if node in self.taken else None
+
+
+async def confirm(node: str) -> str:
+    return node
+
+
+def test_a_decision_asks_the_preferred_node_first_and_never_a_refused_or_rechecked_one() -> None:
+    rules = Rules()
+    decision = Decision(SPEC, LAYERS, AMD64, confirm, preferred_node="d", rules=rules)
+    decision.begin_pass()
+    ranking = decision.judged(BASE)
+    assert ranking is BASE and rules.passes == 1
+    decision.refused("b", "cpu_saturated")
+    rules.taken.add("e")
+    assert list(decision.order(ranking)) == [(3, "d"), (0, "a"), (2, "c")]
+    assert decision.refusals == {"b": "cpu_saturated"}
+    assert decision.what == f"({SPEC})"
+
+
+def test_a_preferred_node_its_rules_set_back_keeps_its_place_in_the_ranking() -> None:
+    for stages in (Stages(tiers=(Listed("a", "d"),)), Stages(filters=(Listed("a", "d"),))):
+        decision = Decision(SPEC, LAYERS, AMD64, confirm, preferred_node="d", rules=Rules(stages))
+        decision.begin_pass()
+        order = [node for _, node in decision.order(decision.judged(BASE))]
+        assert order == (["b", "c", "e", "a", "d"] if stages.tiers else ["b", "c", "e"])
 
 
 # --- errors that are not refusals ------------------------------------------------------------

@@ -26,6 +26,15 @@ equal to the reference); ``<=`` everywhere, so an exact fill fits.  In table ord
 The first failing check is the verdict.  A :class:`Demand` without a size (a request with no
 spec) is judged on the unsized checks only (the cordon and the platform).
 
+**Filters, beside the table.**  A check reads a node's own figures, so every stage — snapshot
+filter, admission, explanation — can judge it.  A rule that needs what only the scheduler
+knows (a hard spread: where the function's other replicas are) cannot be a check: it is a
+:class:`Filter`, judged by node name after the table, for one request at one moment.  A
+ranking leaves out the nodes a filter excludes (:class:`~berth.scheduler.ranking.Stages`),
+the walk re-judges each node just before asking it, and an explanation or a ``NoCapacity``
+names such a node by the filter's ``code`` (``spread``).  A node that fails a check is named
+by the check: filters judge only the nodes the whole table passes.
+
 What this module is not: it holds no node state and decides nothing about ranking.  Each
 stage brings its own view — a snapshot is approximate, the budget's live view is
 authoritative — and the table only says what a view must satisfy.
@@ -54,12 +63,14 @@ __all__ = [
     "HELD_STAGES",
     "Check",
     "Demand",
+    "Filter",
     "NodeColumns",
     "NodeFigures",
     "NodeView",
     "Scratch",
     "Stage",
     "describe_reason",
+    "first_excluding",
     "first_failed",
     "narrow",
 ]
@@ -251,6 +262,25 @@ class Check:
     def summary(self, demand: Demand) -> str:
         """The phrase for a group of nodes failing this check for ``demand``."""
         return self.phrase if self.group is None else self.group(demand)
+
+
+class Filter(Protocol):
+    """A fit rule beside the table, on what no node's figures hold (see the module docstring).
+
+    One request's rule at one moment — a value: what it judges by (a copy of the replica
+    counts, say) was fixed when it was made.  ``exclusion(node)`` is why ``node`` cannot take
+    the request, ``None`` if it can; ``code`` names the excluded nodes in explanations and in
+    ``NoCapacity`` (like a check's code) and ``described`` is the rule in words, for a summary
+    ("3 excluded by hard spread (one replica per node)").
+    """
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def described(self) -> str: ...
+
+    def exclusion(self, node: str) -> str | None: ...
 
 
 # -- platform ------------------------------------------------------------------------------
@@ -450,6 +480,15 @@ def narrow(
     for check in checks:
         if sized or not check.sized:
             check.narrow(columns, demand, fit, scratch)
+
+
+def first_excluding(node: str, filters: Sequence[Filter]) -> tuple[Filter, str] | None:
+    """The first filter of ``filters`` that excludes ``node``, with why; ``None`` if none does."""
+    for each in filters:
+        why = each.exclusion(node)
+        if why is not None:
+            return each, why
+    return None
 
 
 def describe_reason(code: str, checks: Sequence[Check] = CHECKS) -> str:

@@ -7,12 +7,14 @@ one table the snapshot filter and node admission also walk (:data:`berth.checks.
 the stages read alike: a node without the platform is ``platform_mismatch`` here and in a
 refusal, and each check names its own group in the summary.
 
-A request with a ``spread`` (:mod:`berth.scheduler.spread`) is judged against it too, after
-the checks: a node that fits but that a hard spread leaves out has the verdict ``spread``
-(its ``spread`` field says why: "zone='a' holds 3 replicas of default/fn, …"), grouped in
-the summary as "excluded by hard spread (one replica per node)"; a node a soft spread moved
-to the second tier still ``fits``, and its ``spread`` field says why it comes after the
-nodes that keep the spread.
+A request's rules beyond the table — its spread (:mod:`berth.scheduler.spread`) — are
+judged too, after the checks, as the stages they are: a node that passes the checks but a
+:class:`~berth.checks.Filter` leaves out has the filter's code as verdict (a hard spread's:
+``spread``; the verdict's ``spread`` field says why: "zone='a' holds 3 replicas of
+default/fn, …"), grouped in the summary as "excluded by <the rule>" ("… by hard spread (one
+replica per node)"); a node a :class:`~berth.scheduler.policy.base.Tier` sets back (a soft
+spread) still ``fits``, and its ``spread`` field says why it comes after the nodes that keep
+the spread.
 """
 
 from __future__ import annotations
@@ -21,10 +23,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from berth.checks import CHECKS, Check, Demand, describe_reason, first_failed
+from berth.checks import (
+    CHECKS,
+    Check,
+    Demand,
+    Filter,
+    describe_reason,
+    first_excluding,
+    first_failed,
+)
 from berth.model import Layer, Spec
 from berth.platform import Platform
-from berth.scheduler.spread import SPREAD, Judge
+from berth.scheduler.ranking import NO_STAGES, Stages
 from berth.state import NodeState, colocation_score
 
 __all__ = ["Explanation", "NodeVerdict", "summarise", "verdicts"]
@@ -38,8 +48,9 @@ class NodeVerdict:
 
     ``rank`` is the node's position in the candidate order (0 = tried first), ``None`` for
     nodes filtered out; ``refused`` holds the node's reason when it was tried and refused;
-    ``spread`` why the request's spread excluded the node (verdict ``spread``) or, for a node
-    that fits, moved it after the nodes that keep the spread (a soft spread).
+    ``spread`` why a filter of the request's spread excluded the node (the verdict is then
+    the filter's code, ``spread``) or, for a node that fits, why its tier moved it after the
+    nodes that keep the spread (a soft spread).
     """
 
     node: str
@@ -53,12 +64,12 @@ class NodeVerdict:
     def description(self) -> str:
         if self.refused:
             return f"refused at confirmation ({self.refused})"
-        if self.verdict == SPREAD:
-            return f"excluded by the spread: {self.spread}"
         if self.verdict == FITS:
             if self.spread:
                 return f"fits, tried after the nodes that keep the spread: {self.spread}"
             return "fits"
+        if self.spread is not None:  # a filter's verdict: "excluded by the spread: …"
+            return f"excluded by the {self.verdict}: {self.spread}"
         return describe_reason(self.verdict)
 
 
@@ -71,13 +82,14 @@ class Explanation:
     checks: Sequence[Check] = field(default=CHECKS, repr=False, compare=False)
     spread: str | None = None
     """The request's spread, described (``None``: it asked for none)."""
+    filters: Sequence[Filter] = field(default=(), repr=False, compare=False)
 
     @property
     def fitting(self) -> int:
         return sum(1 for v in self.verdicts if v.verdict == FITS and v.refused is None)
 
     def summary(self) -> str:
-        return summarise(self.verdicts, self.platforms, checks=self.checks, spread=self.spread)
+        return summarise(self.verdicts, self.platforms, checks=self.checks, filters=self.filters)
 
 
 def verdicts(
@@ -89,10 +101,11 @@ def verdicts(
     refusals: Mapping[str, str] | None = None,
     *,
     checks: Sequence[Check] = CHECKS,
-    spread: Judge | None = None,
+    stages: Stages = NO_STAGES,
 ) -> Explanation:
     """Judge every snapshot against the request: its first failed check of ``checks``, then
-    (for a node that passes them all) the request's ``spread`` against its replica counts.
+    (for a node that passes them all) the request's ``stages``: its first excluding filter,
+    else its first tier that sets it back.
 
     ``refusals`` are the nodes' answers at confirmation; a refused node no longer among
     ``states`` (it left during the walk) is listed with its refusal all the same.
@@ -101,13 +114,7 @@ def verdicts(
     demand = Demand.of(spec, platforms)
     out: list[NodeVerdict] = []
     for state in states:
-        failed = first_failed(state, demand, checks)
-        verdict = FITS if failed is None else failed.code
-        why = None
-        if failed is None and spread is not None:
-            why = spread.violation(state.node)
-            if why is not None and spread.rule.hard:
-                verdict = SPREAD
+        verdict, why = _verdict(state, demand, checks, stages)
         out.append(
             NodeVerdict(
                 node=state.node,
@@ -127,8 +134,24 @@ def verdicts(
         if node not in seen
     )
     out.sort(key=lambda v: (v.rank is None, v.rank if v.rank is not None else 0, v.node))
-    described = None if spread is None else spread.rule.describe()
-    return Explanation(tuple(out), tuple(platforms), checks, described)
+    return Explanation(
+        tuple(out), tuple(platforms), checks, stages.described(), filters=stages.filters
+    )
+
+
+def _verdict(
+    state: NodeState, demand: Demand, checks: Sequence[Check], stages: Stages
+) -> tuple[str, str | None]:
+    """One node's verdict and why: the code of the first check it fails; else the code of
+    the first filter that excludes it, and why; else ``fits``, and why a tier sets it back
+    (``None``: none does)."""
+    failed = first_failed(state, demand, checks)
+    if failed is not None:
+        return failed.code, None
+    excluded = first_excluding(state.node, stages.filters)
+    if excluded is not None:
+        return excluded[0].code, excluded[1]
+    return FITS, stages.demotion(state.node)
 
 
 def summarise(
@@ -136,23 +159,24 @@ def summarise(
     platforms: Sequence[Platform] = (),
     *,
     checks: Sequence[Check] = CHECKS,
-    spread: str | None = None,
+    filters: Sequence[Filter] = (),
 ) -> str:
-    """``"0/50 nodes can run it: 20 insufficient memory, …"`` (largest groups first);
-    ``spread`` describes the request's spread, for the nodes it excluded."""
+    """``"0/50 nodes can run it: 20 insufficient memory, …"`` (largest groups first); the
+    nodes a filter of ``filters`` excluded are "excluded by" its rule, described."""
     total = len(all_verdicts)
     if total == 0:
         return "0/0 nodes can run it: the cluster has no live nodes"
     demand = Demand.of(None, platforms)
     by_code = {check.code: check for check in checks}
+    by_filter = {each.code: each for each in filters}
     groups: Counter[str] = Counter()
     for verdict in all_verdicts:
         if verdict.refused:
             groups[f"refused at confirmation ({verdict.refused})"] += 1
         elif verdict.verdict == FITS:
             groups["can run it"] += 1
-        elif verdict.verdict == SPREAD:
-            groups[f"excluded by {spread or 'the spread'}"] += 1
+        elif verdict.verdict in by_filter:
+            groups[f"excluded by {by_filter[verdict.verdict].described}"] += 1
         elif verdict.verdict in by_code:
             groups[by_code[verdict.verdict].summary(demand)] += 1
         else:

@@ -35,12 +35,18 @@ arguments before doing anything — ``ranker`` is ``"engine"``, ``"reference"`` 
 ``spec`` a ``Spec``, an instance-type name or ``None``, ``layers`` and ``platforms`` lists
 (never a bare string), callbacks callable — and raise ``Invalid`` naming the parameter.
 
-**Spread.**  A request with a ``spread`` (:mod:`berth.scheduler.spread`, the rule) has its
-ranking filtered (hard) or split in two tiers (soft) by the replicas of its function this
-scheduler knows of (:attr:`ClusterScheduler.replicas`: its own placements, counted from the
-moment a node is asked until the lease is released, its workload :meth:`ended`, its node
-leaves, or an unbound lease runs out).  A hard spread is re-checked on each node just before
-it is asked, so concurrent requests of one function cannot both take the same slot.
+**One decision, one walk.**  Each placement is a :class:`~berth.scheduler.decision.Decision`
+(request, confirmation, probe, refusals so far, the request's rules beyond the table of
+checks) that the walk takes whole: rank, apply the pass's stages, ask the nodes in the
+decision's order, rank again (see :mod:`berth.scheduler.decision`).
+
+**Spread.**  A request with a ``spread`` (:mod:`berth.scheduler.spread`, the rule) brings
+such rules (:class:`~berth.scheduler.spread.SpreadRules`): a filter (hard) or a tier (soft)
+judged on the replicas of its function this scheduler knows of
+(:attr:`ClusterScheduler.replicas`: its own placements, counted from the moment a node is
+asked until the lease is released, its workload :meth:`ended`, its node leaves, or an unbound
+lease runs out).  A hard spread is re-checked on each node just before it is asked, so
+concurrent requests of one function cannot both take the same slot.
 
 **Measured.**  Each decision reports to a probe (:mod:`berth.observability.probe`): with
 ``metrics`` it is counted by outcome and timed, its rankings, attempts and refusals too; with
@@ -59,41 +65,42 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from berth.boot import BootFailed
+from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.model import (
+    INTERVAL_RULE,
     MAX_BYTES,
     MAX_LAYERS,
-    Interval,
+    NAME_RULE,
     Layer,
-    Name,
     Placement,
     Request,
     Spec,
-    Spread,
     checked_layers,
     checked_platforms,
     checked_spec,
 )
 from berth.nodeclient.port import NodeClient
 from berth.observability.metrics import Metrics
-from berth.observability.probe import SILENT, Probe, placement_probe
+from berth.observability.probe import placement_probe
 from berth.ownership import Admission, Clock, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler.assume import AssumeCache, apply
+from berth.scheduler.decision import NO_RULES, Decision, RequestRules
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import Explanation, verdicts
 from berth.scheduler.policy import Policy
 from berth.scheduler.ranking import Ranker, Ranking
 from berth.scheduler.reference import ReferenceRanker
-from berth.scheduler.spread import Function, LabelIndex, Replicas, SpreadRanking, SpreadRule
+from berth.scheduler.spread import LabelIndex, Replicas, SpreadRules
 from berth.state import NodeState, colocation_score
 from berth.store.port import StateEvent, StateStore
-from berth.validation import Rule, shown
+from berth.validation import shown
 
 __all__ = ["ClusterScheduler", "Confirmed"]
 
@@ -135,7 +142,7 @@ class ClusterScheduler:
         *,
         ranker: Literal["engine", "reference"] | Ranker = "engine",
         policy: Policy | None = None,
-        lease_ttl_s: float = 30.0,
+        lease_ttl_s: float = LEASE_TTL_S,
         assume: bool = True,
         assume_ttl_s: float | None = None,
         clock: Clock = time.monotonic,
@@ -145,9 +152,9 @@ class ClusterScheduler:
         _needs(nodes, "nodes", "admit", "bind", "release")
         if policy is not None:
             _needs(policy, "policy", "order")
-        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")
+        lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")
         if assume_ttl_s is not None:
-            assume_ttl_s = _INTERVAL(assume_ttl_s, "assume_ttl_s")
+            assume_ttl_s = INTERVAL_RULE(assume_ttl_s, "assume_ttl_s")
         if not isinstance(assume, bool):
             raise Invalid(f"expected true or false, got {shown(assume)}", field="assume")
         if not callable(clock):
@@ -160,17 +167,7 @@ class ClusterScheduler:
         self.metrics = metrics
         """Where placement decisions are counted and timed (``None``: not measured)."""
         self.lease_ttl_s = float(lease_ttl_s)
-        self.ranker: Ranker
-        if isinstance(ranker, str):
-            if ranker == "engine":
-                self.ranker = Engine()
-            elif ranker == "reference":
-                self.ranker = ReferenceRanker()
-            else:
-                raise Invalid(f"must be 'engine', 'reference' or a Ranker, got {shown(ranker)}",
-                              field="ranker")  # fmt: skip
-        else:
-            self.ranker = _needs(ranker, "ranker", "rank", "upsert", "remove", "platforms")
+        self.ranker = _ranker(ranker)
         self.assumed: AssumeCache | None = (
             AssumeCache(assume_ttl_s or self.lease_ttl_s, clock=clock) if assume else None
         )
@@ -331,24 +328,18 @@ class ClusterScheduler:
         return self._rank(checked_spec(spec), *_checked(layers, platforms))
 
     def _rank(
-        self,
-        spec: Spec | None,
-        layers: Sequence[Layer],
-        platforms: Sequence[Platform],
-        spread: SpreadRule | None = None,
+        self, spec: Spec | None, layers: Sequence[Layer], platforms: Sequence[Platform]
     ) -> Ranking:
         self._expire()
         self._check_platforms(platforms)
-        ranking = self.ranker.rank(spec, layers, platforms, self.policy)
-        if spread is None:
-            return ranking
-        # A copy of the counts: the ranking is a value, whatever is placed after it is made.
-        return SpreadRanking(ranking, spread.judge(self.replicas.where(spread.function)))
+        return self.ranker.rank(spec, layers, platforms, self.policy)
 
-    def _spread_rule(
-        self, spread: Spread | None, function: Function, platforms: Sequence[Platform]
-    ) -> SpreadRule | None:
-        return None if spread is None else self._labels.rule(spread, function, platforms)
+    def _rules(self, request: Request) -> RequestRules:
+        """The request's rules beyond the table of checks: its spread, if it has one."""
+        if request.spread is None:
+            return NO_RULES
+        function = (request.namespace, request.name)
+        return SpreadRules(request.spread, function, request.platforms, self._labels, self.replicas)
 
     async def place(
         self,
@@ -371,77 +362,50 @@ class ClusterScheduler:
         layers, platforms = _checked(layers, platforms)
         _callable(attempt, "attempt")
         if preferred_node is not None:
-            preferred_node = _NAME(preferred_node, "preferred_node")
-        return await self._place(spec, layers, attempt, platforms, preferred_node)
+            preferred_node = NAME_RULE(preferred_node, "preferred_node")
+        return await self._place(Decision(spec, layers, platforms, attempt, preferred_node))
 
-    async def _place(
-        self,
-        spec: Spec | None,
-        layers: Sequence[Layer],
-        attempt: Callable[[str], Awaitable[T]],
-        platforms: tuple[Platform, ...],
-        preferred_node: str | None,
-        function: Function | None = None,
-        spread: Spread | None = None,
-    ) -> Confirmed[T]:
+    async def _place(self, decision: Decision[T]) -> Confirmed[T]:
         # One decision, measured (metrics, spans) by its probe: berth.observability.probe.
+        spec, layers, platforms = decision.spec, decision.layers, decision.platforms
         with placement_probe(self.metrics, spec, layers, platforms) as probe:
-            return await self._walk_ranked(
-                spec, layers, attempt, platforms, preferred_node, function, spread, probe
-            )
+            decision.probe = probe
+            return await self._walk_ranked(decision)
 
-    async def _walk_ranked(
-        self,
-        spec: Spec | None,
-        layers: Sequence[Layer],
-        attempt: Callable[[str], Awaitable[T]],
-        platforms: tuple[Platform, ...],
-        preferred_node: str | None,
-        function: Function | None = None,
-        spread: Spread | None = None,
-        probe: Probe = SILENT,
-    ) -> Confirmed[T]:
-        refusals: dict[str, str] = {}
-        rule: SpreadRule | None = None
+    async def _walk_ranked(self, decision: Decision[T]) -> Confirmed[T]:
+        """Rank, ask in turn, rank again while a pass finds untried nodes (``MAX_PASSES``)."""
         for _ in range(MAX_PASSES):
-            if function is not None:
-                rule = self._spread_rule(spread, function, platforms)
-            with probe.ranking():
-                ranking = self._rank(spec, layers, platforms, rule)
-            preferred = preferred_node
-            if (
-                preferred is not None
-                and isinstance(ranking, SpreadRanking)
-                and ranking.judge.violation(preferred) is not None
-            ):
-                preferred = None  # a soft spread demoted it (a hard one left it out)
-            untried = 0
-            for index, node in self._walk(ranking, preferred):
-                if node in refusals:
-                    continue
-                if rule is not None and rule.hard and function is not None:
-                    # Another replica may have landed here since the ranking was made.
-                    why = rule.judge(self.replicas.counts(function)).violation(node)
-                    if why is not None:
-                        log.info("node %s skipped for %s: %s", node, _what(spec), why)
-                        continue
-                untried += 1
-                try:
-                    with probe.confirming(node):
-                        result = await attempt(node)
-                except (Refused, Unavailable) as error:
-                    reason = _reason(error)
-                    log.info("node %s refused %s: %s", node, _what(spec), reason)
-                    refusals[node] = reason
-                    probe.refused(node, error)
-                    continue
-                probe.placed(node, index, ranking.colocated(index))
-                return Confirmed(
-                    node, result, index, ranking.colocated(index), tuple(refusals.items())
-                )
-            if not untried:
+            decision.begin_pass()
+            with decision.probe.ranking():
+                base = self._rank(decision.spec, decision.layers, decision.platforms)
+                ranking = decision.judged(base)
+            asked = False
+            for index, node in decision.order(ranking):
+                asked = True
+                confirmed = await self._ask(decision, ranking, index, node)
+                if confirmed is not None:
+                    return confirmed
+            if not asked:
                 break
-        raise self._no_capacity(spec, layers, platforms, refusals, rule)
+        raise self._no_capacity(decision)
+
+    async def _ask(
+        self, decision: Decision[T], ranking: Ranking, index: int, node: str
+    ) -> Confirmed[T] | None:
+        """Ask ``node`` to confirm: the confirmed placement, or ``None`` when it refused."""
+        probe = decision.probe
+        try:
+            with probe.confirming(node):
+                result = await decision.attempt(node)
+        except (Refused, Unavailable) as error:
+            reason = _reason(error)
+            log.info("node %s refused %s: %s", node, decision.what, reason)
+            decision.refused(node, reason)
+            probe.refused(node, error)
+            return None
+        colocated = ranking.colocated(index)
+        probe.placed(node, index, colocated)
+        return Confirmed(node, result, index, colocated, tuple(decision.refusals.items()))
 
     async def run(
         self,
@@ -512,13 +476,7 @@ class ClusterScheduler:
             return admission
 
         placed = await self._place(
-            spec,
-            layers,
-            confirm,
-            platforms,
-            request.preferred_node,
-            function,
-            request.spread,
+            Decision(spec, layers, platforms, confirm, request.preferred_node, self._rules(request))
         )
         return Placement(
             worker_node=placed.node,
@@ -531,10 +489,10 @@ class ClusterScheduler:
     def explain(self, request: Request, refusals: dict[str, str] | None = None) -> Explanation:
         """Every node's verdict for ``request``: first failed check or fits, bytes, rank."""
         request = _request(request)
-        function = (request.namespace, request.name)
-        rule = self._spread_rule(request.spread, function, request.platforms)
+        rules = self._rules(request).for_pass()
         try:
-            ranking = self._rank(request.spec, request.layers, request.platforms, rule)
+            base = self._rank(request.spec, request.layers, request.platforms)
+            ranking = rules.stages().apply(base)
             ranks = {node: index for index, node in enumerate(ranking)}
         except NoMatchingPlatform:
             ranks = {}
@@ -545,7 +503,7 @@ class ClusterScheduler:
             request.platforms,
             ranks,
             refusals,
-            spread=None if rule is None else rule.judge(self.replicas.where(function)),
+            stages=rules.stages(),
         )
 
     # -- internals ---------------------------------------------------------------------------
@@ -563,38 +521,31 @@ class ClusterScheduler:
             ),
         )
 
-    @staticmethod
-    def _walk(ranking: Ranking, preferred: str | None) -> Iterator[tuple[int, str]]:
-        if preferred is not None:
-            for index, node in enumerate(ranking):
-                if node == preferred:
-                    yield index, node
-                    break
-            else:
-                preferred = None
-        for index, node in enumerate(ranking):
-            if node != preferred:
-                yield index, node
-
-    def _no_capacity(
-        self,
-        spec: Spec | None,
-        layers: Sequence[Layer],
-        platforms: Sequence[Platform],
-        refusals: dict[str, str],
-        rule: SpreadRule | None = None,
-    ) -> NoCapacity:
-        judge = None if rule is None else rule.judge(self.replicas.where(rule.function))
+    def _no_capacity(self, decision: Decision[T]) -> NoCapacity:
+        """Every node's reason, judged now by the last pass's rules (and its refusal)."""
         explanation = verdicts(
-            self._states.values(), spec, layers, platforms, {}, refusals, spread=judge
+            self._states.values(),
+            decision.spec,
+            decision.layers,
+            decision.platforms,
+            {},
+            decision.refusals,
+            stages=decision.current.stages(),
         )
         reasons = {v.node: v.refused or v.verdict for v in explanation.verdicts}
-        message = f"cannot place {_what(spec)}: {explanation.summary()}"
+        message = f"cannot place {decision.what}: {explanation.summary()}"
         return NoCapacity(message, reasons)
 
 
-_INTERVAL: Rule[float] = Rule(Interval)
-_NAME: Rule[str] = Rule(Name)
+def _ranker(ranker: Literal["engine", "reference"] | Ranker) -> Ranker:
+    """The ranker ``ClusterScheduler(ranker=…)`` names or is given."""
+    if not isinstance(ranker, str):
+        return _needs(ranker, "ranker", "rank", "upsert", "remove", "platforms")
+    if ranker == "engine":
+        return Engine()
+    if ranker == "reference":
+        return ReferenceRanker()
+    raise Invalid(f"must be 'engine', 'reference' or a Ranker, got {shown(ranker)}", field="ranker")
 
 
 def _needs(value: T, field: str, *methods: str) -> T:
@@ -641,7 +592,3 @@ def _checked_layers(layers: Sequence[Layer]) -> Sequence[Layer]:
     ):
         return layers
     return checked_layers(layers)
-
-
-def _what(spec: Spec | None) -> str:
-    return f"({spec})" if spec is not None else "(no resources declared)"

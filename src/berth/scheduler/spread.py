@@ -3,8 +3,12 @@
 A request may ask (``Request.spread``, a :class:`~berth.model.Spread`) that the replicas of
 its function — every request with the same ``namespace`` and ``name`` — spread out, as
 Kubernetes' ``topologySpreadConstraints`` / pod anti-affinity and Nomad's ``spread`` stanza
-do.  This module is the rule, in one place; the cluster scheduler applies it to its ranking,
-its walk and its explanations.
+do.  This module is the rule, in one place, as the two stages of the policy framework it
+is: a hard spread is a :class:`~berth.checks.Filter` (code ``spread``), a soft one a
+:class:`~berth.scheduler.policy.base.Tier` (:class:`Judge`, placed by
+:meth:`SpreadRule.stages`).  A request's :class:`SpreadRules` hand them to the cluster
+scheduler's walk, pass by pass (:mod:`berth.scheduler.decision`), which applies them to its
+ranking, its re-checks and its explanations without knowing they are a spread.
 
 **The rule.**  ``counts[n]`` is the number of the function's replicas on node ``n``.
 
@@ -22,12 +26,14 @@ its walk and its explanations.
   its replicas' siblings wait for it rather than pile up elsewhere (``DoNotSchedule``).
   The placements this admits keep ``max c - min c <= S`` over a fixed set of domains; a
   domain that appears later (a new zone) starts at 0 and is filled first.
-* *Hard* (``hard=True``): a violating node is not eligible — the ranking leaves it out, the
-  walk re-checks each node just before asking it (another replica may have landed there
-  meanwhile), and ``NoCapacity`` names ``spread`` as that node's reason.
-* *Soft* (``hard=False``): two tiers — every node that does not violate, in the policy's
-  order, then every node that does, in the policy's order — so colocation still orders each
-  tier, and a violating node is used only when no other fits (``ScheduleAnyway``).
+* *Hard* (``hard=True``), a filter: a violating node is not eligible — the ranking leaves it
+  out, the walk re-checks each node just before asking it (another replica may have landed
+  there meanwhile: :meth:`SpreadPass.recheck`), and ``NoCapacity`` names ``spread`` as that
+  node's reason.
+* *Soft* (``hard=False``), a tier: two tiers — every node that does not violate, in the
+  policy's order, then every node that does, in the policy's order — so colocation still
+  orders each tier, and a violating node is used only when no other fits
+  (``ScheduleAnyway``).
 
 **Where the replicas are: scheduler-side.**  A node's admission cannot know where the other
 replicas of a function run — it sees only its own node — so the spread is the scheduler's
@@ -52,15 +58,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import overload
 
+from berth.defaults import LEASE_TTL_S
 from berth.model import Spread
 from berth.ownership import Clock
 from berth.platform import Platform, matches_any
-from berth.scheduler.ranking import Ranking
+from berth.scheduler.ranking import Stages
 from berth.state import NodeState
 
 __all__ = [
@@ -69,8 +75,9 @@ __all__ = [
     "Judge",
     "LabelIndex",
     "Replicas",
-    "SpreadRanking",
+    "SpreadPass",
     "SpreadRule",
+    "SpreadRules",
 ]
 
 SPREAD = "spread"
@@ -106,6 +113,12 @@ class SpreadRule:
         """The rule against ``counts`` (node → this function's replicas there)."""
         return Judge(self, counts)
 
+    def stages(self, counts: Mapping[str, int]) -> Stages:
+        """The rule against ``counts`` as the stage it is: a hard spread's filter, a soft
+        spread's tier."""
+        judge = self.judge(counts)
+        return Stages(filters=(judge,)) if self.hard else Stages(tiers=(judge,))
+
     @property
     def hard(self) -> bool:
         return self.spread.hard
@@ -115,7 +128,12 @@ class SpreadRule:
 
 
 class Judge:
-    """A :class:`SpreadRule` against fixed replica counts: which nodes would violate it."""
+    """A :class:`SpreadRule` against fixed replica counts: which nodes would violate it.
+
+    A judge is the spread's stage: a :class:`~berth.checks.Filter` named ``spread`` when the
+    spread is hard, a :class:`~berth.scheduler.policy.base.Tier` when it is soft (where
+    :meth:`SpreadRule.stages` puts it); both judge by :meth:`violation`.
+    """
 
     def __init__(self, rule: SpreadRule, counts: Mapping[str, int]) -> None:
         self.rule = rule
@@ -128,6 +146,15 @@ class Judge:
                 if value is not None and value in rule.domains:
                     self.by_domain[value] += count
             self.least = min((self.by_domain[d] for d in rule.domains), default=0)
+
+    @property
+    def code(self) -> str:
+        """The reason code of a node the hard spread excludes."""
+        return SPREAD
+
+    @property
+    def described(self) -> str:
+        return self.rule.describe()
 
     def violation(self, node: str) -> str | None:
         """Why placing one more replica on ``node`` breaks the spread; ``None`` if it does not."""
@@ -157,84 +184,55 @@ class Judge:
             )
         return None
 
+    exclusion = violation  # as a hard spread's filter
+    demotion = violation  # as a soft spread's tier
 
-class SpreadRanking(Ranking):
-    """A ranking with a spread applied: violating nodes left out (hard) or moved last (soft).
 
-    Lazy like the engine's: it reads the ranking it wraps only as far as it is itself read,
-    so a walk that stops at the first node that confirms judges few nodes.  It is a value: the
-    replica counts it judges by are a copy taken when it was made.  ``excluded`` (hard) and
-    ``demoted`` (soft) map the nodes judged so far to the violation's description.
-    """
+class SpreadRules:
+    """One request's spread as a scheduler's walk applies it, over that scheduler's labels
+    and replicas: each pass takes the rule over the labels as they are then."""
 
-    def __init__(self, base: Ranking, judge: Judge) -> None:
-        super().__init__([], [])
-        self._base = base
-        self.judge = judge
-        self._hard = judge.rule.hard
-        self._order: list[str] = []
-        self._bytes: list[int] = []
-        self._next = 0
-        self._total = len(base)
-        self._deferred: list[int] = []
-        self._done = False
-        self.excluded: dict[str, str] = {}
-        self.demoted: dict[str, str] = {}
+    def __init__(
+        self,
+        spread: Spread,
+        function: Function,
+        platforms: Sequence[Platform],
+        labels: LabelIndex,
+        replicas: Replicas,
+    ) -> None:
+        self.spread = spread
+        self.function = function
+        self.platforms = platforms
+        self._labels = labels
+        self._replicas = replicas
 
-    def _fill(self, upto: int | None) -> None:
-        """Judge the wrapped ranking until ``upto`` is read (``None``: all of it)."""
-        base = self._base
-        while not self._done and (upto is None or len(self._order) <= upto):
-            if self._next < self._total:
-                index = self._next
-                self._next += 1
-                node = base[index]
-                why = self.judge.violation(node)
-                if why is None:
-                    self._order.append(node)
-                    self._bytes.append(base.colocated(index))
-                elif self._hard:
-                    self.excluded[node] = why
-                else:
-                    self.demoted[node] = why
-                    self._deferred.append(index)
-            else:
-                for index in self._deferred:
-                    self._order.append(base[index])
-                    self._bytes.append(base.colocated(index))
-                self._deferred.clear()
-                self._done = True
+    def for_pass(self) -> SpreadPass:
+        """The rule of a pass starting now."""
+        return SpreadPass(
+            self._labels.rule(self.spread, self.function, self.platforms), self._replicas
+        )
 
-    def __len__(self) -> int:
-        self._fill(None)
-        return len(self._order)
 
-    @overload
-    def __getitem__(self, index: int) -> str: ...
+class SpreadPass:
+    """The rule of one pass, judged on the scheduler's replicas: a copy of their counts for
+    a ranking and an explanation (:meth:`stages`: the ranking is a value, whatever is placed
+    after it is made), the live counts for the walk's re-check of a node just before it is
+    asked (:meth:`recheck`)."""
 
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __init__(self, rule: SpreadRule, replicas: Replicas) -> None:
+        self.rule = rule
+        self._replicas = replicas
 
-    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
-        if isinstance(index, slice) or index < 0:
-            self._fill(None)
-        else:
-            self._fill(index)
-        return self._order[index]
+    def stages(self) -> Stages:
+        """The spread's filter or tier against the replica counts now."""
+        return self.rule.stages(self._replicas.where(self.rule.function))
 
-    def __iter__(self) -> Iterator[str]:
-        for index in itertools.count():
-            self._fill(index)
-            if index >= len(self._order):
-                return
-            yield self._order[index]
-
-    def colocated(self, index: int) -> int:
-        self._fill(None if index < 0 else index)
-        return self._bytes[index]
-
-    def ordered(self) -> int:
-        return len(self._order)
+    def recheck(self, node: str) -> str | None:
+        """Why a hard spread now excludes ``node`` — another replica of the function may have
+        landed there since the ranking was made; ``None`` if it does not (or is soft)."""
+        if not self.rule.hard:
+            return None
+        return self.rule.judge(self._replicas.counts(self.rule.function)).violation(node)
 
 
 class LabelIndex:
@@ -323,7 +321,7 @@ class Replicas:
     event loop.
     """
 
-    def __init__(self, lease_ttl_s: float = 30.0, *, clock: Clock = time.monotonic) -> None:
+    def __init__(self, lease_ttl_s: float = LEASE_TTL_S, *, clock: Clock = time.monotonic) -> None:
         self.lease_ttl_s = float(lease_ttl_s)
         self._clock = clock
         self._counts: dict[Function, Counter[str]] = {}

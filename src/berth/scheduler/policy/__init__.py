@@ -1,15 +1,19 @@
 """Placement policies: how the nodes that passed the filter are ordered, and which exist.
 
 Following kube-scheduler's split, *filtering* ("can this node run it?") is the ranker's —
-the seed's ``fits`` and the platform — and never varies; a *policy* only answers "how good
-is it?" by ordering the fitting nodes.  A new rule is a new scorer or policy, not an edit
-inside a ranker.  Every ranker (:class:`~berth.scheduler.engine.Engine`,
+the table of checks (:data:`berth.checks.CHECKS`: the seed's ``fits`` and the platform) — and
+never varies, or a :class:`berth.checks.Filter` the scheduler applies after it (a hard
+spread); a *policy* only answers "how good is it?" by ordering the fitting nodes, and a
+:class:`Tier` sets some of them back after it (a soft spread).  A new rule is a new
+filter, scorer, tier or policy, not an edit inside a ranker or the scheduler's walk.
+Every ranker (:class:`~berth.scheduler.engine.Engine`,
 :class:`~berth.scheduler.reference.ReferenceRanker`) takes any policy:
 ``rank(spec, layers, platforms, policy)``.
 
 * :mod:`~berth.scheduler.policy.base` — the extension point: the read-only
   :class:`ClusterView` and :class:`PlacementRequest` a policy sees, the :class:`Policy` and
-  :class:`Scorer` protocols, and :class:`Weighted` (Σ weight · score);
+  :class:`Scorer` protocols, :class:`Weighted` (Σ weight · score), and :class:`Tier`, the
+  scorer over node names applied after the policy (a soft spread);
 * :mod:`~berth.scheduler.policy.seed` — ``SEED``, the seed's ordering and every ranker's
   default, with the engine's fast path for it;
 * :mod:`~berth.scheduler.policy.baselines` — ``random``, ``binpack``, ``spread``;
@@ -28,6 +32,7 @@ from berth.scheduler.policy.base import (
     Scorer,
     SeedLike,
     Slots,
+    Tier,
     Weighted,
 )
 from berth.scheduler.policy.baselines import (
@@ -61,6 +66,7 @@ __all__ = [
     "SeedLike",
     "SeedPolicy",
     "Slots",
+    "Tier",
     "Weighted",
     "policy",
 ]

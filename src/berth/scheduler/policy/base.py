@@ -12,6 +12,15 @@ seed's ``fits`` plus the platform, never varied by a policy — and then asks a 
   the rule is not a sum of per-node scores (a random permutation, a score whose tie-break
   is itself a score).
 
+A rule the ranker's view cannot hold — one that needs what only the scheduler knows, such
+as where a function's other replicas are (a soft spread) — is a :class:`Tier`: a score of
+two values over node names, ``demotion(node)``, applied to the ranking the policy made.
+The nodes no tier sets back come first, then the others, each group in the policy's order
+(kube-scheduler's ``ScheduleAnyway`` topology spread, as a tier: the spread outweighs any
+score, colocation still orders within it).  It runs after the ranker, lazily, on the nodes
+a walk reads (:class:`~berth.scheduler.ranking.Stages`), so the seed's fast path keeps its
+cost; its counterpart for "can this node run it?" is :class:`berth.checks.Filter`.
+
 What a policy gets:
 
 * :class:`ClusterView` — the ranker's replica of the cluster as per-slot NumPy arrays with
@@ -60,6 +69,7 @@ __all__ = [
     "Scorer",
     "SeedLike",
     "Slots",
+    "Tier",
     "Weighted",
     "fitting_in_name_order",
     "generator",
@@ -248,6 +258,20 @@ class Scorer(Protocol):
     name: str
 
     def score(self, view: ClusterView, request: PlacementRequest) -> Floats: ...
+
+
+class Tier(Protocol):
+    """A score of two values over node names: the nodes it sets back come after the others.
+
+    One request's rule at one moment, a value (see the module docstring).  ``demotion(node)``
+    is why ``node`` is set back (tried only after every node that keeps the rule), ``None``
+    if it is not; ``described`` is the rule in words ("soft spread (one replica per node)").
+    """
+
+    @property
+    def described(self) -> str: ...
+
+    def demotion(self, node: str) -> str | None: ...
 
 
 def fitting_in_name_order(view: ClusterView, request: PlacementRequest) -> Slots:

@@ -3,12 +3,12 @@
 A request may ask (``Request.spread``, a :class:`~berth.model.Spread`) that the replicas of
 its function — every request with the same ``namespace`` and ``name`` — spread out, as
 Kubernetes' ``topologySpreadConstraints`` / pod anti-affinity and Nomad's ``spread`` stanza
-do.  This module is the rule, in one place, as the two stages of the policy framework it
-is: a hard spread is a :class:`~berth.checks.Filter` (code ``spread``), a soft one a
-:class:`~berth.scheduler.policy.base.Tier` (:class:`Judge`, placed by
-:meth:`SpreadRule.stages`).  A request's :class:`SpreadRules` hand them to the cluster
-scheduler's walk, pass by pass (:mod:`berth.scheduler.decision`), which applies them to its
-ranking, its re-checks and its explanations without knowing they are a spread.
+do.  This module is the rule, in one place, at the two phases of the policy framework: a
+hard spread is a :class:`~berth.checks.Filter` (code ``spread``) and a soft one a
+:class:`~berth.scheduler.policy.base.Tier` — both a :class:`Judge`, which
+:meth:`SpreadRule.stages` places.  A request's :class:`SpreadRules` hand them to the cluster
+scheduler's walk pass by pass (:mod:`berth.scheduler.decision`), which applies them to its
+ranking, its re-checks and its explanations without knowing that they are a spread.
 
 **The rule.**  ``counts[n]`` is the number of the function's replicas on node ``n``.
 

@@ -19,8 +19,7 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState, Overcommit
 from berth.store.memory import MemoryStore
 from berth.testing.nodeclient_contract import FakeClock, ManualOwner
-
-MiB, GiB = 2**20, 2**30
+from berth.units import GiB, MiB
 
 
 def snapshot(**changes: object) -> NodeState:

@@ -34,9 +34,8 @@ from berth.scheduler.policy.kube import (
 )
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState
+from berth.units import GiB, MiB
 
-MiB = 2**20
-GiB = 2**30
 AMD64 = Platform.parse("linux/amd64")
 LAYER_IDS = [f"sha256:{i:02x}" for i in range(16)]
 

@@ -20,9 +20,9 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.spread import SPREAD, LabelIndex, Replicas
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.units import GiB
 from helpers import budget_state
 
-GiB = 2**30
 SMALL = Spec(vcpus=0.01, mem=GiB // 8, disk=GiB)
 HARD_NODE = Spread(hard=True)
 SOFT_NODE = Spread(hard=False)

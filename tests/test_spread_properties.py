@@ -35,9 +35,9 @@ from berth.nodeclient.local import LocalNodes
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.reference import ReferenceRanker
 from berth.store.memory import MemoryStore
+from berth.units import GiB
 from helpers import budget_state
 
-GiB = 2**30
 SMALL = Spec(vcpus=0.01, mem=GiB // 8, disk=GiB)
 LAYERS = (Layer(id="l1", size=10**6),)
 SPREADS = (

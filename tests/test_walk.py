@@ -29,12 +29,12 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.ranking import NO_STAGES, Ranking, StagedRanking, Stages
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.units import GiB, MiB
 
-GiB = 2**30
 RankerName = Literal["engine", "reference"]
 RANKERS: tuple[RankerName, ...] = ("engine", "reference")
 AMD64 = (Platform.parse("linux/amd64"),)
-SPEC = Spec(vcpus=0.25, mem=128 * 2**20, disk=2**20)
+SPEC = Spec(vcpus=0.25, mem=128 * MiB, disk=MiB)
 LAYERS = (Layer(id="big", size=100), Layer(id="small", size=10))
 
 

@@ -16,7 +16,7 @@ import pytest
 from berth.errors import NoCapacity
 from berth.model import Request, Spec
 from berth.nats.connection import connect
-from berth.registry.routes import RouteRegistry
+from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.up import LocalCluster
 
@@ -48,7 +48,7 @@ async def _scenario(cluster: LocalCluster) -> None:
     client = await connect(cluster.url, name="test")
     try:
         scheduler = NatsScheduler(client)
-        routes = await RouteRegistry(client).start()
+        routes = await NatsRoutes(client).start()
 
         async def sees(present: set[str], absent: set[str]) -> bool:
             members = await scheduler.census(0.15)

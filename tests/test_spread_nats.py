@@ -28,7 +28,8 @@ from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request, Spec, Spread
 from berth.nats.connection import connect
 from berth.nats.wire import MalformedMessage
-from berth.registry.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
+from berth.registry.nats_routes import NatsRoutes, decode_route, encode_route
+from berth.registry.port import Route, RouteEvent
 from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
 from berth.testing.nats import NatsServer, unique_name
@@ -82,11 +83,11 @@ def _put(
 ) -> RouteEvent:
     namespace, name = (None, None) if function is None else function
     route = Route(workload, node, reservation, SMALL, 0.0, namespace, name)
-    return RouteEvent("put", RouteRegistry.key(workload, node), route, revision)
+    return RouteEvent("put", NatsRoutes.key(workload, node), route, revision)
 
 
 def _delete(workload: str, node: str) -> RouteEvent:
-    return RouteEvent("delete", RouteRegistry.key(workload, node))
+    return RouteEvent("delete", NatsRoutes.key(workload, node))
 
 
 def test_the_feed_counts_peer_routes_and_ends_them_on_delete() -> None:
@@ -211,7 +212,7 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
                 await bucket.put("x.y", b"not json")
                 bad = {"v": 1, "workload": "t/fn/7", "node": freed, "reservation_id": "r",
                        "namespace": "t", "name": "a b"}  # fmt: skip
-                await bucket.put(RouteRegistry.key("t/fn/7", freed), json.dumps(bad).encode())
+                await bucket.put(NatsRoutes.key("t/fn/7", freed), json.dumps(bad).encode())
                 elsewhere = encode_route(Route("t/fn/8", freed, "r8", None, 0.0, "t", "fn"))
                 await bucket.put("other.key", elsewhere)  # a route under another's key
                 await bucket.put("late", encode_route(Route("late", freed, "r9", None, 0.0)))
@@ -309,7 +310,7 @@ def test_a_stale_read_removes_only_the_route_it_read(nats_server: NatsServer) ->
     async def scenario() -> None:
         client = await connect(nats_server.url, name="routes-test")
         try:
-            routes = await RouteRegistry(client, bucket=unique_name("routes")).start()
+            routes = await NatsRoutes(client, bucket=unique_name("routes")).start()
             old = Placement(worker_node="n1", reservation_id="r1")
             await routes.record("t/fn/0", old, SMALL, function=FN)
             [(revision, read)] = await routes.on_node("n1")

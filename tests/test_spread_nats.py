@@ -32,6 +32,7 @@ from berth.registry.nats_routes import NatsRoutes, decode_route, encode_route
 from berth.registry.port import Route, RouteEvent
 from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
+from berth.testing.clock import FakeClock
 from berth.testing.nats import NatsServer, unique_name
 from helpers import load_benchmark
 
@@ -109,15 +110,15 @@ def test_the_feed_counts_peer_routes_and_ends_them_on_delete() -> None:
 
 
 def test_the_feed_does_not_count_a_schedulers_own_replica_twice() -> None:
-    now = [0.0]
-    replicas = Replicas(lease_ttl_s=30.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    replicas = Replicas(lease_ttl_s=30.0, clock=clock)
     feed = RouteReplicas(replicas)
     token = replicas.hold(FN, "a")  # this scheduler is asking node a
     assert replicas.where(FN) == {"a": 1}
     replicas.confirm(token, "r1")
     feed(_put("t/fn/0", "a", "r1"))  # its own route comes back through the watch
     assert replicas.where(FN) == {"a": 1}
-    now[0] = 60.0  # bound by its route: it outlives the unbound lease's time to live
+    clock.now = 60.0  # bound by its route: it outlives the unbound lease's time to live
     assert replicas.where(FN) == {"a": 1}
     replicas.ended("a", "r1")  # released by this scheduler; then the route's delete arrives
     feed(_delete("t/fn/0", "a"))

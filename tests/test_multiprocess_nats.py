@@ -20,6 +20,8 @@ from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.up import LocalCluster
 
+pytestmark = pytest.mark.slow  # starts a whole berth up
+
 HEARTBEAT_S = 0.5
 GiB = 2**30
 MiB = 2**20

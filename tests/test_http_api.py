@@ -20,6 +20,7 @@ from berth.api.schemas import DrainReport, NodeList, Workload
 from berth.oci import ImageSpec, file, write_layout
 from berth.registry.port import CLAIM_PENDING_S, Claim
 from berth.testing.api import ApiUnderTest
+from berth.units import MiB
 
 pytestmark = pytest.mark.anyio
 
@@ -86,7 +87,7 @@ async def test_images_register_get_list_and_oci(api: httpx.AsyncClient, tmp_path
         },
     )
     assert created.status_code == 201, created.text
-    assert created.json()["size"] == 28 * 2**20 + 4096
+    assert created.json()["size"] == 28 * MiB + 4096
     app = (await api.get("/v1/images/app")).json()
     assert app["layers"][1] == {"id": "sha256:app", "size": 4096}
     assert "app" in [image["name"] for image in (await api.get("/v1/images")).json()["items"]]

@@ -32,11 +32,12 @@ from berth.registry.port import (
     StoredWorkload,
     WorkloadRegistry,
 )
+from berth.units import MiB
 
 __all__ = ["Registries", "RegistryContract", "sample_workload"]
 
 IDENTITY = "default/hello/0"
-SPEC = Spec(vcpus=0.5, mem=2**20, disk=2**20)
+SPEC = Spec(vcpus=0.5, mem=MiB, disk=MiB)
 FUNCTION = ("default", "hello")
 
 

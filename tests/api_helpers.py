@@ -2,9 +2,9 @@
 ``berth up`` cluster's token, polling until a condition holds, and checking a problem+json
 answer.
 
-:func:`api_under_test` gives an :class:`~berth.testing.api.ApiUnderTest` by name —
+:func:`api_under_test` gives an :class:`~berth.api.testing.ApiUnderTest` by name —
 ``"in-process"`` (the application over the embedded cluster through httpx's ASGI transport,
-:func:`berth.testing.api.embedded_api`) or ``"nats"`` (``berth up``'s processes: a
+:func:`berth.api.testing.embedded_api`) or ``"nats"`` (``berth up``'s processes: a
 nats-server with authentication, agents, a scheduler serving the API, :class:`~berth.up.
 LocalCluster` with ``http=``) — so one test module runs the same tests against both
 (:data:`BOTH`, the parameters of its module-scoped fixture).
@@ -25,8 +25,8 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from berth.api.testing import ApiUnderTest, embedded_api, remote_api
 from berth.registry.nats import NatsClaims
-from berth.testing.api import ApiUnderTest, embedded_api, remote_api
 from berth.testing.nats import client
 from berth.up import LocalCluster
 

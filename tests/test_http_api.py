@@ -17,9 +17,9 @@ import pytest
 
 from api_helpers import BOTH, api_under_test, eventually, problem
 from berth.api.schemas import DrainReport, NodeList, Workload
+from berth.api.testing import ApiUnderTest
 from berth.oci import ImageSpec, file, write_layout
 from berth.registry.port import CLAIM_PENDING_S, Claim
-from berth.testing.api import ApiUnderTest
 from berth.units import MiB
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ the placement port (:class:`~berth.api.placements.Placements`) and the API's reg
 :class:`~berth.registry.port.ImageRegistry`).  In a scheduler's process
 (``berth scheduler --http``, :func:`berth.api.server.scheduler_api`) they are that
 scheduler's parts over NATS, the queue group (any scheduler of the group may place) and the
-registries in the API's bucket; in this process (:mod:`berth.testing.api`) they are the
+registries in the API's bucket; in this process (:mod:`berth.api.testing`) they are the
 embedded cluster's and the in-memory registries — the same API, tested both ways.
 
 **Create** (``POST /v1/workloads``) validates everything first (the request with berth's

@@ -15,7 +15,9 @@ get one, so the same tests run both ways:
   given by the caller (its bucket on NATS).
 
 Clients are ``httpx.AsyncClient``: the in-process application runs in the caller's event
-loop, so the tests are coroutines (the ``anyio`` pytest plugin runs them).
+loop, so the tests are coroutines (the ``anyio`` pytest plugin runs them).  It lives with the
+API, as a test client ships with its web framework, because it stands on the API and the
+embedded cluster — both above :mod:`berth.testing` in the layers.
 """
 
 from __future__ import annotations

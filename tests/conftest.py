@@ -4,6 +4,14 @@
 on, temporary store, free loopback port) for the whole session; tests isolate themselves with
 their own bucket names and subject prefixes (:func:`berth.testing.nats.unique_name`).
 Tests that stop or restart a server start their own.
+
+``anyio_backend``: async tests (``async def``, marked ``pytest.mark.anyio``) and async
+fixtures run on asyncio through anyio's pytest plugin — session-wide, so a module-scoped
+async fixture (an API under test, :mod:`api_helpers`) shares its event loop with the tests
+that use it.
+
+Markers (``pyproject.toml``): ``slow`` for the tests that start a whole ``berth up`` (CI runs
+everything; ``-m "not slow"`` leaves them out).
 """
 
 from __future__ import annotations
@@ -13,6 +21,11 @@ from collections.abc import Iterator
 import pytest
 
 from berth.testing.nats import NatsServer, running_server
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 @pytest.fixture(scope="session")

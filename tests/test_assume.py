@@ -18,7 +18,8 @@ from berth.scheduler.assume import AssumeCache, Assumption, apply
 from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState, Overcommit
 from berth.store.memory import MemoryStore
-from berth.testing.nodeclient_contract import FakeClock, ManualOwner
+from berth.testing.clock import FakeClock
+from berth.testing.owner import ManualOwner
 from berth.units import GiB, MiB
 
 

@@ -19,16 +19,10 @@ from berth import Invalid, Platform, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.ownership import Admission, Lease, Refused
 from berth.state import Overcommit
+from berth.testing.clock import FakeClock
+from berth.testing.owner import ManualOwner
 
 GiB = 2**30
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def limits(**changes: object) -> BudgetLimits:
@@ -52,23 +46,9 @@ def spec(
     return Spec(vcpus=vcpus, mem=mem, disk=disk, disk_bw=disk_bw, net_bw=net_bw)
 
 
-class Owned:
-    """A minimal owner whose end the test triggers."""
-
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def add_done_callback(self, fn: object) -> None:
-        self.future.add_done_callback(lambda _: fn(self))  # type: ignore[operator]
-
-    def end(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-
 def test_admit_reserves_and_owner_end_releases_exactly() -> None:
     budget = NodeBudget(limits())
-    owner = Owned()
+    owner = ManualOwner()
     budget.admit(spec(mem=GiB, disk=2 * GiB), owner)
     assert budget.headroom().mem_free == 3 * GiB
     assert budget.headroom().disk_free == 38 * GiB
@@ -80,12 +60,12 @@ def test_admit_reserves_and_owner_end_releases_exactly() -> None:
 
 def test_exact_fill_is_admitted_one_more_byte_is_not() -> None:
     budget = NodeBudget(limits())
-    budget.admit(spec(mem=4 * GiB, disk=GiB), Owned())
+    budget.admit(spec(mem=4 * GiB, disk=GiB), ManualOwner())
     with pytest.raises(Refused) as caught:
-        budget.admit(spec(mem=1, disk=1, vcpus=0.1), Owned())
+        budget.admit(spec(mem=1, disk=1, vcpus=0.1), ManualOwner())
     assert caught.value.reason == "mem_exhausted"
     with pytest.raises(Refused) as caught:
-        NodeBudget(limits()).admit(spec(mem=1, disk=40 * GiB + 1), Owned())
+        NodeBudget(limits()).admit(spec(mem=1, disk=40 * GiB + 1), ManualOwner())
     assert caught.value.reason == "disk_exhausted"
 
 
@@ -105,11 +85,11 @@ def test_soft_checks_read_live_load(
     load = StaticLoad(**readings)
     budget = NodeBudget(limits(), load)
     with pytest.raises(Refused) as caught:
-        budget.admit(spec(**asked), Owned())  # type: ignore[arg-type]
+        budget.admit(spec(**asked), ManualOwner())  # type: ignore[arg-type]
     assert caught.value.reason == reason
     assert budget.reservations() == []  # nothing reserved by a refused admission
     load.cpu_load = load.disk_bw_load = load.net_bw_load = 0.0
-    budget.admit(spec(**asked), Owned())  # type: ignore[arg-type]  # fits once the load drops
+    budget.admit(spec(**asked), ManualOwner())  # type: ignore[arg-type]  # fits once the load drops
 
 
 def test_checks_run_in_table_order_hard_before_soft() -> None:
@@ -120,38 +100,38 @@ def test_checks_run_in_table_order_hard_before_soft() -> None:
     asked = spec(mem=5 * GiB, vcpus=2)  # fails memory, the β_max ceiling and the load
     for platforms, reason in ((["linux/arm64"], "platform_mismatch"), ([], "mem_exhausted")):
         with pytest.raises(Refused) as caught:
-            budget.admit(asked, Owned(), [Platform.parse(p) for p in platforms])
+            budget.admit(asked, ManualOwner(), [Platform.parse(p) for p in platforms])
         assert caught.value.reason == reason
     with pytest.raises(Refused, match="cpu_overcommitted"):
-        budget.admit(spec(vcpus=2), Owned())
+        budget.admit(spec(vcpus=2), ManualOwner())
     with pytest.raises(Refused, match="cpu_saturated"):
-        budget.admit(spec(vcpus=1), Owned())
+        budget.admit(spec(vcpus=1), ManualOwner())
 
 
 def test_reserve_judges_only_what_reservations_hold() -> None:
     budget = NodeBudget(
         limits(cpu_overcommit=0.5), StaticLoad(cpu_load=1.0), platform="linux/amd64"
     )
-    budget.reserve(spec(vcpus=2), Owned())  # a saturated node: reserve skips the live load
+    budget.reserve(spec(vcpus=2), ManualOwner())  # a saturated node: reserve skips the live load
     with pytest.raises(Refused) as caught:
-        budget.reserve(spec(vcpus=1), Owned())
+        budget.reserve(spec(vcpus=1), ManualOwner())
     assert caught.value.reason == "cpu_overcommitted"
     assert caught.value.detail == "2 + 1 vcpus reserved > ceiling 2"
     with pytest.raises(Refused, match="mem_exhausted"):
-        budget.reserve(spec(mem=4 * GiB, vcpus=0.001), Owned())
+        budget.reserve(spec(mem=4 * GiB, vcpus=0.001), ManualOwner())
 
 
 def test_soft_edge_is_inclusive() -> None:
     budget = NodeBudget(limits(), StaticLoad(cpu_load=0.55))
-    budget.admit(spec(vcpus=1), Owned())  # 0.55 + 0.25 == 0.8
+    budget.admit(spec(vcpus=1), ManualOwner())  # 0.55 + 0.25 == 0.8
 
 
 def test_overcommit_stage_bounds_reserved_soft_sums() -> None:
     budget = NodeBudget(limits(cpu_overcommit=1.5))  # ceiling 6 vcpus
     for _ in range(3):
-        budget.admit(spec(mem=1, disk=1, vcpus=2), Owned())
+        budget.admit(spec(mem=1, disk=1, vcpus=2), ManualOwner())
     with pytest.raises(Refused) as caught:
-        budget.admit(spec(mem=1, disk=1, vcpus=0.5), Owned())
+        budget.admit(spec(mem=1, disk=1, vcpus=0.5), ManualOwner())
     assert caught.value.reason == "cpu_overcommitted"
     over = budget.overcommit()
     assert over is not None and over.vcpus_reserved == 6 and over.vcpus_ceiling == 6
@@ -160,7 +140,7 @@ def test_overcommit_stage_bounds_reserved_soft_sums() -> None:
 
 def test_release_is_idempotent() -> None:
     budget = NodeBudget(limits())
-    reservation = budget.admit(spec(), Owned())
+    reservation = budget.admit(spec(), ManualOwner())
     assert budget.release(reservation.id) is True
     assert budget.release(reservation.id) is False
     assert budget.release("never") is False
@@ -170,7 +150,7 @@ def test_release_is_idempotent() -> None:
 def test_on_change_fires_on_reserve_and_release() -> None:
     changes: list[int] = []
     budget = NodeBudget(limits(), on_change=lambda: changes.append(1))
-    owner = Owned()
+    owner = ManualOwner()
     budget.admit(spec(), owner)
     owner.end()
     assert len(changes) == 2
@@ -213,7 +193,7 @@ def test_unbound_lease_expires_bound_lease_follows_its_owner() -> None:
     budget.admit(spec(), expiring)
     bound = budget.lease(5.0)
     budget.admit(spec(), bound)
-    owner = Owned()
+    owner = ManualOwner()
     bound.bind(owner)
     clock.now += 4.9
     assert budget.reap() == 0
@@ -221,7 +201,7 @@ def test_unbound_lease_expires_bound_lease_follows_its_owner() -> None:
     assert budget.headroom().mem_free == 3 * GiB  # reaping ran: the unbound lease ended
     assert expiring.done() and not bound.done()
     with pytest.raises(Refused):
-        expiring.bind(Owned())
+        expiring.bind(ManualOwner())
     owner.end()
     assert bound.done()
     assert budget.headroom().mem_free == 4 * GiB
@@ -299,7 +279,7 @@ def test_a_bind_during_the_reapers_clock_read_keeps_its_reservation() -> None:
     clock = PausingClock()
     budget = NodeBudget(limits(), clock=clock)
     leased = budget.admit_leased(spec(), 5.0)  # deadline 1005
-    owner = Owned()
+    owner = ManualOwner()
     clock.now = 1004.0
     with reaper_paused_at_its_clock_read(budget, clock) as ended:
         budget.bind(leased.id, owner)  # before the deadline: bound
@@ -342,7 +322,7 @@ def test_a_reaper_that_read_a_due_time_wins_over_a_later_bind() -> None:
         pass
     assert ended == [1]
     with pytest.raises(Refused, match="lease_expired"):
-        budget.bind(leased.id, Owned())
+        budget.bind(leased.id, ManualOwner())
     assert budget.headroom().mem_free == 4 * GiB
     assert len(changes) == 2  # one admission, one release
 
@@ -385,7 +365,7 @@ def test_a_due_lease_cannot_be_bound_even_before_any_reap() -> None:
     lease = budget.get(leased.id).owner  # type: ignore[union-attr]
     assert isinstance(lease, Lease)
     clock.now = 1005.0  # due, and nothing has reaped
-    owner = Owned()
+    owner = ManualOwner()
     with pytest.raises(Refused) as caught:
         budget.bind(leased.id, owner)
     assert caught.value.reason == "lease_expired"
@@ -423,7 +403,7 @@ def test_a_bound_lease_is_not_re_armed_by_renew() -> None:
     budget = NodeBudget(limits(), clock=clock)
     lease = budget.lease(2.0)
     reservation = budget.admit(spec(), lease)
-    owner = Owned()
+    owner = ManualOwner()
     lease.bind(owner)
     assert lease.renew(1.0) is True  # alive, and it keeps no deadline
     assert lease.deadline is None and lease.bound_to is owner
@@ -443,8 +423,8 @@ def test_releasing_a_leased_reservation_ends_its_lease() -> None:
     assert budget.release(leased.id) is True
     assert lease.done()
     with pytest.raises(Refused, match="lease_expired"):
-        lease.bind(Owned())  # a bind may not succeed on memory that is free again
-    budget.admit(spec(), Owned())  # the memory is free: the node is full again
+        lease.bind(ManualOwner())  # a bind may not succeed on memory that is free again
+    budget.admit(spec(), ManualOwner())  # the memory is free: the node is full again
     assert budget.headroom().mem_free == 0
     assert lease.renew(5.0) is False
 
@@ -468,9 +448,9 @@ def test_the_node_platform_is_validated_naming_the_field() -> None:
 def test_reservations_are_numbered_from_one_and_can_be_looked_up() -> None:
     budget = NodeBudget(limits(), incarnation="i0")
     assert budget.admitted == 0 and budget.get("r1.i0") is None
-    owner = Owned()
+    owner = ManualOwner()
     first = budget.admit(spec(), owner)
-    second = budget.reserve(spec(mem=2, disk=3, vcpus=0.5), Owned())
+    second = budget.reserve(spec(mem=2, disk=3, vcpus=0.5), ManualOwner())
     assert (first.id, first.seq, second.id, second.seq) == ("r1.i0", 1, "r2.i0", 2)
     assert first.admission == Admission("r1.i0", 1)
     assert budget.admitted == 2
@@ -485,18 +465,18 @@ def test_every_change_listener_hears_every_change() -> None:
     budget = NodeBudget(limits())
     budget.add_change_listener(lambda: heard.append("a"))
     budget.add_change_listener(lambda: heard.append("b"))
-    reservation = budget.admit(spec(), Owned())
+    reservation = budget.admit(spec(), ManualOwner())
     budget.release(reservation.id)
     budget.release(reservation.id)  # nothing changed: nobody is told
     assert heard == ["a", "b", "a", "b"]
     with pytest.raises(Refused):
-        budget.admit(spec(mem=5 * GiB), Owned())
+        budget.admit(spec(mem=5 * GiB), ManualOwner())
     assert len(heard) == 4
 
 
 def test_the_vcpu_sum_is_exact_after_partial_releases_and_zero_when_empty() -> None:
     budget = NodeBudget(limits(cpu_overcommit=1.0, cpu_max_load=1.0))  # ceiling 4 vcpus
-    owners = [Owned() for _ in range(3)]
+    owners = [ManualOwner() for _ in range(3)]
     for owner, vcpus in zip(owners, (0.1, 0.2, 1.5), strict=True):
         budget.admit(spec(mem=1, disk=1, vcpus=vcpus), owner)
     owners[2].end()  # a partial release leaves the others counted
@@ -506,7 +486,7 @@ def test_the_vcpu_sum_is_exact_after_partial_releases_and_zero_when_empty() -> N
     owners[1].end()
     over = budget.overcommit()
     assert over is not None and over.vcpus_reserved == 0.0  # exactly: no drift, no phantom
-    budget.admit(spec(mem=1, disk=1, vcpus=4), Owned())  # the whole ceiling fits again
+    budget.admit(spec(mem=1, disk=1, vcpus=4), ManualOwner())  # the whole ceiling fits again
 
 
 @pytest.mark.parametrize(
@@ -527,19 +507,19 @@ def test_bandwidth_overcommit_ceilings_fill_exactly_and_free_on_release(
     over = budget.overcommit()
     assert over is not None and getattr(over, f"{resource}_ceiling") == ceiling
     assert over.vcpus_ceiling is None  # factors not set stay unbounded
-    quarter = Owned()
+    quarter = ManualOwner()
     budget.admit(spec(mem=1, disk=1, **{resource: ceiling // 4}), quarter)
-    rest = budget.admit(spec(mem=1, disk=1, **{resource: ceiling - ceiling // 4}), Owned())
+    rest = budget.admit(spec(mem=1, disk=1, **{resource: ceiling - ceiling // 4}), ManualOwner())
     over = budget.overcommit()
     assert over is not None and getattr(over, f"{resource}_reserved") == ceiling  # exact fill
     with pytest.raises(Refused) as caught:
-        budget.admit(spec(mem=1, disk=1, **{resource: 1}), Owned())
+        budget.admit(spec(mem=1, disk=1, **{resource: 1}), ManualOwner())
     assert caught.value.reason == code
     assert caught.value.detail == f"{ceiling} + 1 B/s reserved > ceiling {ceiling}"
     quarter.end()  # a release frees its bandwidth
     over = budget.overcommit()
     assert over is not None and getattr(over, f"{resource}_reserved") == ceiling - ceiling // 4
-    budget.admit(spec(mem=1, disk=1, **{resource: ceiling // 4}), Owned())
+    budget.admit(spec(mem=1, disk=1, **{resource: ceiling // 4}), ManualOwner())
     budget.release(rest.id)
     over = budget.overcommit()
     assert over is not None and getattr(over, f"{resource}_reserved") == ceiling // 4
@@ -547,7 +527,7 @@ def test_bandwidth_overcommit_ceilings_fill_exactly_and_free_on_release(
 
 def test_overcommit_reports_every_sum_and_ceiling() -> None:
     budget = NodeBudget(limits(cpu_overcommit=2.0, disk_bw_overcommit=1.5, net_bw_overcommit=0.25))
-    budget.admit(spec(mem=1, disk=1, vcpus=0.5, disk_bw=100, net_bw=200), Owned())
+    budget.admit(spec(mem=1, disk=1, vcpus=0.5, disk_bw=100, net_bw=200), ManualOwner())
     assert budget.overcommit() == Overcommit(
         vcpus_reserved=0.5,
         vcpus_ceiling=8.0,
@@ -575,7 +555,7 @@ def test_a_lease_tells_its_callbacks_it_ended_before_or_after_they_came() -> Non
     lease.add_done_callback(seen.append)  # after the end: called at once
     assert seen == [lease, lease] and lease.done() is True
     with pytest.raises(Refused) as caught:
-        lease.bind(Owned())
+        lease.bind(ManualOwner())
     assert caught.value.reason == "lease_expired"
 
 
@@ -588,7 +568,7 @@ def test_refused_message_names_reason() -> None:
 
 def test_threads_never_over_commit() -> None:
     budget = NodeBudget(limits(mem_max=100, disk_max=10**9))
-    admitted: list[Owned] = []
+    admitted: list[ManualOwner] = []
     lock = threading.Lock()
     barrier = threading.Barrier(8)
 
@@ -596,7 +576,7 @@ def test_threads_never_over_commit() -> None:
         rng = random.Random(seed)
         barrier.wait()
         for _ in range(300):
-            owner = Owned()
+            owner = ManualOwner()
             try:
                 budget.admit(spec(mem=rng.randint(1, 30), disk=1, vcpus=0.001), owner)
             except Refused:
@@ -636,7 +616,7 @@ class BudgetMachine(RuleBasedStateMachine):
     @rule(mem=st.integers(0, 400), disk=st.integers(0, 200), vcpus=st.sampled_from([0.5, 1, 3]),
           kind=st.sampled_from(["owner", "lease"]))  # fmt: skip
     def admit(self, mem: int, disk: int, vcpus: float, kind: str) -> None:
-        owner: object = Owned() if kind == "owner" else self.budget.lease(10.0)
+        owner: object = ManualOwner() if kind == "owner" else self.budget.lease(10.0)
         held = self._held()
         try:
             reservation = self.budget.admit(spec(mem=mem, disk=disk, vcpus=vcpus), owner)  # type: ignore[arg-type]
@@ -748,12 +728,12 @@ def test_admit_leased_then_bind_or_expire() -> None:
     with pytest.raises(Refused, match="mem_exhausted"):
         budget.admit_leased(spec(mem=3 * GiB), 5.0)
     assert len(budget.reservations()) == 2  # a refused admission holds nothing
-    owner = Owned()
+    owner = ManualOwner()
     budget.bind(bound.id, owner)
     clock.now += 6
     assert budget.headroom().mem_free == 3 * GiB  # the unbound one expired
     with pytest.raises(Refused, match="lease_expired"):
-        budget.bind(loose.id, Owned())
+        budget.bind(loose.id, ManualOwner())
     owner.end()
     assert budget.headroom().mem_free == 4 * GiB
 

@@ -8,6 +8,7 @@ import pytest
 from berth import Invalid, Spec
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.ownership import Refused
+from berth.testing.clock import FakeClock
 
 GiB = 2**30
 LIMITS = BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB)
@@ -46,17 +47,9 @@ def test_a_generated_incarnation_is_eight_hex_digits() -> None:
     assert len(incarnation) == 8 and int(incarnation, 16) >= 0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_lease_past_its_deadline_is_gone_for_release_and_holds_without_a_reap() -> None:
     # Reaping is lazy; a call about one reservation ends its lease if the deadline has come.
-    clock = _Clock()
+    clock = FakeClock(0.0)
     budget = NodeBudget(LIMITS, clock=clock)
     first, second = budget.admit_leased(SPEC, 5.0), budget.admit_leased(SPEC, 5.0)
     assert budget.holds(first.id) and budget.holds(second.id)

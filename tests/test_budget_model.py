@@ -13,7 +13,6 @@ bandwidth), a mixed one leaves some unbounded, and one runs no β_max stage at a
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,6 +33,8 @@ from hypothesis.stateful import (
 from berth import Platform, Spec
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.ownership import Lease, Refused
+from berth.testing.clock import FakeClock
+from berth.testing.owner import ManualOwner
 
 AMD64, ARM64 = Platform.parse("linux/amd64"), Platform.parse("linux/arm64")
 
@@ -68,34 +69,12 @@ BW_LOADS = st.sampled_from([0, 100, 250, 400, 500, 600])
 SPECS = st.builds(Spec, vcpus=VCPUS, mem=MEM, disk=DISK, disk_bw=DISK_BW, net_bw=NET_BW)
 
 
-class Owned:
-    """An owner whose end the test decides."""
-
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
-        self.future.add_done_callback(lambda _: fn(self))
-
-    def end(self) -> None:
-        if not self.future.done():
-            self.future.set_result(None)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Held:
     """The model of one live reservation."""
 
     spec: Spec
-    owner: Owned | None  # the plain owner, or the owner a lease is bound to
+    owner: ManualOwner | None  # the plain owner, or the owner a lease is bound to
     deadline: Fraction | None = None  # an unbound lease's deadline
     leased: bool = False
 
@@ -147,7 +126,7 @@ class Model:
             return "net_bw_saturated"
         return None
 
-    def admit(self, spec: Spec, owner: Owned | None, deadline: Fraction | None) -> str:
+    def admit(self, spec: Spec, owner: ManualOwner | None, deadline: Fraction | None) -> str:
         self.admitted += 1
         self.changes += 1
         rid = f"r{self.admitted}.model"
@@ -180,7 +159,7 @@ class BudgetModelMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.load = StaticLoad()
         self.budget: NodeBudget | None = None
         self.model: Model | None = None
@@ -233,7 +212,7 @@ class BudgetModelMachine(RuleBasedStateMachine):
 
     @rule(target=reservations, spec=SPECS, platforms=PLATFORMS)
     def admit(self, spec: Spec, platforms: tuple[Platform, ...]) -> str:
-        owner = Owned()
+        owner = ManualOwner()
 
         def take() -> str:
             reservation = self.b.admit(spec, owner, platforms)
@@ -260,8 +239,8 @@ class BudgetModelMachine(RuleBasedStateMachine):
 
     # -- leases --------------------------------------------------------------------------------
     @rule(target=owners, rid=reservations)
-    def bind(self, rid: str) -> Owned:
-        owner = Owned()
+    def bind(self, rid: str) -> ManualOwner:
+        owner = ManualOwner()
         held = self.m.held.get(rid)
         lease = self._lease(rid)
         if held is None or not held.leased or held.owner is not None:
@@ -335,7 +314,7 @@ class BudgetModelMachine(RuleBasedStateMachine):
                 self.m.drop(other)
 
     @rule(owner=consumes(owners))
-    def stale_owner_dies(self, owner: Owned) -> None:
+    def stale_owner_dies(self, owner: ManualOwner) -> None:
         """An owner whose bind was refused (or that was bound and ended) ends: frees nothing."""
         owner.end()
         for rid, h in list(self.m.held.items()):

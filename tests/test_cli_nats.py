@@ -83,6 +83,7 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
         _one_line(berth(*args, *nats), flag)
 
 
+@pytest.mark.slow  # starts a whole berth up
 def test_a_child_failing_while_berth_up_starts_says_why_and_leaves_nothing() -> None:
     # A failed start removes the cluster's directory, logs included: the error carries the
     # child's own last lines instead of pointing at logs that are gone.

@@ -17,24 +17,17 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.port import Scheduler
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.testing.clock import FakeClock
 from berth.testing.placement_contract import SchedulerContract
 
 GiB = 2**30
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Cluster:
     """Budgets, their snapshots in a memory store, and a scheduler over both."""
 
     def __init__(self, ranker: str = "engine") -> None:
-        self.clock = FakeClock()
+        self.clock = FakeClock(0.0)
         self.store = MemoryStore()
         self.nodes = LocalNodes()
         self.budgets: dict[str, NodeBudget] = {}

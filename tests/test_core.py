@@ -15,6 +15,7 @@ from berth.node.layers import LayerRegistry, MountOutcome
 from berth.node.runtime import BootSpec, FakeRuntime, WorkloadHandle
 from berth.ownership import Lease, Refused
 from berth.platform import Platform
+from berth.testing.clock import FakeClock
 
 GiB = 2**30
 SPEC = Spec(vcpus=0.5, mem=GiB, disk=GiB)
@@ -22,16 +23,6 @@ LAYERS = (Layer(id="base", size=100), Layer(id="app", size=10))
 BOOT = BootSpec(name="w", command=("x",))
 AMD64 = Platform.parse("linux/amd64")
 ARM64 = Platform.parse("linux/arm64")
-
-
-class Clock:
-    """A hand-moved clock for lease deadlines."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class WatchedRuntime(FakeRuntime):
@@ -51,13 +42,13 @@ class WatchedRuntime(FakeRuntime):
 def make_core(
     runtime: FakeRuntime | None = None,
     *,
-    clock: Clock | None = None,
+    clock: FakeClock | None = None,
     load: StaticLoad | None = None,
     labels: dict[str, str] | None = None,
 ) -> NodeCore:
     limits = BudgetLimits(mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2,
                           disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
-    budget = NodeBudget(limits, load or StaticLoad(), clock=clock or Clock())
+    budget = NodeBudget(limits, load or StaticLoad(), clock=clock or FakeClock(100.0))
     return NodeCore("n1", "linux/amd64", budget, runtime or FakeRuntime(),
                     layers=LayerRegistry(1000), labels=labels)  # fmt: skip
 
@@ -175,7 +166,7 @@ def test_the_budget_follows_the_node_platform() -> None:
 
 def test_leased_boot_binds_the_lease_to_the_workload() -> None:
     async def test() -> None:
-        clock = Clock()
+        clock = FakeClock(100.0)
         runtime = FakeRuntime()
         core = make_core(runtime, clock=clock)
         admission = core.admit(SPEC, 30.0)
@@ -205,7 +196,7 @@ def test_leased_boot_with_the_order_mount_start_bind() -> None:
 
 def test_an_expired_lease_is_refused_before_booting() -> None:
     async def test() -> None:
-        clock = Clock()
+        clock = FakeClock(100.0)
         core_holder: list[NodeCore] = []
         runtime = WatchedRuntime(lambda: core_holder[0])
         core = make_core(runtime, clock=clock)

@@ -7,8 +7,8 @@ The page rendered by a real browser over a real cluster is ``test_dashboard_brow
 
 from __future__ import annotations
 
-import asyncio
 import re
+from collections.abc import AsyncIterator
 from importlib.resources import files
 
 import httpx
@@ -16,73 +16,64 @@ import pytest
 
 from berth.api.app import create_app
 
+pytestmark = pytest.mark.anyio
+
 TOKEN = "dashboard-test-token-0123456789"
 
 
-class Client:
-    """GETs against the app in this process (httpx's ASGI transport), keeping cookies."""
-
-    def __init__(self) -> None:
-        # The dashboard reads no backend: its data comes from the JSON routes, in the browser.
-        self.app = create_app(None, token=TOKEN)
-        self.cookies = httpx.Cookies()
-
-    def get(
-        self, url: str, *, headers: dict[str, str] | None = None, follow_redirects: bool = True
-    ) -> httpx.Response:
-        async def go() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(
-                transport=transport, base_url="http://127.0.0.1", cookies=self.cookies
-            ) as http:
-                response = await http.get(url, headers=headers, follow_redirects=follow_redirects)
-                self.cookies.update(http.cookies)
-                return response
-
-        return asyncio.run(go())
-
-
 @pytest.fixture
-def client() -> Client:
-    return Client()
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """GETs against the app in this process (httpx's ASGI transport), keeping cookies."""
+    # The dashboard reads no backend: its data comes from the JSON routes, in the browser.
+    transport = httpx.ASGITransport(app=create_app(None, token=TOKEN))
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://127.0.0.1", follow_redirects=True
+    ) as http:
+        yield http
 
 
-def test_the_token_in_the_url_becomes_a_cookie_and_leaves_the_url(client: Client) -> None:
-    response = client.get(f"/?token={TOKEN}", follow_redirects=False)
+async def test_the_token_in_the_url_becomes_a_cookie_and_leaves_the_url(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.get(f"/?token={TOKEN}", follow_redirects=False)
     assert response.status_code == 303 and response.headers["location"] == "/"
     cookie = response.headers["set-cookie"]
     assert cookie.startswith(f"berth_token={TOKEN};")
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
     assert response.headers["referrer-policy"] == "no-referrer"
-    page = client.get("/")  # the client kept the cookie
+    page = await client.get("/")  # the client kept the cookie
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<table id="nodes">' in page.text and "/static/dashboard.js" in page.text
 
 
-def test_no_token_or_a_wrong_one_is_a_401_page_without_a_cookie(client: Client) -> None:
+async def test_no_token_or_a_wrong_one_is_a_401_page_without_a_cookie(
+    client: httpx.AsyncClient,
+) -> None:
     for url in ("/", "/?token=wrong", "/?token=", "/static/dashboard.js"):
-        response = client.get(url, follow_redirects=False)
+        response = await client.get(url, follow_redirects=False)
         assert response.status_code == 401, url
         assert "not authorized" in response.text and "set-cookie" not in response.headers
     client.cookies.set("berth_token", "wrong")
-    assert client.get("/").status_code == 401
+    assert (await client.get("/")).status_code == 401
 
 
-def test_a_bearer_token_opens_the_page_too(client: Client) -> None:
+async def test_a_bearer_token_opens_the_page_too(client: httpx.AsyncClient) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    assert client.get("/", headers=headers).status_code == 200
-    assert client.get("/static/dashboard.css", headers=headers).status_code == 200
+    assert (await client.get("/", headers=headers)).status_code == 200
+    assert (await client.get("/static/dashboard.css", headers=headers)).status_code == 200
 
 
-def test_assets_are_served_with_their_types_and_a_strict_policy(client: Client) -> None:
+async def test_assets_are_served_with_their_types_and_a_strict_policy(
+    client: httpx.AsyncClient,
+) -> None:
     client.cookies.set("berth_token", TOKEN)
     for name, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
-        response = client.get(f"/static/{name}")
+        response = await client.get(f"/static/{name}")
         assert response.status_code == 200 and response.headers["content-type"].startswith(kind)
         assert response.headers["x-content-type-options"] == "nosniff"
-    assert client.get("/static/../app.py").status_code == 404
-    assert client.get("/static/index.html").status_code == 404
-    policy = client.get("/").headers["content-security-policy"]
+    assert (await client.get("/static/../app.py")).status_code == 404
+    assert (await client.get("/static/index.html")).status_code == 404
+    policy = (await client.get("/")).headers["content-security-policy"]
     assert "script-src 'self'" in policy and "default-src 'none'" in policy
     assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
 

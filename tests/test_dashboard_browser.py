@@ -35,9 +35,12 @@ NODES = ("node-00", "node-01", "node-02")
 WINDOW = (1400, 820)
 MARKUP = "<b>not-bold</b>"
 
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)"
+    ),
+    pytest.mark.slow,  # starts a whole berth up
+]
 
 
 @dataclass

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import concurrent.futures
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +31,7 @@ from berth.sim.simulator import SimConfig
 from berth.sim.workload import WorkloadConfig
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.testing.owner import ManualOwner
 from berth.units import format_bandwidth, format_information, parse_bandwidth, parse_information
 
 GiB = 2**30
@@ -278,14 +278,6 @@ def test_no_loose_coercions(make: Callable[[], object]) -> None:
 
 
 # -- calls that failed after changing state ------------------------------------------------------
-class Owned:
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-    def add_done_callback(self, fn: Callable[[object], object]) -> None:
-        self.future.add_done_callback(lambda _: fn(self))
-
-
 class BrokenOwner:
     def add_done_callback(self, fn: object) -> None:
         raise RuntimeError("cannot watch")
@@ -315,20 +307,20 @@ def test_every_admission_entry_point_leaves_the_budget_unchanged_on_a_bad_call()
     bad_calls: list[Callable[[], object]] = [
         lambda: budget.admit(spec, object()),  # type: ignore[arg-type]
         lambda: budget.admit(spec, "owner"),  # type: ignore[arg-type]
-        lambda: budget.admit(None, Owned()),  # type: ignore[arg-type]
-        lambda: budget.admit({"vcpus": 1}, Owned()),  # type: ignore[arg-type]
-        lambda: budget.admit("huge", Owned()),  # type: ignore[arg-type]
-        lambda: budget.admit(spec, Owned(), "linux/amd64"),  # type: ignore[arg-type]
-        lambda: budget.admit(spec, Owned(), ["linux/amd46"]),  # type: ignore[list-item]
-        lambda: budget.admit(spec, Owned(), [None]),  # type: ignore[list-item]
+        lambda: budget.admit(None, ManualOwner()),  # type: ignore[arg-type]
+        lambda: budget.admit({"vcpus": 1}, ManualOwner()),  # type: ignore[arg-type]
+        lambda: budget.admit("huge", ManualOwner()),  # type: ignore[arg-type]
+        lambda: budget.admit(spec, ManualOwner(), "linux/amd64"),  # type: ignore[arg-type]
+        lambda: budget.admit(spec, ManualOwner(), ["linux/amd46"]),  # type: ignore[list-item]
+        lambda: budget.admit(spec, ManualOwner(), [None]),  # type: ignore[list-item]
         lambda: budget.reserve(spec, 42),  # type: ignore[arg-type]
-        lambda: budget.reserve(1.5, Owned()),  # type: ignore[arg-type]
+        lambda: budget.reserve(1.5, ManualOwner()),  # type: ignore[arg-type]
         lambda: budget.admit_leased(spec, math.nan),
         lambda: budget.admit_leased(spec, "30"),  # type: ignore[arg-type]
         lambda: budget.admit_leased(None, 30.0),  # type: ignore[arg-type]
         lambda: budget.admit_leased(spec, 30.0, "linux"),  # type: ignore[arg-type]
         lambda: budget.bind(leased.id, object()),  # type: ignore[arg-type]
-        lambda: budget.bind(["r1"], Owned()),  # type: ignore[arg-type]
+        lambda: budget.bind(["r1"], ManualOwner()),  # type: ignore[arg-type]
         lambda: budget.release(["r1"]),  # type: ignore[arg-type]
         lambda: budget.release(None),  # type: ignore[arg-type]
         lambda: budget.lease(math.inf),

@@ -49,6 +49,7 @@ def test_api_openapi_prints_the_committed_document() -> None:
     assert json.loads(result.output) == json.loads(DOCUMENT.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow  # starts a whole berth up
 def test_up_with_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -14,8 +14,7 @@ from berth.api.backend import ClusterBackend
 from berth.api.schemas import WorkloadCreate
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
-from berth.registry.images import ImageRegistry
-from berth.registry.workloads import IdentityClaims, WorkloadRegistry
+from berth.registry.nats import NatsClaims, NatsImages, NatsWorkloads
 from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
 
@@ -27,15 +26,15 @@ def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServ
         async with nats_cluster(nats_server.url, configs, names=names) as running:
             bucket = unique_name("api")
             async with client(nats_server.url) as lost:
-                workloads = await WorkloadRegistry(lost, bucket=bucket).start()
-                workloads.claims = await IdentityClaims(running.client, bucket=bucket).start()
+                workloads = await NatsWorkloads(lost, bucket=bucket).start()
+                workloads.claims = await NatsClaims(running.client, bucket=bucket).start()
                 await lost.close()  # the records' connection fails; the claims' does not
             backend = ClusterBackend(
                 running.scheduler_services[0].scheduler,
                 running.nodes,
                 running.scheduler,
                 workloads,
-                await ImageRegistry(running.client, bucket=bucket).start(),
+                await NatsImages(running.client, bucket=bucket).start(),
             )
             body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
             with pytest.raises(Unavailable, match=r"not recorded .*; it was stopped"):

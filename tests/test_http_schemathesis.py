@@ -23,6 +23,8 @@ from schemathesis.checks import (
 
 from berth.up import LocalCluster
 
+pytestmark = pytest.mark.slow  # starts a whole berth up
+
 DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
 schema = schemathesis.openapi.from_dict(json.loads(DOCUMENT.read_text(encoding="utf-8")))
 CHECKS = [

@@ -31,6 +31,7 @@ from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.testing.clock import FakeClock
 
 GiB = 2**30
 MiB = 2**20
@@ -72,10 +73,8 @@ class Cluster:
         self.nodes = LocalNodes()
         self.metrics = Metrics()
         self.scheduler = ClusterScheduler(self.store, self.nodes, metrics=self.metrics)
-        self.clock = NOW
-        self.collector = self.metrics.watch(
-            self.scheduler, stale_after_s=10.0, clock=lambda: self.clock
-        )
+        self.clock = FakeClock(NOW)
+        self.collector = self.metrics.watch(self.scheduler, stale_after_s=10.0, clock=self.clock)
         for node in ("a", "b", "c"):
             mem = (budgets or {}).get(node, 4 * GiB)
             limits = BudgetLimits(mem_max=mem, disk_max=100 * GiB, cpu_capacity=4,
@@ -201,9 +200,9 @@ def test_nodes_by_state_and_reservations_are_read_at_scrape_time() -> None:
     assert cluster.value("berth_nodes", state="ready") == 1
     assert cluster.value("berth_nodes", state="cordoned") == 1
     assert cluster.value("berth_nodes", state="stale") == 2
-    cluster.clock = NOW + 30  # time passes, nothing new published: every node is stale now
+    cluster.clock.now = NOW + 30  # time passes, nothing new published: every node is stale now
     assert cluster.value("berth_nodes", state="stale") == 4
-    cluster.clock = NOW
+    cluster.clock.now = NOW
 
     assert cluster.value("berth_capacity_bytes", resource="mem") == 4 * 4 * GiB
     assert cluster.value("berth_reserved_bytes", resource="mem", source="held") == 0

@@ -8,9 +8,8 @@ dashboard's cookie), 503 where no scheduler is measured.
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
+import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,8 +23,10 @@ from berth.observability.metrics import Metrics
 from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.units import GiB
 
-GiB = 2**30
+pytestmark = pytest.mark.anyio
+
 TOKEN = "s3cret-token"
 
 
@@ -39,17 +40,14 @@ def app_with(metrics: Metrics | None) -> FastAPI:
     return app
 
 
-def get(
+async def get(
     app: FastAPI, headers: dict[str, str] | None = None, cookies: dict[str, str] | None = None
 ) -> httpx.Response:
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://berth", cookies=cookies
-        ) as client:
-            return await client.get("/metrics", headers=headers)
-
-    return asyncio.run(go())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://berth", cookies=cookies
+    ) as client:
+        return await client.get("/metrics", headers=headers)
 
 
 def measured_scheduler() -> tuple[ClusterScheduler, Metrics]:
@@ -77,24 +75,25 @@ def measured_scheduler() -> tuple[ClusterScheduler, Metrics]:
     return scheduler, metrics
 
 
-def test_metrics_need_the_token() -> None:
+async def test_metrics_need_the_token() -> None:
     _, metrics = measured_scheduler()
     app = app_with(metrics)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-        response = get(app, headers=headers)
+        response = await get(app, headers=headers)
         assert response.status_code == 401, headers
         assert response.headers["content-type"].startswith("application/problem+json")
         assert response.headers["www-authenticate"] == "Bearer"
         assert "berth_" not in response.text
 
 
-def test_metrics_are_prometheus_text_after_real_placements() -> None:
+async def test_metrics_are_prometheus_text_after_real_placements() -> None:
     scheduler, metrics = measured_scheduler()
     spec = Spec(vcpus=0.1, mem=GiB, disk=GiB)
     for replica in range(3):
         request = Request(namespace="m", name="f", replica=replica, spec=spec)
-        asyncio.run(scheduler.schedule(request))
-    response = get(metrics_app := app_with(metrics), headers={"Authorization": f"Bearer {TOKEN}"})
+        await scheduler.schedule(request)
+    metrics_app = app_with(metrics)
+    response = await get(metrics_app, headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     samples = {
@@ -109,12 +108,12 @@ def test_metrics_are_prometheus_text_after_real_placements() -> None:
     assert samples["berth_reserved_bytes", (("resource", "mem"), ("source", "assumed"))] == 3 * GiB
 
     # the dashboard's cookie is the token too
-    cookie = get(metrics_app, cookies={COOKIE: TOKEN})
+    cookie = await get(metrics_app, cookies={COOKIE: TOKEN})
     assert cookie.status_code == 200 and "berth_placements_total" in cookie.text
 
 
-def test_a_server_without_a_measured_scheduler_says_so() -> None:
-    response = get(app_with(None), headers={"Authorization": f"Bearer {TOKEN}"})
+async def test_a_server_without_a_measured_scheduler_says_so() -> None:
+    response = await get(app_with(None), headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == 503
     assert response.headers["content-type"].startswith("application/problem+json")
     assert "measures no scheduler" in response.json()["detail"]

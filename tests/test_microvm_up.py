@@ -35,6 +35,8 @@ from berth.oci import read_layout
 from berth.store.nats import NatsStore, bucket_ttl_s
 from berth.up import LocalCluster
 
+pytestmark = pytest.mark.slow  # starts a whole berth up
+
 FILES = GuestFiles.at(None)
 MISSING = problems(FILES)
 if os.geteuid() != 0:

@@ -20,14 +20,7 @@ from berth.node.monitor import (
     PsutilNetBytes,
     cpu_times_from_fields,
 )
-
-
-class FakeClock:
-    def __init__(self, now: float = 100.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from berth.testing.clock import FakeClock
 
 
 class FakeCpu:
@@ -198,7 +191,7 @@ def make_monitor(
 
 
 def test_unmeasured_metrics_read_idle() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     monitor, _, _, _ = make_monitor(clock)
     assert isinstance(monitor, LoadReadings)
     monitor.sample()
@@ -208,7 +201,7 @@ def test_unmeasured_metrics_read_idle() -> None:
 
 
 def test_monitor_smooths_each_metric_with_the_measured_interval() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     monitor, cpu, disk, net = make_monitor(clock, tau=10.0)
     cpu.times, disk.value, net.value = CpuTimes(0, 0), 0, 0
     monitor.sample()  # baselines only
@@ -231,7 +224,7 @@ def test_monitor_smooths_each_metric_with_the_measured_interval() -> None:
 
 
 def test_a_skipped_sample_widens_the_next_interval_of_that_metric_only() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     monitor, cpu, disk, _ = make_monitor(clock, tau=10.0)
     cpu.times, disk.value = CpuTimes(0, 0), 0
     monitor.sample()
@@ -252,7 +245,7 @@ def test_a_skipped_sample_widens_the_next_interval_of_that_metric_only() -> None
 
 
 def test_cpu_reading_stays_within_zero_and_one() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     monitor, cpu, _, _ = make_monitor(clock)
     cpu.times = CpuTimes(0, 0)
     monitor.sample()
@@ -330,7 +323,7 @@ def test_a_slow_sample_skips_missed_ticks_instead_of_piling_them_up() -> None:
 
 def test_stop_is_idempotent_and_readings_survive_it() -> None:
     async def scenario() -> None:
-        clock = FakeClock()
+        clock = FakeClock(100.0)
         cpu = FakeCpu(CpuTimes(0, 0))
         monitor = LoadMonitor(cpu=cpu, disk=FakeBytes(), net=FakeBytes(), clock=clock)
         await monitor.stop()  # never started

@@ -16,9 +16,11 @@ import pytest
 from berth.errors import NoCapacity
 from berth.model import Request, Spec
 from berth.nats.connection import connect
-from berth.registry.routes import RouteRegistry
+from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.up import LocalCluster
+
+pytestmark = pytest.mark.slow  # starts a whole berth up
 
 HEARTBEAT_S = 0.5
 GiB = 2**30
@@ -48,7 +50,7 @@ async def _scenario(cluster: LocalCluster) -> None:
     client = await connect(cluster.url, name="test")
     try:
         scheduler = NatsScheduler(client)
-        routes = await RouteRegistry(client).start()
+        routes = await NatsRoutes(client).start()
 
         async def sees(present: set[str], absent: set[str]) -> bool:
             members = await scheduler.census(0.15)

@@ -29,6 +29,8 @@ from typer.testing import CliRunner
 from berth.cli.main import app
 from berth.oci import ImageSpec, file, write_layout
 
+pytestmark = pytest.mark.slow  # starts a whole berth up
+
 NODES = ("node-00", "node-01", "node-02")
 START_TIMEOUT_S = 120.0
 

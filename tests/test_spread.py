@@ -20,6 +20,7 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.spread import SPREAD, LabelIndex, Replicas
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.testing.clock import FakeClock
 from berth.units import GiB
 from helpers import budget_state
 
@@ -30,21 +31,13 @@ HARD_ZONE = Spread(label="zone", hard=True)
 SOFT_ZONE = Spread(label="zone", hard=False)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Cluster:
     """Budgets whose every change is published at once (a fresh view), one scheduler."""
 
     def __init__(self, nodes: dict[str, str | None], *, mem: int = 4 * GiB,
                  layers: dict[str, frozenset[str]] | None = None,
                  client: LocalNodes | None = None) -> None:  # fmt: skip
-        self.clock = Clock()
+        self.clock = FakeClock(0.0)
         self.store = MemoryStore(clock=self.clock)
         self.local = LocalNodes()
         self.budgets: dict[str, NodeBudget] = {}
@@ -393,7 +386,7 @@ def test_soft_spread_demotes_the_preferred_node_and_explains_why() -> None:
 
 # -- the replica index alone -----------------------------------------------------------------------
 def test_replica_index_counts_holds_leases_and_bindings() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     replicas = Replicas(10.0, clock=clock)
     fn = ("d", "fn")
     token = replicas.hold(fn, "n1")

@@ -28,9 +28,11 @@ from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request, Spec, Spread
 from berth.nats.connection import connect
 from berth.nats.wire import MalformedMessage
-from berth.registry.routes import Route, RouteEvent, RouteRegistry, decode_route, encode_route
+from berth.registry.nats_routes import NatsRoutes, decode_route, encode_route
+from berth.registry.port import Route, RouteEvent
 from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
+from berth.testing.clock import FakeClock
 from berth.testing.nats import NatsServer, unique_name
 from helpers import load_benchmark
 
@@ -82,11 +84,11 @@ def _put(
 ) -> RouteEvent:
     namespace, name = (None, None) if function is None else function
     route = Route(workload, node, reservation, SMALL, 0.0, namespace, name)
-    return RouteEvent("put", RouteRegistry.key(workload, node), route, revision)
+    return RouteEvent("put", NatsRoutes.key(workload, node), route, revision)
 
 
 def _delete(workload: str, node: str) -> RouteEvent:
-    return RouteEvent("delete", RouteRegistry.key(workload, node))
+    return RouteEvent("delete", NatsRoutes.key(workload, node))
 
 
 def test_the_feed_counts_peer_routes_and_ends_them_on_delete() -> None:
@@ -108,15 +110,15 @@ def test_the_feed_counts_peer_routes_and_ends_them_on_delete() -> None:
 
 
 def test_the_feed_does_not_count_a_schedulers_own_replica_twice() -> None:
-    now = [0.0]
-    replicas = Replicas(lease_ttl_s=30.0, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    replicas = Replicas(lease_ttl_s=30.0, clock=clock)
     feed = RouteReplicas(replicas)
     token = replicas.hold(FN, "a")  # this scheduler is asking node a
     assert replicas.where(FN) == {"a": 1}
     replicas.confirm(token, "r1")
     feed(_put("t/fn/0", "a", "r1"))  # its own route comes back through the watch
     assert replicas.where(FN) == {"a": 1}
-    now[0] = 60.0  # bound by its route: it outlives the unbound lease's time to live
+    clock.now = 60.0  # bound by its route: it outlives the unbound lease's time to live
     assert replicas.where(FN) == {"a": 1}
     replicas.ended("a", "r1")  # released by this scheduler; then the route's delete arrives
     feed(_delete("t/fn/0", "a"))
@@ -211,7 +213,7 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
                 await bucket.put("x.y", b"not json")
                 bad = {"v": 1, "workload": "t/fn/7", "node": freed, "reservation_id": "r",
                        "namespace": "t", "name": "a b"}  # fmt: skip
-                await bucket.put(RouteRegistry.key("t/fn/7", freed), json.dumps(bad).encode())
+                await bucket.put(NatsRoutes.key("t/fn/7", freed), json.dumps(bad).encode())
                 elsewhere = encode_route(Route("t/fn/8", freed, "r8", None, 0.0, "t", "fn"))
                 await bucket.put("other.key", elsewhere)  # a route under another's key
                 await bucket.put("late", encode_route(Route("late", freed, "r9", None, 0.0)))
@@ -309,7 +311,7 @@ def test_a_stale_read_removes_only_the_route_it_read(nats_server: NatsServer) ->
     async def scenario() -> None:
         client = await connect(nats_server.url, name="routes-test")
         try:
-            routes = await RouteRegistry(client, bucket=unique_name("routes")).start()
+            routes = await NatsRoutes(client, bucket=unique_name("routes")).start()
             old = Placement(worker_node="n1", reservation_id="r1")
             await routes.record("t/fn/0", old, SMALL, function=FN)
             [(revision, read)] = await routes.on_node("n1")

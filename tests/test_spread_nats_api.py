@@ -16,6 +16,8 @@ from api_helpers import api_client, problem, until
 from berth.api.schemas import Workload
 from berth.up import LocalCluster
 
+pytestmark = pytest.mark.slow  # starts a whole berth up
+
 HARD = {"hard": True}
 
 

@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from berth.store.memory import MemoryStore
 from berth.store.port import StateEvent, StateStore
+from berth.testing.clock import FakeClock
 from berth.testing.store_contract import StateStoreContract, sample_state
 
 
@@ -20,26 +21,26 @@ class TestMemoryStoreContract(StateStoreContract):
 
 
 def test_expiry_follows_a_fake_clock_and_notifies() -> None:
-    now = [0.0]
-    store = MemoryStore(ttl_s=5, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    store = MemoryStore(ttl_s=5, clock=clock)
     events: list[StateEvent] = []
     store.subscribe(events.append)
     store.publish_now(sample_state("a"))
-    now[0] = 4.0
+    clock.now = 4.0
     store.publish_now(sample_state("b"))
-    now[0] = 5.5
+    clock.now = 5.5
     assert set(store.states_now()) == {"b"}
     assert [(e.kind, e.node) for e in events] == [("put", "a"), ("put", "b"), ("delete", "a")]
 
 
 def test_republishing_keeps_a_node_alive_whatever_its_first_publication() -> None:
-    now = [0.0]
-    store = MemoryStore(ttl_s=5, clock=lambda: now[0])
+    clock = FakeClock(0.0)
+    store = MemoryStore(ttl_s=5, clock=clock)
     store.publish_now(sample_state("early"))
     store.publish_now(sample_state("late"))
-    now[0] = 4.0
+    clock.now = 4.0
     store.publish_now(sample_state("early", 1))  # now the most recent, though first in
-    now[0] = 6.0
+    clock.now = 6.0
     assert set(store.states_now()) == {"early"}
-    now[0] = 9.5
+    clock.now = 9.5
     assert store.states_now() == {}

@@ -355,6 +355,7 @@ class Receiver:
         self.server.server_close()
 
 
+@pytest.mark.slow  # starts a whole berth up
 def test_one_placement_is_one_trace_across_processes(
     exporter: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -433,6 +434,7 @@ def test_an_api_request_continues_the_callers_trace(exporter: InMemorySpanExport
     assert request.attributes["http.request.method"] == "GET"
 
 
+@pytest.mark.slow  # starts a whole berth up
 def test_an_api_placement_on_berth_up_is_one_trace_and_is_counted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -41,6 +41,7 @@ def _placed_on(policy: str | None) -> str:
         return node
 
 
+@pytest.mark.slow  # starts a whole berth up
 def test_the_default_is_the_seeds_ordering_and_berth_is_opt_in() -> None:
     seed_node = _placed_on(None)
     berth_node = _placed_on("berth")

@@ -27,8 +27,7 @@ from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
-from berth.registry.images import Image
-from berth.registry.workloads import Workload
+from berth.registry.port import Image, Workload
 
 __all__ = ["API_VERSION", "create_app", "generated_openapi", "openapi_document"]
 

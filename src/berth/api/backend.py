@@ -1,17 +1,21 @@
 """What the API does, over a running cluster: place and boot, stop, drain, cordon, explain.
 
-:class:`ClusterBackend` lives in a scheduler's process (``berth scheduler --http``) and uses
-that scheduler's parts — its NATS connection, its replica of the node states (for nodes and
-explanations), its node client — plus the placement port over the queue group
-(:class:`~berth.scheduler.nats.NatsScheduler`, so any scheduler of the group may place)
-and the API's registries (:mod:`berth.registry.workloads`, :mod:`berth.registry.images`).
+:class:`ClusterBackend` is written against ports only: a scheduler's replica of the node
+states (for nodes and explanations), its node client (:class:`~berth.nodeclient.port.AgentClient`),
+the placement port (:class:`~berth.api.placements.Placements`) and the API's registries
+(:class:`~berth.registry.port.WorkloadRegistry` with its identity claims,
+:class:`~berth.registry.port.ImageRegistry`).  In a scheduler's process
+(``berth scheduler --http``, :func:`berth.api.server.scheduler_api`) they are that
+scheduler's parts over NATS, the queue group (any scheduler of the group may place) and the
+registries in the API's bucket; in this process (:mod:`berth.api.testing`) they are the
+embedded cluster's and the in-memory registries — the same API, tested both ways.
 
 **Create** (``POST /v1/workloads``) validates everything first (the request with berth's
 types, the boot spec, the image), so bad input reserves nothing; then places through the
 queue group — the scheduler confirms on the node under a lease — and boots on that node with
 the lease (``try_run(…, reservation=…)``: the node binds the reservation to the workload it
 started).  Before placing, it claims the workload's identity (``namespace/name/replica``,
-:class:`~berth.registry.workloads.IdentityClaims`): an identity a running workload holds — or
+:class:`~berth.registry.port.IdentityClaims`): an identity a running workload holds — or
 one a concurrent create is placing — is ``409`` naming the holder, with nothing placed.  The
 claim is given up when the create fails (except a boot whose outcome is unknown) and when the
 workload is seen to end, stop or fail; a drain's replacement takes it over from the stopped
@@ -45,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from berth.api import schemas
+from berth.api.placements import Placements
 from berth.api.problems import Problem
 from berth.boot import BootSpec
 from berth.errors import Invalid, NoCapacity, Unavailable
@@ -52,16 +57,17 @@ from berth.model import Placement, Request
 from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
-from berth.registry.images import Image, ImageRegistry, image_from_layout, image_of
-from berth.registry.workloads import (
+from berth.registry.images import image_from_layout, image_of
+from berth.registry.port import (
     CLAIM_PENDING_S,
     Claim,
+    Image,
+    ImageRegistry,
     StoredWorkload,
     WorkloadRegistry,
     new_workload_id,
 )
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.nats import NatsScheduler
 from berth.state import NodeState
 
 __all__ = ["ClusterBackend"]
@@ -86,7 +92,7 @@ class ClusterBackend:
         self,
         scheduler: ClusterScheduler,
         nodes: AgentClient,
-        placements: NatsScheduler,
+        placements: Placements,
         workloads: WorkloadRegistry,
         images: ImageRegistry,
         *,
@@ -119,8 +125,9 @@ class ClusterBackend:
             image = await self.images.get(body.image) if body.image else None
             if image is None:
                 known = ", ".join(i.name for i in await self.images.list()) or "none"
-                raise Invalid(f"no registered image {body.image!r} (registered: {known})",
-                              field="image")  # fmt: skip
+                raise Invalid(
+                    f"no registered image {body.image!r} (registered: {known})", field="image"
+                )
         if body.type is not None and body.spec is not None:
             raise Invalid("give a type or a spec, not both", field="type")
         if image is not None:
@@ -258,43 +265,17 @@ class ClusterBackend:
         image: Image | None,
         restartable: bool,
     ) -> StoredWorkload:
-        assert request.spec is not None
-        claims = self.workloads.claims
-        await claims.claim(request.key, workload_id, holds=self._holds, now=self.clock())
-        try:
-            placement = await self._place(request, workload_id)
-        except Exception:
-            await self._release(request.key, workload_id)
-            raise
-        node = placement.worker_node
-        try:
-            node_workload_id = await self.nodes.try_run(
-                node,
-                request.spec,
-                request.layers,
-                boot,
-                request.platforms,
-                reservation=placement.reservation_id,
-            )
-        except Unavailable as error:
-            # the boot's outcome is unknown: the claim stays (it lapses after CLAIM_PENDING_S)
-            self._note(request, "unavailable", f"boot on {node}: {error}",
-                       placement=placement, workload_id=workload_id)  # fmt: skip
-            raise
-        except (Refused, Invalid) as error:
-            # the node's answer: nothing runs (a refusal released the reservation there)
-            await self._give_back(request, placement, workload_id)
-            outcome = "refused" if isinstance(error, Refused) else "invalid"
-            self._note(request, outcome, str(error), placement=placement,
-                       workload_id=workload_id)  # fmt: skip
-            raise
+        """Claim the identity, place, boot on the chosen node, record: a running workload the
+        API knows, or an error having left nothing behind (but a boot of unknown outcome)."""
+        placement = await self._claim_and_place(request, workload_id)
+        node_workload_id = await self._run(request, boot, placement, workload_id)
         workload = StoredWorkload(
             id=workload_id,
             namespace=request.namespace,
             name=request.name,
             replica=request.replica,
             image=None if image is None else image.name,
-            node=node,
+            node=placement.worker_node,
             node_workload_id=node_workload_id,
             reservation_id=placement.reservation_id,
             colocated_bytes=placement.colocated_bytes,
@@ -306,27 +287,76 @@ class ClusterBackend:
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
-        try:
-            await self.workloads.record(workload)
-        except Unavailable as error:
-            # running but unknown to the API (nothing could stop it, or free its identity
-            # for good): stop it — its reservation goes with it — and give everything back
-            stopped = "it was stopped"
-            try:
-                await self.nodes.stop(node, node_workload_id, grace_s=0.0)
-            except Exception as failure:
-                stopped = f"stopping it failed too: {failure}"
-            await self._give_back(request, placement, workload_id)
-            detail = f"{workload_id} booted on {node}, not recorded ({error}); {stopped}"
-            self._note(request, "unavailable", detail, placement=placement,
-                       workload_id=workload_id)  # fmt: skip
-            raise Unavailable(detail) from None
+        await self._record(request, placement, workload)
         explanation = (
-            f"booted {workload_id} on {node} ({placement.colocated_bytes} B colocated, "
-            f"rank {placement.rank}); {self._summary(request)}"
+            f"booted {workload_id} on {placement.worker_node} ({placement.colocated_bytes} B "
+            f"colocated, rank {placement.rank}); {self._summary(request)}"
         )
         self._note(request, "placed", explanation, placement=placement, workload_id=workload_id)
         return workload
+
+    async def _claim_and_place(self, request: Request, workload_id: str) -> Placement:
+        """Take the request's identity for ``workload_id``, then place it; a placement that
+        fails gives the identity back."""
+        claims = self.workloads.claims
+        await claims.claim(request.key, workload_id, holds=self._holds, now=self.clock())
+        try:
+            return await self._place(request, workload_id)
+        except Exception:
+            await self._release(request.key, workload_id)
+            raise
+
+    async def _run(
+        self, request: Request, boot: BootSpec, placement: Placement, workload_id: str
+    ) -> str:
+        """Boot on the placement's node under its lease; the node's workload id."""
+        assert request.spec is not None
+        node = placement.worker_node
+        try:
+            return await self.nodes.try_run(
+                node,
+                request.spec,
+                request.layers,
+                boot,
+                request.platforms,
+                reservation=placement.reservation_id,
+            )
+        except Unavailable as error:
+            # the boot's outcome is unknown: the claim stays (it lapses after CLAIM_PENDING_S)
+            self._note(
+                request,
+                "unavailable",
+                f"boot on {node}: {error}",
+                placement=placement,
+                workload_id=workload_id,
+            )
+            raise
+        except (Refused, Invalid) as error:
+            # the node's answer: nothing runs (a refusal released the reservation there)
+            await self._give_back(request, placement, workload_id)
+            outcome = "refused" if isinstance(error, Refused) else "invalid"
+            self._note(request, outcome, str(error), placement=placement, workload_id=workload_id)
+            raise
+
+    async def _record(
+        self, request: Request, placement: Placement, workload: StoredWorkload
+    ) -> None:
+        """Record a booted workload.  One the registry fails to record runs unknown to the
+        API (nothing could stop it, or free its identity for good): it is stopped — its
+        reservation goes with it — everything is given back, and the create is
+        ``Unavailable``."""
+        try:
+            await self.workloads.record(workload)
+        except Unavailable as error:
+            stopped = "it was stopped"
+            try:
+                await self.nodes.stop(workload.node, workload.node_workload_id, grace_s=0.0)
+            except Exception as failure:
+                stopped = f"stopping it failed too: {failure}"
+            await self._give_back(request, placement, workload.id)
+            detail = f"{workload.id} booted on {workload.node}, not recorded ({error}); {stopped}"
+            self._note(request, "unavailable", detail, placement=placement, workload_id=workload.id)
+            raise Unavailable(detail) from None
 
     async def _holds(self, claim: Claim) -> str | None:
         """How ``claim``'s workload still holds its identity: it runs (asked of its node), or
@@ -352,8 +382,7 @@ class ClusterBackend:
         try:
             await self.workloads.claims.release(identity, workload_id)
         except Exception as error:
-            log.warning("could not release the claim of %s on %s: %s", workload_id, identity,
-                        error)  # fmt: skip
+            log.warning("could not release the claim of %s on %s: %s", workload_id, identity, error)
 
     async def _end(self, workload: StoredWorkload, update: dict[str, object]) -> StoredWorkload:
         """Record that a running workload ended (``update`` applied to its record as it is
@@ -509,11 +538,13 @@ class ClusterBackend:
         try:
             stopped = await self.stop(workload.id, grace_s)
         except (Unavailable, Refused) as error:
-            return schemas.DrainItem(workload_id=workload.id, outcome="failed",
-                                     detail=f"could not stop it: {error}")  # fmt: skip
+            return schemas.DrainItem(
+                workload_id=workload.id, outcome="failed", detail=f"could not stop it: {error}"
+            )
         if not workload.restartable:
-            return schemas.DrainItem(workload_id=workload.id, outcome="stopped",
-                                     detail=stopped.detail or "stopped")  # fmt: skip
+            return schemas.DrainItem(
+                workload_id=workload.id, outcome="stopped", detail=stopped.detail or "stopped"
+            )
         try:
             request = Request.from_dict(workload.request)
             image = None if workload.image is None else await self.images.get(workload.image)
@@ -526,8 +557,11 @@ class ClusterBackend:
             )
             replacement = await self._boot(request, boot, new_id, image, True)
         except (Invalid, NoCapacity, Unavailable, Refused) as error:
-            return schemas.DrainItem(workload_id=workload.id, outcome="failed",
-                                     detail=f"stopped; not placed again: {error}")  # fmt: skip
+            return schemas.DrainItem(
+                workload_id=workload.id,
+                outcome="failed",
+                detail=f"stopped; not placed again: {error}",
+            )
         await self.workloads.record(stopped.model_copy(update={"replaced_by": replacement.id}))
         return schemas.DrainItem(
             workload_id=workload.id,

@@ -35,7 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.ownership import Refused
-from berth.registry.workloads import IdentityTaken
+from berth.registry.port import IdentityTaken
 from berth.validation import shown
 
 __all__ = ["PROBLEM_JSON", "Problem", "ProblemBody", "install", "problem_responses"]

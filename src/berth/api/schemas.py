@@ -16,8 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from berth.node.runtime.port import StopGrace
-from berth.registry.images import Image
-from berth.registry.workloads import Workload
+from berth.registry.port import Image, Workload
 
 __all__ = [
     "DrainItem",

@@ -37,8 +37,7 @@ from berth.api.backend import ClusterBackend
 from berth.api.client import api_file
 from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
-from berth.registry.images import ImageRegistry
-from berth.registry.workloads import WorkloadRegistry
+from berth.registry.nats import NatsImages, NatsWorkloads
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
 from berth.validation import shown
@@ -199,8 +198,8 @@ async def scheduler_api(
     if not isinstance(nodes, NatsNodes):
         raise Invalid("the API needs a scheduler that reaches its nodes over NATS",
                       field="--http")  # fmt: skip
-    workloads = await WorkloadRegistry(client).start()
-    images = await ImageRegistry(client).start()
+    workloads = await NatsWorkloads(client).start()
+    images = await NatsImages(client).start()
     placements = NatsScheduler(client, prefix=service.prefix)
     backend = ClusterBackend(service.scheduler, nodes, placements, workloads, images)
     api = await ApiServer(create_app(backend, token=token), host, port).start()

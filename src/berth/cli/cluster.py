@@ -245,7 +245,7 @@ def _serve_agents(
     from berth.node.budget import IDLE
     from berth.node.config import load_config
     from berth.nodeclient.nats_node import NodeService
-    from berth.registry.routes import RouteRegistry
+    from berth.registry.nats_routes import NatsRoutes
 
     configs = [load_config(path) for path in paths]
     names = [config.node.name for config in configs]
@@ -275,7 +275,7 @@ def _serve_agents(
                 client = shared or await connection(
                     config.node.name, credentials_of(config.node.name)
                 )
-                routes = await RouteRegistry(client).start()
+                routes = await NatsRoutes(client).start()
                 node_dir = None if state_dir is None else state_dir / node_token(config.node.name)
                 service = NodeService(
                     client,
@@ -322,7 +322,7 @@ def scheduler(
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
     from berth.api.server import parse_address, resolve_token
-    from berth.registry.routes import RouteRegistry
+    from berth.registry.nats_routes import NatsRoutes
     from berth.scheduler.nats_server import scheduler_service
     from berth.scheduler.policy.registry import policy as policy_of
 
@@ -342,7 +342,7 @@ def scheduler(
         stop = _stop_event(duration)
         client = await connect(nats, name=f"berth-scheduler-{os.getpid()}", credentials=credentials)
         try:
-            routes = await RouteRegistry(client).start()
+            routes = await NatsRoutes(client).start()
             async with scheduler_service(
                 client,
                 heartbeat_s=heartbeat,
@@ -527,7 +527,7 @@ def whereis(
     creds: CredsOption = None,
 ) -> None:
     """Which node holds a workload (from the routing registry)."""
-    from berth.registry.routes import RouteRegistry
+    from berth.registry.nats_routes import NatsRoutes
 
     _check_workload_key(workload)
     credentials = _credentials(creds)
@@ -535,7 +535,7 @@ def whereis(
     async def go() -> None:
         client = await connect(nats, name="berth-whereis", credentials=credentials)
         try:
-            route = await (await RouteRegistry(client).start()).whereis(workload)
+            route = await (await NatsRoutes(client).start()).whereis(workload)
         finally:
             await client.close()
         if route is None:
@@ -556,14 +556,14 @@ def routes(
     creds: CredsOption = None,
 ) -> None:
     """Every route in the registry: workload → node."""
-    from berth.registry.routes import RouteRegistry
+    from berth.registry.nats_routes import NatsRoutes
 
     credentials = _credentials(creds)
 
     async def go() -> None:
         client = await connect(nats, name="berth-routes", credentials=credentials)
         try:
-            found = await (await RouteRegistry(client).start()).list(node)
+            found = await (await NatsRoutes(client).start()).list(node)
         finally:
             await client.close()
         table = Table(title=f"{len(found)} route{'s' if len(found) != 1 else ''}")

@@ -33,7 +33,7 @@ from berth.node.agent import Agent
 from berth.node.budget import LoadReadings
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats_server import NodeServer
-from berth.registry.routes import RouteRegistry
+from berth.registry.port import RouteRegistry
 from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
 
 __all__ = ["NodeService"]

@@ -1,12 +1,13 @@
-"""The image registry: named images as layer chains with sizes, so a request can name one.
+"""Images from untrusted values: what the image registry stores, checked at the edge.
 
 An image is its layers in order (base first), each ``(id, size)`` — the pairs berth places by
 (colocation is measured in bytes of layers a node already holds) — an optional platform and
 the command its config names.  Images are registered through the API: given as layers
 (``POST /v1/images``), or read from a local OCI image layout directory with
 :func:`berth.oci.read_layout` (``POST /v1/images/oci``: the layers' digests and descriptor
-sizes, the image's platform and command).  They are kept under the key ``i.<name>`` of the
-API's KV bucket (:data:`~berth.registry.workloads.API_BUCKET`).
+sizes, the image's platform and command).  They are kept by an
+:class:`~berth.registry.port.ImageRegistry` (in the API's KV bucket on NATS,
+:class:`~berth.registry.nats.NatsImages`).
 
 Every value is checked with berth's own types before anything is stored: the name is a
 ``Name``, each layer a :class:`~berth.model.Layer` (ids unique, sizes bounded), the platform a
@@ -16,47 +17,23 @@ nothing.  It is not a registry client and pulls nothing: layers are fetched by n
 
 from __future__ import annotations
 
-import builtins
 import time
 from pathlib import Path
 from typing import Any
 
-from nats.aio.client import Client
-from pydantic import BaseModel
-
 from berth.errors import Invalid
-from berth.model import Name, checked_layers
-from berth.nats.names import API_BUCKET
+from berth.model import NAME_RULE, checked_layers
 from berth.oci import read_layout
 from berth.platform import Platform
-from berth.registry.workloads import JsonBucket
-from berth.validation import Rule
+from berth.registry.port import Image, ImageLayer
 
-__all__ = ["Image", "ImageLayer", "ImageRegistry", "image_from_layout", "image_of"]
-
-_NAME: Rule[str] = Rule(Name)
-
-
-class ImageLayer(BaseModel):
-    id: str
-    size: int
-
-
-class Image(BaseModel):
-    """A registered image: its layers (base first), their total size, platform and command."""
-
-    name: str
-    platform: str | None = None
-    layers: list[ImageLayer]
-    size: int
-    command: list[str] = []
-    created_at: float
+__all__ = ["image_from_layout", "image_of"]
 
 
 def image_of(name: Any, layers: Any, platform: Any = None, command: tuple[str, ...] = ()) -> Image:
     """An image from untrusted values, each checked by berth's types (``Invalid`` naming
     ``name``, ``layers.<i>…`` or ``platform``)."""
-    name = _NAME(name, "name")
+    name = NAME_RULE(name, "name")
     checked = checked_layers(layers)
     parsed = None if platform is None else str(Platform.parse(platform, field="platform"))
     return Image(
@@ -87,24 +64,3 @@ def image_from_layout(
         raise Invalid(f"the OCI layout: {where}{error.message}", field="path") from None
     chosen = name or image.ref or Path(path).resolve().name
     return image_of(chosen, image.berth_layers(), image.platform, image.config.command)
-
-
-class ImageRegistry:
-    """The API's images (see the module docstring)."""
-
-    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
-        self._documents = JsonBucket(client, Image, prefix="i", bucket=bucket)
-
-    async def start(self) -> ImageRegistry:
-        await self._documents.start()
-        return self
-
-    async def add(self, image: Image) -> None:
-        """Register ``image`` (replacing one of the same name)."""
-        await self._documents.put(image.name, image)
-
-    async def get(self, name: str) -> Image | None:
-        return await self._documents.get(name)
-
-    async def list(self) -> builtins.list[Image]:
-        return sorted(await self._documents.all(), key=lambda image: image.name)

@@ -21,14 +21,14 @@ first, so new requests go to the other members; requests in flight get ``grace_s
 and any still running after that are answered ``unavailable`` ("shutting down") rather than
 left to time out.
 
-On a confirmed placement the service records a route (:mod:`berth.registry.routes`) when it
+On a confirmed placement the service records a route (:mod:`berth.registry.nats_routes`) when it
 has a registry, and on ``release`` removes it; when a node leaves its replica (expired or
 shut down) it purges that node's routes.  Registry failures are logged, never a failed
 placement: the node's reservation is the truth, the route an index of it.
 
 **Replicas are shared through the routes** (``share_replicas``, on by default with a
 registry): a route names its function, and every service follows the registry
-(:meth:`~berth.registry.routes.RouteRegistry.follow`) into its scheduler's replica index
+(:meth:`~berth.registry.port.RouteRegistry.follow`) into its scheduler's replica index
 (:class:`RouteReplicas`), so a spread counts the replicas every scheduler placed, not only
 its own.  A scheduler's own replica is keyed by its node and reservation from the moment the
 node is asked; its route, when it comes back through the watch, names the same node and
@@ -91,7 +91,7 @@ from berth.nodeclient.nats import NatsNodes
 from berth.observability import tracing
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
-from berth.registry.routes import Route, RouteEvent, RouteRegistry, RouteWatch
+from berth.registry.port import Route, RouteEvent, RouteRegistry, RouteWatch
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.scheduler.spread import Replicas

@@ -28,7 +28,7 @@ from berth.node.budget import IDLE
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_node import NodeService
-from berth.registry.routes import RouteRegistry
+from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
 from berth.scheduler.nats_server import scheduler_service as open_scheduler_service
@@ -45,7 +45,7 @@ class NatsCluster:
     client: Client
     scheduler: NatsScheduler
     nodes: NatsNodes
-    routes: RouteRegistry
+    routes: NatsRoutes
     node_services: dict[str, NodeService] = field(default_factory=dict)
     scheduler_services: list[SchedulerService] = field(default_factory=list)
 
@@ -82,7 +82,7 @@ async def nats_cluster(
             return client
 
         caller = await connection("berth-caller", None if auth is None else auth.client)
-        routes = await RouteRegistry(caller, bucket=names.routes_bucket).start()
+        routes = await NatsRoutes(caller, bucket=names.routes_bucket).start()
         cluster = NatsCluster(
             url=url,
             names=names,
@@ -91,17 +91,17 @@ async def nats_cluster(
             nodes=NatsNodes(caller, prefix=names.node_prefix),
             routes=routes,
         )
-        shared: tuple[Client, RouteRegistry] | None = None
+        shared: tuple[Client, NatsRoutes] | None = None
         for config in configs:
             if auth is not None:
                 node_side = await connection(config.node.name, auth.nodes[config.node.name])
-                node_routes = await RouteRegistry(node_side, bucket=names.routes_bucket).start()
+                node_routes = await NatsRoutes(node_side, bucket=names.routes_bucket).start()
             else:
                 if shared is None:
                     client = await connection("berth-nodes")
                     shared = (
                         client,
-                        await RouteRegistry(client, bucket=names.routes_bucket).start(),
+                        await NatsRoutes(client, bucket=names.routes_bucket).start(),
                     )
                 node_side, node_routes = shared
             node = NodeService(
@@ -118,7 +118,7 @@ async def nats_cluster(
             client = await connection(
                 f"berth-scheduler-{index}", None if auth is None else auth.scheduler
             )
-            scheduler_routes = await RouteRegistry(client, bucket=names.routes_bucket).start()
+            scheduler_routes = await NatsRoutes(client, bucket=names.routes_bucket).start()
             service = await stack.enter_async_context(
                 open_scheduler_service(
                     client,

@@ -3,8 +3,9 @@
 Subclass :class:`NodeClientContract` beside a driver's tests and implement
 :meth:`~NodeClientContract.open_nodes`: a client that reaches exactly the nodes the given
 shapes describe (:class:`NodeShape`: a name, the platform the node runs, its memory, and the
-clock its budget judges lease expiry by — the suite passes a :class:`FakeClock` and moves it),
-and pytest collects the inherited tests::
+clock its budget judges lease expiry by — the suite passes a
+:class:`~berth.testing.clock.FakeClock` and moves it), and pytest collects the inherited
+tests::
 
     class TestMyNodes(NodeClientContract):
         def open_nodes(self, shapes):
@@ -51,7 +52,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import ClassVar, cast
 
 import pytest
 
@@ -61,47 +62,13 @@ from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.port import AgentClient, NodeClient, NodeMaintenance
 from berth.ownership import Admission, Clock, Refused
 from berth.platform import Platform
+from berth.testing.clock import FakeClock
+from berth.testing.owner import ManualOwner
 
-__all__ = ["FakeClock", "ManualOwner", "NodeClientContract", "NodeShape"]
+__all__ = ["NodeClientContract", "NodeShape"]
 
 MiB = 2**20
 GiB = 2**30
-
-
-class FakeClock:
-    """A clock that moves only when told to (``advance``), for lease expiry."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-class ManualOwner:
-    """An owner whose end the test decides: callbacks run when :meth:`end` is called."""
-
-    def __init__(self) -> None:
-        self._callbacks: list[Callable[[Any], object]] = []
-        self.ended = False
-
-    def done(self) -> bool:
-        return self.ended
-
-    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
-        if self.ended:
-            fn(self)
-        else:
-            self._callbacks.append(fn)
-
-    def end(self) -> None:
-        self.ended = True
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback(self)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,11 @@
-"""The routing registry: which node holds each workload, in a second JetStream KV bucket.
+"""The routing registry on NATS: which node holds each workload, in a second KV bucket.
 
-Hyper's cluster-wide routing registry (DESIGN.md §1.4) on NATS: one key per placed workload
-in bucket ``berth_routes``, valued with the node, the reservation and the spec
-(:class:`Route`).  Its life follows the reservation it indexes:
+The NATS driver of :class:`~berth.registry.port.RouteRegistry` (the port and its in-process
+driver, :class:`~berth.registry.memory.MemoryRoutes`, are beside it): Hyper's cluster-wide
+routing registry on NATS, one key per placed workload in bucket ``berth_routes``, valued with
+the node, the reservation and the spec (:class:`~berth.registry.port.Route`, encoded with
+the wire's ``"v"``, :data:`~berth.nats.wire.SCHEMA_VERSION`).  Its life follows the
+reservation it indexes:
 
 * **written** by the scheduler that confirmed the placement
   (:class:`~berth.scheduler.nats.SchedulerService`);
@@ -13,7 +16,7 @@ in bucket ``berth_routes``, valued with the node, the reservation and the spec
 * **purged** for a node that leaves the cluster (expired or shut down): every scheduler
   purges the node's routes when the node leaves its replica.
 
-**Every scheduler follows the registry** (:meth:`RouteRegistry.follow`, an ordered consumer
+**Every scheduler follows the registry** (:meth:`NatsRoutes.follow`, an ordered consumer
 of the bucket like the state store's watch): a route carries its function's identity
 (``namespace``, ``name``), so each scheduler counts the replicas the others placed as soon as
 their routes land (:class:`~berth.scheduler.nats.RouteReplicas`), which is what a spread
@@ -23,12 +26,12 @@ scheduler) is still a route, only not counted for spreading.  A field that is pr
 valid (a name, both or neither); otherwise the whole value is malformed, logged and skipped.
 
 Keys are ``<node>.<workload>`` (both escaped as subject tokens,
-:func:`~berth.store.nats.node_token`), so one node's routes are one subject filter — a single
-purge, and a NATS permission can confine an agent to its own.  :meth:`RouteRegistry.whereis`
-finds a workload by the filter ``*.<workload>``; :meth:`RouteRegistry.list` reads them all
+:func:`~berth.nats.wire.node_token`), so one node's routes are one subject filter — a single
+purge, and a NATS permission can confine an agent to its own.  :meth:`NatsRoutes.whereis`
+finds a workload by the filter ``*.<workload>``; :meth:`NatsRoutes.list` reads them all
 (or one node's).  Both read the server, not a replica: they are operator queries, not the
 placement hot path.  A value that is not a berth route is logged and skipped
-(:class:`~berth.store.nats.MalformedMessage`), never returned.
+(:class:`~berth.nats.wire.MalformedMessage`), never returned.
 
 The registry is an index, not the truth: the node's reservation is.  A route can outlive
 its workload by up to a heartbeat (until the node notices), or be missing if the scheduler
@@ -43,9 +46,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -55,64 +56,22 @@ from nats.js.errors import APIError, BadRequestError
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
-from berth.model import Name, Placement, Spec
+from berth.model import NAME_RULE, Placement, Spec
 from berth.nats.connection import settle
 from berth.nats.names import ROUTES_BUCKET
-from berth.nats.wire import KV_OPERATION, MARKER_REASON, MalformedMessage, node_token
-from berth.validation import Rule
+from berth.nats.wire import (
+    KV_OPERATION,
+    MARKER_REASON,
+    SCHEMA_VERSION,
+    MalformedMessage,
+    node_token,
+)
+from berth.registry.nats import WRONG_LAST_SEQUENCE
+from berth.registry.port import Route, RouteEvent, RouteListener
 
-__all__ = [
-    "Route",
-    "RouteEvent",
-    "RouteRegistry",
-    "RouteWatch",
-    "decode_route",
-    "encode_route",
-]
+__all__ = ["NatsRouteWatch", "NatsRoutes", "decode_route", "encode_route"]
 
 log = logging.getLogger("berth.registry.routes")
-
-SCHEMA_VERSION = 1
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a write whose expected last revision is not the current one."""
-_NAME: Rule[str] = Rule(Name)
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where a workload runs: the node, the reservation it holds there, its spec, and the
-    function it is a replica of (``namespace``, ``name``; ``None`` in a route written before
-    routes carried it)."""
-
-    workload: str
-    node: str
-    reservation_id: str | None = None
-    spec: Spec | None = None
-    placed_at: float = 0.0
-    namespace: str | None = None
-    name: str | None = None
-
-    @property
-    def function(self) -> tuple[str, str] | None:
-        """``(namespace, name)``, or ``None`` when the route does not say."""
-        if self.namespace is None or self.name is None:
-            return None
-        return (self.namespace, self.name)
-
-
-@dataclass(frozen=True)
-class RouteEvent:
-    """A change :meth:`RouteRegistry.follow` saw: a route stored under ``key`` (``put``), or
-    the key deleted (``delete``; ``route`` is ``None`` — a delete carries no value).
-    ``revision`` is the bucket's sequence number of the change (0 when unknown)."""
-
-    kind: Literal["put", "delete"]
-    key: str
-    route: Route | None = None
-    revision: int = 0
-
-
-RouteListener = Callable[[RouteEvent], None]
 
 
 def encode_route(route: Route) -> bytes:
@@ -136,7 +95,9 @@ def decode_route(data: bytes, *, source: str) -> Route:
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"not JSON ({error})", source=source) from None
     if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
-        raise MalformedMessage("not a berth route (version 1)", source=source, field="v")
+        raise MalformedMessage(
+            f"not a berth route (version {SCHEMA_VERSION})", source=source, field="v"
+        )
     workload, node = document.get("workload"), document.get("node")
     reservation_id, placed_at = document.get("reservation_id"), document.get("placed_at", 0.0)
     if not isinstance(workload, str) or not workload:
@@ -164,13 +125,13 @@ def decode_route(data: bytes, *, source: str) -> Route:
     if namespace is not None:
         for field, value in (("namespace", namespace), ("name", name)):
             try:
-                _NAME(value, field)
+                NAME_RULE(value, field)
             except Invalid as error:
                 raise MalformedMessage(error.message, source=source, field=field) from None
     return Route(workload, node, reservation_id, spec, float(placed_at), namespace, name)
 
 
-class RouteRegistry:
+class NatsRoutes:
     """The routing registry on a JetStream KV bucket (see the module docstring)."""
 
     def __init__(self, client: Client, *, bucket: str = ROUTES_BUCKET) -> None:
@@ -180,7 +141,7 @@ class RouteRegistry:
         self._kv: KeyValue | None = None
         self._prefix = f"$KV.{bucket}."
 
-    async def start(self) -> RouteRegistry:
+    async def start(self) -> NatsRoutes:
         try:
             self._kv = await self._js.create_key_value(KeyValueConfig(bucket=self.bucket))
         except BadRequestError:  # it exists with other settings: use it as it is
@@ -264,17 +225,17 @@ class RouteRegistry:
 
     async def follow(
         self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
-    ) -> RouteWatch:
+    ) -> NatsRouteWatch:
         """Call ``listener`` with every route in the bucket, then with every change as it
         lands; returns once the routes stored now were delivered (or ``sync_timeout_s``
-        passed: logged, the watch goes on).  Stop it with :meth:`RouteWatch.stop`.
+        passed: logged, the watch goes on).  Stop it with :meth:`NatsRouteWatch.stop`.
 
         An ordered consumer with a short idle heartbeat, as the state store's watch: after a
         server restart nats-py resumes it from the last message it saw.  A stream purge
         (:meth:`purge_node`) is not delivered — the node left, and every follower learns
         that from the state store instead.
         """
-        return await RouteWatch(self, listener).start(idle_heartbeat_s, sync_timeout_s)
+        return await NatsRouteWatch(self, listener).start(idle_heartbeat_s, sync_timeout_s)
 
     async def _read(self, pattern: str) -> builtins.list[tuple[int, Route]]:
         watcher = await self._bucket().watch(pattern)
@@ -297,14 +258,14 @@ class RouteRegistry:
         return routes
 
 
-class RouteWatch:
-    """A running :meth:`RouteRegistry.follow`; ``rejected`` counts malformed values skipped.
+class NatsRouteWatch:
+    """A running :meth:`NatsRoutes.follow`; ``rejected`` counts malformed values skipped.
 
     It delivers in the bucket's order, so once it has delivered revision ``r``
     (:meth:`reached`) every change stored before ``r`` has reached its listener too.
     """
 
-    def __init__(self, registry: RouteRegistry, listener: RouteListener) -> None:
+    def __init__(self, registry: NatsRoutes, listener: RouteListener) -> None:
         self.registry = registry
         self.listener = listener
         self.rejected = 0
@@ -340,7 +301,7 @@ class RouteWatch:
                 if not entry[1].done():
                     entry[1].set_result(None)
 
-    async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> RouteWatch:
+    async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> NatsRouteWatch:
         registry = self.registry
         registry._bucket()  # started?
         self._subscription = await registry._js.subscribe(
@@ -399,7 +360,7 @@ class RouteWatch:
             self.rejected += 1
             log.warning("ignored: %s", error)
             return None
-        if key != RouteRegistry.key(route.workload, route.node):
+        if key != NatsRoutes.key(route.workload, route.node):
             self.rejected += 1
             log.warning(
                 "ignored: %s holds a route of %r on %r, which belongs under another key",

@@ -1,0 +1,241 @@
+"""The registries in this process: the embedded API's drivers, and the tests'.
+
+In-process drivers of the four registry ports (:mod:`berth.registry.port`):
+:class:`MemoryWorkloads` (with its :class:`MemoryClaims`) and :class:`MemoryImages` are the
+rules of :mod:`berth.registry.documents` over :class:`MemoryDocuments`; :class:`MemoryRoutes`
+keeps routes in a dictionary and delivers every change to its followers as it is made.
+Every one of them passes :mod:`berth.testing.registry_contract`, as the NATS drivers do.
+
+One event loop owns a registry: its atomic steps are atomic because nothing awaits inside
+them (a claim's ``holds`` is awaited *between* steps, so a claim changed meanwhile is caught by
+its revision, exactly as in a bucket).  Documents are copied in and out, so a caller that
+changes a model it stored or read changes nothing stored.  Nothing survives the process:
+the embedded cluster's API forgets its workloads when it stops, as its agents do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+
+from berth.model import Placement, Spec
+from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
+from berth.registry.port import Claim, Image, Route, RouteEvent, RouteListener, StoredWorkload
+
+__all__ = [
+    "MemoryClaims",
+    "MemoryDocuments",
+    "MemoryImages",
+    "MemoryRouteWatch",
+    "MemoryRoutes",
+    "MemoryWorkloads",
+]
+
+log = logging.getLogger("berth.registry.memory")
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class MemoryDocuments(Generic[Model]):
+    """Documents by name in a dictionary, each with the revision of its last change (one
+    counter for all of them, as a bucket's sequence)."""
+
+    def __init__(self) -> None:
+        self._documents: dict[str, tuple[Model, int]] = {}
+        self._revision = 0
+
+    def _store(self, name: str, document: Model) -> None:
+        self._revision += 1
+        self._documents[name] = (document.model_copy(deep=True), self._revision)
+
+    async def put(self, name: str, document: Model) -> None:
+        self._store(name, document)
+
+    async def get(self, name: str) -> Model | None:
+        found = self._documents.get(name)
+        return None if found is None else found[0].model_copy(deep=True)
+
+    async def entry(self, name: str) -> tuple[Model | None, int] | None:
+        found = self._documents.get(name)
+        return None if found is None else (found[0].model_copy(deep=True), found[1])
+
+    async def create(self, name: str, document: Model) -> bool:
+        if name in self._documents:
+            return False
+        self._store(name, document)
+        return True
+
+    async def replace(self, name: str, document: Model, revision: int) -> bool:
+        found = self._documents.get(name)
+        if found is None or found[1] != revision:
+            return False
+        self._store(name, document)
+        return True
+
+    async def delete_at(self, name: str, revision: int) -> bool:
+        found = self._documents.get(name)
+        if found is None or found[1] != revision:
+            return False
+        del self._documents[name]
+        return True
+
+    async def all(self) -> builtins.list[Model]:
+        return [document.model_copy(deep=True) for document, _ in self._documents.values()]
+
+
+class MemoryClaims(DocumentClaims):
+    """Identity claims in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryDocuments[Claim]())
+
+
+class MemoryWorkloads(DocumentWorkloads):
+    """The workload registry in this process, its claims beside it."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryDocuments[StoredWorkload](), MemoryClaims())
+
+
+class MemoryImages(DocumentImages):
+    """The image registry in this process."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryDocuments[Image]())
+
+
+class MemoryRoutes:
+    """The routing registry in this process; ``clock`` stamps ``placed_at``.
+
+    A route's key is ``"<node> <workload>"`` (neither holds whitespace: both are berth
+    names).  Followers are called as each change is made, so a watch has delivered a
+    revision by the time :meth:`record` returns it; a purge is delivered as one delete per
+    route (the port lets a follower miss it; this driver need not).
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._routes: dict[str, tuple[int, Route]] = {}
+        self._revision = 0
+        self._watches: list[MemoryRouteWatch] = []
+
+    @staticmethod
+    def key(workload: str, node: str) -> str:
+        return f"{node} {workload}"
+
+    def _deliver(self, event: RouteEvent) -> None:
+        for watch in list(self._watches):
+            watch.deliver(event)
+
+    async def record(
+        self,
+        workload: str,
+        placement: Placement,
+        spec: Spec | None = None,
+        *,
+        function: tuple[str, str] | None = None,
+    ) -> int:
+        namespace, name = (None, None) if function is None else function
+        route = Route(
+            workload,
+            placement.worker_node,
+            placement.reservation_id,
+            spec,
+            self.clock(),
+            namespace,
+            name,
+        )
+        self._revision += 1
+        key = self.key(workload, route.node)
+        self._routes[key] = (self._revision, route)
+        self._deliver(RouteEvent("put", key, route, self._revision))
+        return self._revision
+
+    async def remove(self, workload: str, node: str, *, revision: int | None = None) -> None:
+        key = self.key(workload, node)
+        found = self._routes.get(key)
+        if found is None or (revision is not None and found[0] != revision):
+            return
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        del self._routes[key]
+        self._revision += 1
+        self._deliver(RouteEvent("delete", key, None, self._revision))
+
+    async def whereis(self, workload: str) -> Route | None:
+        routes = [route for _, route in self._routes.values() if route.workload == workload]
+        return max(routes, key=lambda route: route.placed_at) if routes else None
+
+    async def list(self, node: str | None = None) -> builtins.list[Route]:
+        routes = [route for _, route in self._routes.values() if node in (None, route.node)]
+        return sorted(routes, key=lambda route: (route.workload, route.node))
+
+    async def on_node(self, node: str) -> builtins.list[tuple[int, Route]]:
+        return [
+            (revision, route) for revision, route in self._routes.values() if route.node == node
+        ]
+
+    async def clear_node(self, node: str) -> int:
+        keys = [key for key, (_, route) in self._routes.items() if route.node == node]
+        for key in keys:
+            self._drop(key)
+        return len(keys)
+
+    async def purge_node(self, node: str) -> int:
+        return await self.clear_node(node)
+
+    async def follow(
+        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+    ) -> MemoryRouteWatch:
+        """Deliver every route stored now, then every change; the timings are a network
+        driver's and mean nothing here."""
+        watch = MemoryRouteWatch(self, listener)
+        for key, (revision, route) in sorted(self._routes.items(), key=lambda item: item[1][0]):
+            watch.deliver(RouteEvent("put", key, route, revision))
+        self._watches.append(watch)
+        return watch
+
+
+class MemoryRouteWatch:
+    """A running :meth:`MemoryRoutes.follow`."""
+
+    rejected = 0
+    """Nothing stored here is malformed: routes are kept as values."""
+
+    def __init__(self, routes: MemoryRoutes, listener: RouteListener) -> None:
+        self.routes = routes
+        self.listener = listener
+        self.seen = 0
+        """The highest revision delivered so far."""
+        self._delivered = asyncio.Event()
+
+    def deliver(self, event: RouteEvent) -> None:
+        try:
+            self.listener(event)
+        except Exception:
+            log.exception("a route listener failed on %s of %s", event.kind, event.key)
+        self.seen = max(self.seen, event.revision)
+        self._delivered.set()
+
+    async def reached(self, revision: int, timeout_s: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.seen < revision:
+            self._delivered.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._delivered.wait(), remaining)
+        return True
+
+    async def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.routes._watches.remove(self)

@@ -1,0 +1,248 @@
+"""The API's registries on NATS: workloads, identity claims and images in one KV bucket.
+
+The NATS drivers of :class:`~berth.registry.port.WorkloadRegistry`,
+:class:`~berth.registry.port.IdentityClaims` and :class:`~berth.registry.port.ImageRegistry`
+(the ports, their vocabulary and their guarantees are in :mod:`berth.registry.port`; the
+in-process drivers in :mod:`berth.registry.memory`).  All three keep pydantic documents in the
+JetStream KV bucket ``berth_api`` (:data:`~berth.nats.names.API_BUCKET`) through
+:class:`JsonBucket`, each under its own prefix: a workload under ``w.<id>``, a claim under
+``c.<identity>``, an image under ``i.<name>`` (the name escaped as a subject token,
+:func:`~berth.nats.wire.node_token`).  A bucket, not the API's memory, so a restarted
+scheduler (or another one serving the API) knows the workloads that run.
+
+The ports' atomic steps are the bucket's: a claim is taken with KV create-if-absent (of two
+concurrent creates exactly one stores it), taken over and a workload's end recorded with a
+compare-and-set on the key's revision, released with a conditional delete (only the holder's
+own claim).  NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
+naming the bucket — the API answers ``503``, never ``500``.
+
+What it is not: the routing registry (:mod:`berth.registry.nats_routes`, the schedulers'
+index of reservations, in a bucket of its own).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+import nats.errors
+from nats.aio.client import Client
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ValidationError
+
+from berth.errors import Unavailable
+from berth.nats.names import API_BUCKET
+from berth.nats.wire import node_token
+from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
+from berth.registry.port import Claim, Image, StoredWorkload
+
+__all__ = [
+    "WATCH_TIMEOUT_S",
+    "WRONG_LAST_SEQUENCE",
+    "JsonBucket",
+    "NatsClaims",
+    "NatsImages",
+    "NatsWorkloads",
+]
+
+log = logging.getLogger("berth.registry.workloads")
+
+Model = TypeVar("Model", bound=BaseModel)
+WATCH_TIMEOUT_S = 5.0
+"""How long :meth:`JsonBucket.all` waits for the next entry of its watch."""
+WRONG_LAST_SEQUENCE = 10071
+"""JetStream's error code for a write whose expected last revision is not the current one."""
+
+
+class JsonBucket(Generic[Model]):
+    """Pydantic documents under ``<prefix>.<key>`` in a JetStream KV bucket (the
+    :class:`~berth.registry.documents.Documents` of the NATS drivers)."""
+
+    def __init__(
+        self, client: Client, kind: type[Model], *, prefix: str, bucket: str = API_BUCKET
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.prefix = prefix
+        self.bucket = bucket
+        self._kv: KeyValue | None = None
+
+    async def start(self) -> None:
+        js = self.client.jetstream()
+        with self._asking():
+            try:
+                self._kv = await js.create_key_value(KeyValueConfig(bucket=self.bucket, history=1))
+            except BadRequestError:  # it exists with other settings: use it as it is
+                self._kv = await js.key_value(self.bucket)
+
+    def _bucket(self) -> KeyValue:
+        if self._kv is None:
+            raise Unavailable(f"the {self.bucket} bucket is not open")
+        return self._kv
+
+    @contextlib.contextmanager
+    def _asking(self) -> Iterator[None]:
+        """NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
+        naming the bucket — the API answers ``503``, never ``500``."""
+        try:
+            yield
+        except nats.errors.Error as error:
+            raise Unavailable(f"the {self.bucket} bucket did not answer: {error!r}") from None
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{node_token(name)}"
+
+    async def put(self, name: str, document: Model) -> None:
+        with self._asking():
+            await self._bucket().put(self.key(name), document.model_dump_json().encode())
+
+    async def get(self, name: str) -> Model | None:
+        found = await self.entry(name)
+        return None if found is None else found[0]
+
+    async def entry(self, name: str) -> tuple[Model | None, int] | None:
+        """The document and its revision (``None`` for a document that does not decode);
+        ``None`` when the key is absent or deleted."""
+        with self._asking():
+            try:
+                entry = await self._bucket().get(self.key(name))
+            except KeyNotFoundError:  # includes a deleted key
+                return None
+        return self._decode(entry.key, entry.value), entry.revision or 0
+
+    async def create(self, name: str, document: Model) -> bool:
+        """Store ``document`` only if the key is absent (or deleted); ``False`` if it is not."""
+        with self._asking():
+            try:
+                await self._bucket().create(self.key(name), document.model_dump_json().encode())
+            except KeyWrongLastSequenceError:
+                return False
+        return True
+
+    async def replace(self, name: str, document: Model, revision: int) -> bool:
+        """Store ``document`` only if the key is still at ``revision``; ``False`` if not."""
+        with self._asking():
+            try:
+                await self._bucket().update(
+                    self.key(name), document.model_dump_json().encode(), last=revision
+                )
+            except KeyWrongLastSequenceError:
+                return False
+        return True
+
+    async def delete_at(self, name: str, revision: int) -> bool:
+        """Delete the key only if it is still at ``revision``; ``False`` if not."""
+        with self._asking():
+            try:
+                await self._bucket().delete(self.key(name), last=revision)
+            except BadRequestError as error:
+                if error.err_code != WRONG_LAST_SEQUENCE:
+                    raise
+                return False
+        return True
+
+    async def all(self) -> builtins.list[Model]:
+        """Every document under the prefix (skipping, and logging, any that is not one).
+
+        Read with a watch of the latest value per key, until an entry says none are pending.
+        The client's "nothing pending" marker is not trusted to end it: nats-py may queue it
+        *before* entries the server had already counted as delivered (its consumer-info
+        check races the delivery), which read as an empty registry on a loaded machine.  So
+        the stream is asked first whether the prefix has any key at all (none: done, no
+        watch), and the watch then ends on an entry's pending count alone.
+        """
+        with self._asking():
+            return await self._all()
+
+    async def _all(self) -> builtins.list[Model]:
+        info = await self.client.jetstream().stream_info(
+            f"KV_{self.bucket}", subjects_filter=f"$KV.{self.bucket}.{self.prefix}.>"
+        )
+        if not info.state.subjects:
+            return []
+        watcher = await self._bucket().watch(f"{self.prefix}.>")
+        found: builtins.list[Model] = []
+        marker = False
+        try:
+            while True:
+                try:
+                    entry = await watcher.updates(  # type: ignore[no-untyped-call]
+                        timeout=WATCH_TIMEOUT_S
+                    )
+                except TimeoutError:
+                    if marker:  # the keys were purged between the two questions
+                        break
+                    raise Unavailable(
+                        f"the {self.bucket} bucket did not answer within {WATCH_TIMEOUT_S:g}s"
+                    ) from None
+                if entry is None:
+                    marker = True
+                    continue
+                if entry.operation is None and entry.value:
+                    document = self._decode(entry.key, entry.value)
+                    if document is not None:
+                        found.append(document)
+                if not entry.delta:
+                    break
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        return found
+
+    def _decode(self, key: str, value: bytes | None) -> Model | None:
+        if not value:
+            return None
+        try:
+            return self.kind.model_validate_json(value)
+        except ValidationError as error:
+            log.warning(
+                "ignored %s in %s: not a %s (%s)",
+                key,
+                self.bucket,
+                self.kind.__name__,
+                error.errors()[0].get("msg"),
+            )
+            return None
+
+
+class NatsClaims(DocumentClaims):
+    """Identity claims under ``c.<identity>`` in the API's bucket."""
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._bucket = JsonBucket(client, Claim, prefix="c", bucket=bucket)
+        super().__init__(self._bucket)
+
+    async def start(self) -> NatsClaims:
+        await self._bucket.start()
+        return self
+
+
+class NatsWorkloads(DocumentWorkloads):
+    """The workload registry under ``w.<id>`` in the API's bucket, its claims beside it."""
+
+    claims: NatsClaims
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._bucket = JsonBucket(client, StoredWorkload, prefix="w", bucket=bucket)
+        super().__init__(self._bucket, NatsClaims(client, bucket=bucket))
+
+    async def start(self) -> NatsWorkloads:
+        await self._bucket.start()
+        await self.claims.start()
+        return self
+
+
+class NatsImages(DocumentImages):
+    """The image registry under ``i.<name>`` in the API's bucket."""
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._bucket = JsonBucket(client, Image, prefix="i", bucket=bucket)
+        super().__init__(self._bucket)
+
+    async def start(self) -> NatsImages:
+        await self._bucket.start()
+        return self

@@ -1,0 +1,341 @@
+"""The registry ports: what the API and the schedulers record beside the node states.
+
+Four small ports, each with an in-process driver (:mod:`berth.registry.memory`, the embedded
+API and tests) and a NATS one (:mod:`berth.registry.nats`, :mod:`berth.registry.nats_routes`),
+and one contract suite both pass (:mod:`berth.testing.registry_contract`):
+
+* :class:`WorkloadRegistry` — every workload the API placed and booted (a
+  :class:`StoredWorkload`), so a restarted scheduler (or another one serving the API) knows
+  what runs.  The state machine is small: ``running`` → ``exited`` (it ended by itself;
+  ``exit_code``), ``stopped`` (the API stopped it, or a drain did) or ``failed`` (killed by a
+  signal, or its node no longer knows it — the agent restarted).  The node is the authority on
+  whether a workload still runs; the registry learns it by being told
+  (:meth:`WorkloadRegistry.end`, a compare-and-set: a change written meanwhile is never
+  overwritten), never by guessing.
+* :class:`IdentityClaims` — **one running workload per identity**.  A workload's identity is
+  ``namespace/name/replica`` (what the routing registry and ``berth whereis`` key on).  A
+  claim is taken create-if-absent *before* anything is placed — of two concurrent creates
+  exactly one stores it, the other is refused (:class:`IdentityTaken`) having changed
+  nothing.  A claim whose holder no longer holds it (ended, stopped, failed, replaced — or a
+  create that died before recording its workload, after :data:`CLAIM_PENDING_S`) is taken
+  over atomically; a release frees a claim only for its own holder.
+* :class:`ImageRegistry` — named images as layer chains with sizes (:class:`Image`), so a
+  request can name one; values are checked before they reach it
+  (:func:`berth.registry.images.image_of`).
+* :class:`RouteRegistry` — which node holds each placed workload (:class:`Route`), written by
+  the scheduler that confirmed it, removed when the workload ends, purged for a node that
+  leaves; followed by every scheduler (:meth:`RouteRegistry.follow`) to count the replicas the
+  others placed.  It is an index, not the truth: the node's reservation is.
+
+What this module is not: any storage.  The values here are the ports' vocabulary; the API's
+answers are built from them (:mod:`berth.api.schemas`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel
+
+from berth.errors import BerthError
+from berth.model import Placement, Spec
+
+__all__ = [
+    "CLAIM_PENDING_S",
+    "WORKLOAD_ID",
+    "Claim",
+    "Holds",
+    "IdentityClaims",
+    "IdentityTaken",
+    "Image",
+    "ImageLayer",
+    "ImageRegistry",
+    "Route",
+    "RouteEvent",
+    "RouteListener",
+    "RouteRegistry",
+    "RouteWatch",
+    "StoredWorkload",
+    "Workload",
+    "WorkloadRegistry",
+    "WorkloadState",
+    "new_workload_id",
+]
+
+# -- workloads -------------------------------------------------------------------------------
+WorkloadState = Literal["running", "exited", "stopped", "failed"]
+WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")
+"""The ids :func:`new_workload_id` hands out; a registry looks up nothing else."""
+
+
+def new_workload_id() -> str:
+    """A fresh workload id, ``w-`` and 12 hex digits (also the node's boot name)."""
+    return f"w-{uuid.uuid4().hex[:12]}"
+
+
+class Workload(BaseModel):
+    """A workload the API placed and booted (its record, and the API's answer).
+
+    ``node_workload_id`` is the node's own id for it; ``detail`` says how it ended or why its
+    state is what it is; ``replaced_by`` names the workload a drain started in its place.
+    """
+
+    id: str
+    namespace: str
+    name: str
+    replica: int
+    image: str | None = None
+    node: str
+    node_workload_id: str
+    reservation_id: str | None = None
+    colocated_bytes: int
+    rank: int
+    state: WorkloadState
+    exit_code: int | None = None
+    detail: str | None = None
+    command: list[str]
+    restartable: bool
+    created_at: float
+    ended_at: float | None = None
+    replaced_by: str | None = None
+
+
+class StoredWorkload(Workload):
+    """A workload's record: what the API answers, plus what only the registry keeps — its
+    environment (it may hold secrets: never answered) and the placement request it was
+    created from (to place it again after a drain)."""
+
+    env: dict[str, str] = {}
+    request: dict[str, object] = {}
+
+
+class WorkloadRegistry(Protocol):
+    """The API's workloads (see the module docstring)."""
+
+    @property
+    def claims(self) -> IdentityClaims:
+        """The identities of the workloads: one running workload holds each."""
+        ...
+
+    async def record(self, workload: StoredWorkload) -> None:
+        """Store ``workload``'s record (replacing the one of the same id)."""
+        ...
+
+    async def end(
+        self, workload_id: str, update: dict[str, object]
+    ) -> tuple[StoredWorkload | None, bool]:
+        """Record that a *running* workload ended, with ``update`` applied to its record as it
+        is now (compare-and-set, so a change written meanwhile — a drain's ``replaced_by``,
+        another reader recording the same end — is never overwritten): ``(record, True)`` when
+        this call recorded the end, ``(record, False)`` when the record no longer says running
+        (someone else recorded an end first), ``(None, False)`` when it is gone."""
+        ...
+
+    async def get(self, workload_id: str) -> StoredWorkload | None:
+        """The record of ``workload_id``; ``None`` for an unknown id or one that is not of
+        :data:`WORKLOAD_ID`'s form."""
+        ...
+
+    async def list(
+        self,
+        *,
+        namespace: str | None = None,
+        node: str | None = None,
+        state: str | None = None,
+    ) -> builtins.list[StoredWorkload]:
+        """The workloads matching every filter given, oldest first (then by id)."""
+        ...
+
+
+# -- identity claims -------------------------------------------------------------------------
+CLAIM_PENDING_S = 300.0
+"""How long a claim whose workload has no record yet (its create is placing and booting) is
+respected; after that its create is taken to have died and the claim may be taken over."""
+
+
+class IdentityTaken(BerthError):
+    """A workload's identity (``namespace/name/replica``) is held by another workload that
+    runs (or is being created): ``identity`` and the holder's ``workload_id``."""
+
+    def __init__(self, identity: str, workload_id: str, how: str) -> None:
+        self.identity = identity
+        self.workload_id = workload_id
+        super().__init__(
+            f"{identity} is taken: workload {workload_id} holds it ({how}); stop it first, "
+            f"or give another replica"
+        )
+
+
+class Claim(BaseModel):
+    """Who holds an identity, since when."""
+
+    workload_id: str
+    claimed_at: float
+
+
+Holds = Callable[[Claim], Awaitable[str | None]]
+"""How a claim's holder still holds it (``"running on node-01"``, ``"being created"``), or
+``None`` when it no longer does (it ended, or its create died)."""
+
+
+class IdentityClaims(Protocol):
+    """One running workload per identity (see the module docstring)."""
+
+    async def holder(self, identity: str) -> str | None:
+        """The workload id holding ``identity``, if any."""
+        ...
+
+    async def claim(self, identity: str, workload_id: str, *, holds: Holds, now: float) -> None:
+        """Take ``identity`` for ``workload_id``, or raise :class:`IdentityTaken` naming the
+        workload holding it.  A holder for which ``holds`` says ``None`` is replaced atomically
+        (a claim changed while ``holds`` was asked is looked at again); claiming an identity
+        already held by ``workload_id`` is a no-op."""
+        ...
+
+    async def release(self, identity: str, workload_id: str) -> None:
+        """Give ``identity`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        ...
+
+
+# -- images ----------------------------------------------------------------------------------
+class ImageLayer(BaseModel):
+    id: str
+    size: int
+
+
+class Image(BaseModel):
+    """A registered image: its layers (base first), their total size, platform and command."""
+
+    name: str
+    platform: str | None = None
+    layers: list[ImageLayer]
+    size: int
+    command: list[str] = []
+    created_at: float
+
+
+class ImageRegistry(Protocol):
+    """The API's images, by name."""
+
+    async def add(self, image: Image) -> None:
+        """Register ``image`` (replacing one of the same name)."""
+        ...
+
+    async def get(self, name: str) -> Image | None: ...
+
+    async def list(self) -> builtins.list[Image]:
+        """Every image, by name."""
+        ...
+
+
+# -- routes ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Route:
+    """Where a workload runs: the node, the reservation it holds there, its spec, and the
+    function it is a replica of (``namespace``, ``name``; ``None`` in a route written before
+    routes carried it)."""
+
+    workload: str
+    node: str
+    reservation_id: str | None = None
+    spec: Spec | None = None
+    placed_at: float = 0.0
+    namespace: str | None = None
+    name: str | None = None
+
+    @property
+    def function(self) -> tuple[str, str] | None:
+        """``(namespace, name)``, or ``None`` when the route does not say."""
+        if self.namespace is None or self.name is None:
+            return None
+        return (self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class RouteEvent:
+    """A change :meth:`RouteRegistry.follow` saw: a route stored under ``key`` (``put``), or
+    the key deleted (``delete``; ``route`` is ``None`` — a delete carries no value).  ``key``
+    is the driver's name for one workload on one node (a delete names only it);
+    ``revision`` is the registry's sequence number of the change (0 when unknown)."""
+
+    kind: Literal["put", "delete"]
+    key: str
+    route: Route | None = None
+    revision: int = 0
+
+
+RouteListener = Callable[[RouteEvent], None]
+
+
+class RouteWatch(Protocol):
+    """A running :meth:`RouteRegistry.follow`, delivering in the registry's order: once it has
+    delivered revision ``r`` every change stored before ``r`` has reached its listener too."""
+
+    @property
+    def rejected(self) -> int:
+        """Stored values skipped as not being routes (0 for a driver that stores typed ones)."""
+        ...
+
+    async def reached(self, revision: int, timeout_s: float) -> bool:
+        """Wait until the watch has delivered ``revision``; False if ``timeout_s`` passed."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+class RouteRegistry(Protocol):
+    """The routing registry (see the module docstring): one route per workload and node."""
+
+    async def record(
+        self,
+        workload: str,
+        placement: Placement,
+        spec: Spec | None = None,
+        *,
+        function: tuple[str, str] | None = None,
+    ) -> int:
+        """``workload`` now runs on ``placement.worker_node`` under its reservation, a replica
+        of ``function`` (``(namespace, name)``) when given; the route's revision (a later
+        record has a higher one)."""
+        ...
+
+    async def remove(self, workload: str, node: str, *, revision: int | None = None) -> None:
+        """The workload ended (idempotent).  With ``revision`` (from :meth:`on_node`), only
+        while the route is still that revision: one stored again since stays."""
+        ...
+
+    async def whereis(self, workload: str) -> Route | None:
+        """The route of ``workload`` (the latest placed, if on several nodes), or ``None``."""
+        ...
+
+    async def list(self, node: str | None = None) -> builtins.list[Route]:
+        """Every route (of ``node`` when given), by workload then node."""
+        ...
+
+    async def on_node(self, node: str) -> builtins.list[tuple[int, Route]]:
+        """Every route of ``node`` with its revision; a route stored before this call began
+        is in it."""
+        ...
+
+    async def clear_node(self, node: str) -> int:
+        """Remove every route of ``node`` one by one (what a node may do of its own); how
+        many there were."""
+        ...
+
+    async def purge_node(self, node: str) -> int:
+        """Remove every route of ``node`` (it left the cluster) at once; how many there were.
+        A follower need not see a purge: it learns that the node left from the state store."""
+        ...
+
+    async def follow(
+        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+    ) -> RouteWatch:
+        """Call ``listener`` with every route stored now, then with every change as it lands;
+        returns once the routes stored now were delivered (or ``sync_timeout_s`` passed).
+        ``idle_heartbeat_s`` is how soon a network driver notices a lost feed."""
+        ...

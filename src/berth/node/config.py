@@ -38,6 +38,10 @@ table::
                                     # in memory only, the last 1,000 lines)
     node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/ and guests' run/
 
+The ``[microvm]`` table's model, :class:`~berth.node.microvm.config.MicrovmSection`, lives with
+the microVM code (the runtime driver reads it without importing this module); it is
+re-exported here as part of a whole file's model.
+
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
 in berth reads configuration files or environment variables; it receives these models.
@@ -58,11 +62,12 @@ import stat
 import tomllib
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, Strict, StrictStr
+from pydantic import Field, Strict
 
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
+from berth.node.microvm.config import MicrovmSection
 from berth.node.runtime.port import StopGrace
 from berth.platform import Platform, host
 from berth.validation import BerthModel, shown
@@ -136,29 +141,6 @@ class AgentSection(BerthModel):
     lease_ttl_s: Interval = 30.0
     runtime: Literal["process", "fake", "microvm"] = "process"
     stop_grace_s: StopGrace = 2.0  # the runtimes' rule: 0 to an hour
-
-
-def _path_text(value: str) -> str:
-    if not value.strip():
-        raise Invalid("must not be empty")
-    if len(value) > 4096 or not value.isprintable():
-        raise Invalid(f"not a path: {shown(value)}")
-    return value
-
-
-PathText = Annotated[StrictStr, AfterValidator(_path_text)]
-
-
-class MicrovmSection(BerthModel):
-    """``[microvm]``: where the microVM runtime finds its files (all optional)."""
-
-    data_dir: PathText | None = None
-    images: PathText | None = None
-    accel: Literal["auto", "kvm", "tcg"] = "auto"
-    qemu: PathText = "qemu-system-x86_64"
-    boot_timeout_s: Interval = 300.0
-    log_dir: PathText | None = None
-    node_dir: PathText | None = None
 
 
 class AgentConfig(BerthModel):

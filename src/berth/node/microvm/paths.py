@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from berth.errors import Invalid
+from berth.node.microvm.config import DEFAULT_QEMU
 from berth.node.microvm.initramfs import INIT_SCRIPT
 from berth.validation import shown
 
@@ -40,7 +41,6 @@ __all__ = [
     "problems",
 ]
 
-DEFAULT_QEMU = "qemu-system-x86_64"
 Accel = Literal["kvm", "tcg"]
 
 

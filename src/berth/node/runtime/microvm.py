@@ -47,17 +47,17 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Protocol
 
 from berth.errors import BerthError, Invalid
-from berth.node.config import AgentConfig
 from berth.node.erofs import pid_alive
 from berth.node.layer_files import LayerFiles
+from berth.node.microvm.config import BOOT_TIMEOUT_S, DEFAULT_QEMU, AccelChoice, MicrovmSection
 from berth.node.microvm.initramfs import GuestConfig
-from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
+from berth.node.microvm.paths import Accel, GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
     MIB,
@@ -83,13 +83,43 @@ from berth.node.runtime.port import (
 from berth.oci import OciImage, read_layout
 from berth.validation import shown
 
-__all__ = ["MIN_UPPER_DISK", "MicrovmRuntime", "MicrovmWorkload"]
+__all__ = ["MIN_UPPER_DISK", "AgentSettings", "MicrovmRuntime", "MicrovmWorkload"]
 
 log = logging.getLogger("berth.microvm")
 
 MIN_UPPER_DISK = 16 * MIB
 """The smallest disk budget given an ext4 upper disk; below it the upper layer is a tmpfs."""
-AccelChoice = Literal["auto", "kvm", "tcg"]
+
+
+class _NodeSettings(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class _AgentKnobs(Protocol):
+    @property
+    def layer_cache(self) -> int: ...
+
+    @property
+    def stop_grace_s(self) -> float: ...
+
+
+class AgentSettings(Protocol):
+    """What :meth:`MicrovmRuntime.from_config` reads of an agent's configuration: the node's
+    name, the agent's layer cache and stop grace, and the ``[microvm]`` table.
+
+    :class:`~berth.node.config.AgentConfig` is one; naming only what is read keeps this driver
+    from importing the agent's configuration (which sits above the runtimes).
+    """
+
+    @property
+    def node(self) -> _NodeSettings: ...
+
+    @property
+    def agent(self) -> _AgentKnobs: ...
+
+    @property
+    def microvm(self) -> MicrovmSection: ...
 
 
 class MicrovmWorkload(WorkloadHandle):
@@ -152,6 +182,17 @@ class _Guest:
     stop_requested: bool = False
 
 
+@dataclass
+class _Attempt:
+    """What a start has made so far — the layers it holds, its scratch directory, its QEMU —
+    so that a failure or cancellation at any step undoes exactly that (:meth:`MicrovmRuntime.
+    _abandon`)."""
+
+    layers: tuple[str, ...]
+    scratch: Path | None = None
+    vm: MicroVM | None = None
+
+
 def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
     if end.status is not None:
         signum = end.status - 128
@@ -209,7 +250,7 @@ class MicrovmRuntime:
         accel: AccelChoice = "auto",
         qemu: str = DEFAULT_QEMU,
         stop_grace_s: float = 5.0,
-        boot_timeout_s: float = 300.0,
+        boot_timeout_s: float = BOOT_TIMEOUT_S,
         work_dir: str | Path | None = None,
         log_dir: str | Path | None = None,
     ) -> None:
@@ -263,7 +304,7 @@ class MicrovmRuntime:
             shutil.rmtree(entry.path, ignore_errors=True)
 
     @classmethod
-    def from_config(cls, config: AgentConfig) -> MicrovmRuntime:
+    def from_config(cls, config: AgentSettings) -> MicrovmRuntime:
         """The runtime an agent's ``[microvm]`` table describes: its layers under
         ``<node_dir>/layers`` (default ``<data_dir>/nodes/<node>``) with the agent's
         ``layer_cache`` budget, its guests' scratch under ``<node_dir>/run``."""
@@ -318,11 +359,53 @@ class MicrovmRuntime:
         return tuple(guest.workload for guest in self._guests.values())
 
     async def start(self, spec: BootSpec) -> WorkloadHandle:
-        """Boot ``spec`` in a new guest; return once its workload runs (``BootFailed`` if not)."""
+        """Boot ``spec`` in a new guest; return once its workload runs (``BootFailed`` if not).
+
+        The steps: check the guest can be built (:meth:`_bootable`), size it, acquire its
+        layers, then make its scratch directory, upper disk and initramfs, launch QEMU and wait
+        for the init to report the workload running (:meth:`_boot`).  Whatever ends a start
+        early — a failure or a cancellation at any step — kills the QEMU it launched and
+        releases the scratch and layers it took (:meth:`_abandon`); an ``OSError`` of this
+        node's disk (the work dir, log dir, upper disk) becomes a ``BootFailed`` naming it.
+        """
         started_at = time.monotonic()
         if not isinstance(spec, BootSpec):
             raise Invalid(f"expected a BootSpec, got {shown(spec)}", field="spec")
         workload_id = self._ids.next(spec)
+        kernel, image = self._bootable(spec)
+        size = self._size(workload_id, spec)
+        paths = await self._acquire_layers(image)
+        attempt = _Attempt(tuple(layer.digest for layer in image.layers))
+        try:
+            vm, console_path = await self._boot(
+                attempt, workload_id, spec, image, kernel=kernel, size=size, layers=paths
+            )
+        except BaseException as error:
+            await self._abandon(attempt)
+            if isinstance(error, OSError):  # this node's disk: the work dir, log dir, upper disk
+                where = f" ({error.filename})" if error.filename else ""
+                raise BootFailed(
+                    f"cannot make the guest's files: {error.strerror or error}{where}"
+                ) from None
+            raise
+        workload = MicrovmWorkload(
+            workload_id,
+            spec,
+            vm,
+            accel=self.accel,
+            size=size,
+            image=image,
+            started_at=started_at,
+            console_log=console_path,
+        )
+        assert attempt.scratch is not None
+        self._adopt(_Guest(workload, attempt.scratch, attempt.layers))
+        return workload
+
+    def _bootable(self, spec: BootSpec) -> tuple[Path, OciImage]:
+        """The guest kernel and ``spec``'s image, or ``BootFailed`` saying why no guest can run
+        it: microVMs not set up, a program named with ``=`` (the kernel would take it for a
+        parameter), an image that is not in the layout or has too many layers."""
         kernel = self.files.kernel
         if kernel is None or not kernel.is_file() or not self.files.initramfs_is_current():
             missing = "; ".join(self.problems()) or "no guest kernel"
@@ -335,96 +418,142 @@ class MicrovmRuntime:
                 f"image {image.ref or image.digest} has {len(image.layers)} layers; "
                 f"a guest stacks at most {MAX_LAYERS}"
             )
+        return kernel, image
+
+    @staticmethod
+    def _size(workload_id: str, spec: BootSpec) -> VmSize:
+        """The guest's vCPUs and memory for ``spec`` (logged when memory is floored)."""
         size = vm_size(spec.vcpus, spec.mem_limit)
         if size.floored:
             log.info("%s: %s of memory asked, the guest gets the kernel's floor of %d MiB",
                      workload_id, spec.mem_limit, size.mem_mib)  # fmt: skip
+        return size
+
+    async def _acquire_layers(self, image: OciImage) -> tuple[Path, ...]:
+        """The erofs files of ``image``'s layers, held for the guest (``BootFailed`` if not)."""
         try:
-            paths = await self.layer_files.acquire_all(image.layers)
+            return await self.layer_files.acquire_all(image.layers)
         except BerthError as error:
             raise BootFailed(f"layers of {image.ref or image.digest}: {error}") from None
-        digests = tuple(layer.digest for layer in image.layers)
-        scratch: Path | None = None
-        vm: MicroVM | None = None
-        try:
-            self.work_dir.mkdir(parents=True, exist_ok=True)
-            prefix = f"{workload_id[:40]}.{os.getpid()}."  # the pid: see _remove_orphans
-            scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
-            upper = await self._upper_disk(scratch, spec.disk_limit)
-            nonce = new_nonce()
-            config = GuestConfig(
-                nonce=nonce,
-                command=spec.command,
-                env={**image.config.environment(), **spec.env},
-                layers=len(paths),
-                upper_disk=upper is not None,
-                tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
-                hostname=_hostname(workload_id),
-                workdir=_workdir(image.config.working_dir),
-                user=_user(image.config.user),
-            )
-            initrd = scratch / "initrd"
-            await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
-            argv = qemu_argv(
-                self.qemu,
-                kernel=kernel,
-                initrd=initrd,
-                accel=self.accel,
-                size=size,
-                cmdline=self.cmdline,
-                layers=paths,
-                upper=upper,
-            )
-            console, console_path = self._console(workload_id)
-            try:
-                vm = await MicroVM.launch(argv, nonce, console_log=console)
-            except BaseException as error:
-                if console is not None:
-                    console.close()
-                if isinstance(error, OSError):
-                    raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
-                raise
-            try:
-                await asyncio.wait_for(asyncio.shield(vm.running), self.boot_timeout_s)
-            except GuestBootFailed as failed:
-                raise BootFailed(self._reason(failed.reason, spec, image)) from None
-            except TimeoutError:
-                raise BootFailed(
-                    f"the guest did not start its workload within {self.boot_timeout_s:g} s"
-                ) from None
-        except BaseException as error:
-            try:
-                if vm is not None:
-                    vm.kill()
-                    with contextlib.suppress(Exception):
-                        await vm.wait()
-            finally:  # even when the wait is cancelled too: QEMU has had its SIGKILL
-                self._cleanup(scratch, digests)
-            if isinstance(error, OSError):  # this node's disk: the work dir, log dir, upper disk
-                where = f" ({error.filename})" if error.filename else ""
-                raise BootFailed(
-                    f"cannot make the guest's files: {error.strerror or error}{where}"
-                ) from None
-            raise
-        assert scratch is not None
-        workload = MicrovmWorkload(
-            workload_id,
-            spec,
-            vm,
+
+    async def _boot(
+        self,
+        attempt: _Attempt,
+        workload_id: str,
+        spec: BootSpec,
+        image: OciImage,
+        *,
+        kernel: Path,
+        size: VmSize,
+        layers: tuple[Path, ...],
+    ) -> tuple[MicroVM, Path | None]:
+        """Make the guest's files, launch it and wait until its workload runs; its QEMU and
+        console log path.  What is made is recorded in ``attempt`` as soon as it exists."""
+        scratch = attempt.scratch = self._make_scratch(workload_id)
+        upper = await self._upper_disk(scratch, spec.disk_limit)
+        nonce = new_nonce()
+        initrd = await self._write_initrd(
+            scratch, nonce, workload_id, spec, image, size=size, layers=len(layers), upper=upper
+        )
+        argv = qemu_argv(
+            self.qemu,
+            kernel=kernel,
+            initrd=initrd,
             accel=self.accel,
             size=size,
-            image=image,
-            started_at=started_at,
-            console_log=console_path,
+            cmdline=self.cmdline,
+            layers=layers,
+            upper=upper,
         )
-        guest = _Guest(workload, scratch, digests)
-        self._guests[workload_id] = guest
+        vm, console_path = await self._launch(argv, nonce, workload_id)
+        attempt.vm = vm
+        await self._wait_running(vm, spec, image)
+        return vm, console_path
+
+    def _make_scratch(self, workload_id: str) -> Path:
+        """A new scratch directory for one guest under ``work_dir``, named with this process's
+        pid (see :meth:`_remove_orphans`)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        prefix = f"{workload_id[:40]}.{os.getpid()}."
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
+
+    async def _write_initrd(
+        self,
+        scratch: Path,
+        nonce: str,
+        workload_id: str,
+        spec: BootSpec,
+        image: OciImage,
+        *,
+        size: VmSize,
+        layers: int,
+        upper: Path | None,
+    ) -> Path:
+        """The guest's initramfs: berth's, with this boot's configuration added."""
+        config = GuestConfig(
+            nonce=nonce,
+            command=spec.command,
+            env={**image.config.environment(), **spec.env},
+            layers=layers,
+            upper_disk=upper is not None,
+            tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
+            hostname=_hostname(workload_id),
+            workdir=_workdir(image.config.working_dir),
+            user=_user(image.config.user),
+        )
+        initrd = scratch / "initrd"
+        await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
+        return initrd
+
+    async def _launch(
+        self, argv: Sequence[str], nonce: str, workload_id: str
+    ) -> tuple[MicroVM, Path | None]:
+        """Start QEMU with its console going to the workload's log, if any; the console log is
+        closed if the launch does not happen (a missing QEMU is a ``BootFailed``)."""
+        console, console_path = self._console(workload_id)
+        try:
+            vm = await MicroVM.launch(argv, nonce, console_log=console)
+        except BaseException as error:
+            if console is not None:
+                console.close()
+            if isinstance(error, OSError):
+                raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
+            raise
+        return vm, console_path
+
+    async def _wait_running(self, vm: MicroVM, spec: BootSpec, image: OciImage) -> None:
+        """Wait until the guest's init reports the workload running; ``BootFailed`` with the
+        init's reason, or after ``boot_timeout_s``."""
+        try:
+            await asyncio.wait_for(asyncio.shield(vm.running), self.boot_timeout_s)
+        except GuestBootFailed as failed:
+            raise BootFailed(self._reason(failed.reason, spec, image)) from None
+        except TimeoutError:
+            raise BootFailed(
+                f"the guest did not start its workload within {self.boot_timeout_s:g} s"
+            ) from None
+
+    async def _abandon(self, attempt: _Attempt) -> None:
+        """Undo a start that ended early: kill its QEMU and wait for it, then remove its
+        scratch and release its layers — the cleanup even when the wait is cancelled too
+        (QEMU has had its SIGKILL)."""
+        try:
+            if attempt.vm is not None:
+                attempt.vm.kill()
+                with contextlib.suppress(Exception):
+                    await attempt.vm.wait()
+        finally:
+            self._cleanup(attempt.scratch, attempt.layers)
+
+    def _adopt(self, guest: _Guest) -> None:
+        """Keep a running guest and watch for its end."""
+        workload = guest.workload
+        self._guests[workload.id] = guest
         watcher = asyncio.get_running_loop().create_task(
-            self._watch(guest), name=f"berth-microvm-{workload_id}"
+            self._watch(guest), name=f"berth-microvm-{workload.id}"
         )
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
-        return workload
 
     def _image(self, ref: str | None) -> OciImage:
         try:

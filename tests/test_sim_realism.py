@@ -12,9 +12,9 @@ from berth.node.classes import NodeClass
 from berth.platform import Platform
 from berth.sim.simulator import SimConfig, SimResult, Simulation, layout
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
+from berth.units import GiB
 
 MB = 1_000_000
-GiB = 2**30
 ONE_CLASS = (
     NodeClass(name="one", mem="1GiB", disk="64GiB", cpus=8, disk_bw="4GiBps", net_bw="4GiBps"),
 )

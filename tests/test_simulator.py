@@ -27,8 +27,7 @@ from berth.sim.simulator import (
     simulate_policies,
 )
 from berth.sim.workload import WorkloadConfig, generate_workload
-
-GiB = 2**30
+from berth.units import GiB
 
 
 def small(**overrides: object) -> SimConfig:

@@ -35,6 +35,10 @@ Every entry point validates its arguments *before* it changes anything — a spe
 a ``Spec``, an owner without ``add_done_callback``, a malformed platform or time to live, a
 reservation id that is not a string all raise ``Invalid`` and leave the budget exactly as it
 was; an owner that fails while being told about its reservation gets the reservation back.
+The node core (:mod:`berth.node.core`), which checks the same arguments at its own entry,
+calls the typed ``_admit`` / ``_admit_leased`` instead, so a placement's spec and platforms
+are checked once on the node (a lease still checks its time to live: that is the lease's
+own rule).
 """
 
 from __future__ import annotations
@@ -230,7 +234,11 @@ class NodeBudget:
         that runs none of them refuses with ``platform_mismatch``.
         """
         spec, owner = _spec(spec), _owner(owner)
-        return self._take(spec, owner, Demand.of(spec, checked_platforms(platforms)), self.checks)
+        return self._admit(spec, owner, checked_platforms(platforms))
+
+    def _admit(self, spec: Spec, owner: Owner, platforms: tuple[Platform, ...]) -> Reservation:
+        """:meth:`admit` on values already checked (the node core's, checked at its entry)."""
+        return self._take(spec, owner, Demand.of(spec, platforms), self.checks)
 
     def reserve(self, spec: Spec, owner: Owner) -> Reservation:
         """Only the checks on what reservations hold (hard and β_max), then the reservation.
@@ -286,7 +294,12 @@ class NodeBudget:
         """``admit`` under a new lease: the confirmation a scheduler makes before the workload
         exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``
         (positive and finite, else ``Invalid`` naming ``lease_ttl_s``)."""
-        spec, platforms = _spec(spec), checked_platforms(platforms)
+        return self._admit_leased(_spec(spec), ttl_s, checked_platforms(platforms))
+
+    def _admit_leased(
+        self, spec: Spec, ttl_s: float, platforms: tuple[Platform, ...]
+    ) -> Reservation:
+        """:meth:`admit_leased` on a spec and platforms already checked (the node core's)."""
         lease = self.lease(ttl_s)
         try:
             return self._take(spec, lease, Demand.of(spec, platforms), self.checks)

@@ -20,7 +20,8 @@ simulator (:mod:`berth.sim.simulator`) adds a simulated clock and load model, an
 snapshots when its events say so.  Both therefore run the same wiring and the same lifecycle;
 neither re-implements them.
 
-**The lifecycle** — ``boot(spec, layers, boot_spec)``, in this order:
+**The lifecycle** — ``boot(spec, layers, boot_spec)``, in this order (a step of
+:meth:`NodeCore.boot` each: the checks, ``_mount``, ``_start``, ``_own_or_stop``):
 
 0. *platform* — a node that runs none of the artifact's platforms refuses
    (``platform_mismatch``) before touching anything; it is a static fact, so it costs nothing
@@ -51,7 +52,9 @@ at another node.
 Its public methods validate their arguments before touching anything (the name is a
 ``Name``, labels ``Labels``, a spec a ``Spec``, layers and platforms lists, a time to live
 from 1 ms to a year): a malformed call raises ``Invalid`` and mounts, starts or reserves
-nothing; so does a stop with a malformed grace.
+nothing; so does a stop with a malformed grace.  Past that edge the values are typed, and
+the budget is asked through its typed ``_admit`` / ``_admit_leased``, which check nothing
+again (a placement's spec and platforms were checked once, here).
 """
 
 from __future__ import annotations
@@ -66,10 +69,10 @@ from berth.boot import BootFailed, BootSpec, WorkloadStatus
 from berth.checks import CORDONED, CORDONED_DETAIL
 from berth.errors import BerthError, Invalid
 from berth.model import (
-    Interval,
+    INTERVAL_RULE,
+    NAME_RULE,
     Labels,
     Layer,
-    Name,
     Spec,
     checked_layers,
     checked_platforms,
@@ -127,7 +130,7 @@ class NodeCore:
         layers: LayerRegistry | None = None,
         labels: dict[str, str] | None = None,
     ) -> None:
-        name = _NAME(name, "name")
+        name = NAME_RULE(name, "name")
         labels = _LABELS(labels or {}, "labels")
         if not isinstance(budget, NodeBudget):
             raise Invalid(f"expected a NodeBudget, got {shown(budget)}", field="budget")
@@ -179,14 +182,8 @@ class NodeCore:
         by a refused boot.  ``boot.mem_limit``, ``vcpus`` and ``disk_limit`` default to the
         spec's ``mem``, ``vcpus`` and ``disk``.
         """
-        spec = _spec(spec)
-        layers = checked_layers(layers)
-        platforms = checked_platforms(platforms)
-        if not isinstance(boot, BootSpec):
-            raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
-        if reservation is not None and not isinstance(reservation, str):
-            raise Invalid(f"expected a reservation id, got {shown(reservation)}",
-                          field="reservation")  # fmt: skip
+        spec, layers, platforms = _spec(spec), checked_layers(layers), checked_platforms(platforms)
+        boot, reservation = _boot_spec(boot), _reservation(reservation)
         attributes = {"berth.node": self.name, "berth.leased": reservation is not None}
         with refused_by(self.name), tracing.span("berth.node.boot", attributes=attributes) as span:
             self._check_platforms(platforms)
@@ -196,33 +193,10 @@ class NodeCore:
                 raise Refused.lease_expired(reservation)
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
-            limits = {"mem_limit": spec.mem, "vcpus": spec.vcpus, "disk_limit": spec.disk}
-            unset = {
-                key: value for key, value in limits.items() if value and getattr(boot, key) is None
-            }
-            if unset:
-                boot = boot.model_copy(update=unset)
-            try:
-                workload = await self.runtime.start(boot)
-            except BaseException as error:
-                self._unmount(layer_ids)
-                if reservation is not None:
-                    self.budget.release(reservation)
-                if isinstance(error, BootFailed):
-                    raise Refused("boot_failed", error.reason) from None
-                raise
-            self._running[workload.id] = (workload, layer_ids)
+            workload = await self._start(_limited(boot, spec), layer_ids, reservation)
             span.set_attribute("berth.workload", workload.id)
             workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
-            try:
-                admission = self._own(spec, workload, reservation, platforms)
-            except BaseException as error:
-                reason = getattr(error, "reason", type(error).__name__)
-                log.info("node %s refused %s after boot: %s", self.name, workload.id, reason)
-                await self.runtime.stop(workload.id)
-                if reservation is not None:
-                    self.budget.release(reservation)
-                raise
+            admission = await self._own_or_stop(spec, workload, reservation, platforms)
         return Booted(workload, admission, mounts)
 
     def _check_platforms(self, platforms: Sequence[Platform]) -> None:
@@ -240,16 +214,53 @@ class NodeCore:
             raise
         return tuple(mounts)
 
+    async def _start(
+        self, boot: BootSpec, layer_ids: tuple[str, ...], reservation: str | None
+    ) -> WorkloadHandle:
+        """Start the workload and count it running.  A failed start unmounts its layers and
+        releases ``reservation`` (nothing will bind it); a ``BootFailed`` is this node's
+        refusal, ``boot_failed``."""
+        try:
+            workload = await self.runtime.start(boot)
+        except BaseException as error:
+            self._unmount(layer_ids)
+            if reservation is not None:
+                self.budget.release(reservation)
+            if isinstance(error, BootFailed):
+                raise Refused("boot_failed", error.reason) from None
+            raise
+        self._running[workload.id] = (workload, layer_ids)
+        return workload
+
+    async def _own_or_stop(
+        self,
+        spec: Spec,
+        workload: WorkloadHandle,
+        reservation: str | None,
+        platforms: tuple[Platform, ...],
+    ) -> Admission:
+        """:meth:`_own`; when it fails, the workload is stopped (its end unmounts its layers)
+        and ``reservation`` released, and the failure raised."""
+        try:
+            return self._own(spec, workload, reservation, platforms)
+        except BaseException as error:
+            reason = getattr(error, "reason", type(error).__name__)
+            log.info("node %s refused %s after boot: %s", self.name, workload.id, reason)
+            await self.runtime.stop(workload.id)
+            if reservation is not None:
+                self.budget.release(reservation)
+            raise
+
     def _own(
         self,
         spec: Spec,
         workload: WorkloadHandle,
         reservation: str | None,
-        platforms: Sequence[Platform],
+        platforms: tuple[Platform, ...],
     ) -> Admission:
         """The reservation ``workload`` now owns: admitted for it, or the lease bound to it."""
         if reservation is None:
-            return self.budget.admit(spec, workload, platforms).admission
+            return self.budget._admit(spec, workload, platforms).admission
         held = self.budget.get(reservation)
         if held is None:
             raise Refused.lease_expired(reservation)
@@ -287,9 +298,9 @@ class NodeCore:
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
         spec, platforms = _spec(spec), checked_platforms(platforms)
-        lease_ttl_s = _INTERVAL(lease_ttl_s, "lease_ttl_s")
+        lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")
         with refused_by(self.name):
-            return self.budget.admit_leased(spec, lease_ttl_s, platforms).admission
+            return self.budget._admit_leased(spec, lease_ttl_s, platforms).admission
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object).
@@ -430,9 +441,7 @@ class NodeCore:
         return f"NodeCore({self.name!r}, {self.platform}, {len(self._running)} workloads)"
 
 
-_NAME: Rule[str] = Rule(Name)
 _LABELS: Rule[dict[str, str]] = Rule(Labels)
-_INTERVAL: Rule[float] = Rule(Interval)
 
 
 def _spec(spec: object) -> Spec:
@@ -440,3 +449,23 @@ def _spec(spec: object) -> Spec:
     if checked is None:
         raise Invalid("a workload needs its resources, got None", field="spec")
     return checked
+
+
+def _boot_spec(boot: object) -> BootSpec:
+    if not isinstance(boot, BootSpec):
+        raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
+    return boot
+
+
+def _reservation(reservation: object) -> str | None:
+    if reservation is not None and not isinstance(reservation, str):
+        raise Invalid(f"expected a reservation id, got {shown(reservation)}", field="reservation")
+    return reservation
+
+
+def _limited(boot: BootSpec, spec: Spec) -> BootSpec:
+    """``boot`` with the spec's ``mem``, ``vcpus`` and ``disk`` as its limits where it sets
+    none (a zero in the spec sets nothing)."""
+    limits = {"mem_limit": spec.mem, "vcpus": spec.vcpus, "disk_limit": spec.disk}
+    unset = {key: value for key, value in limits.items() if value and getattr(boot, key) is None}
+    return boot.model_copy(update=unset) if unset else boot

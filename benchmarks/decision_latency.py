@@ -106,8 +106,8 @@ from berth.scheduler.policy.seed import name_shift
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.units import GiB
 
-GiB = 1 << 30
 AMD64 = Platform.parse("linux/amd64")
 ARM64 = Platform.parse("linux/arm64/v8")
 

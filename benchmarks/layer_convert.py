@@ -42,6 +42,7 @@ from typing import Any
 import berth
 from berth.node.layer_files import LayerFiles
 from berth.oci import ImageSpec, OciLayer, read_layout, write_layout
+from berth.units import GiB, MiB
 
 
 def default_source() -> Path:
@@ -60,9 +61,9 @@ def read_once(layer: OciLayer) -> tuple[float, int, int]:
                 members += 1
                 if member.isreg():
                     data = tar.extractfile(member)
-                    while data is not None and data.read(1 << 20):
+                    while data is not None and data.read(MiB):
                         pass
-        while counted.read(1 << 20):
+        while counted.read(MiB):
             pass
     return time.perf_counter() - started, counted.size, members
 
@@ -81,7 +82,7 @@ class _Counter:
 async def convert_and_reuse(layer: OciLayer, store_root: Path) -> tuple[float, float, int]:
     """Cold acquire (conversion), then a warm one from the cache: seconds each, image bytes."""
     shutil.rmtree(store_root, ignore_errors=True)
-    files = LayerFiles(store_root, 64 * 2**30)
+    files = LayerFiles(store_root, 64 * GiB)
     started = time.perf_counter()
     await files.acquire(layer)
     cold = time.perf_counter() - started

@@ -50,8 +50,8 @@ from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.runtime import BootSpec
 from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
 from berth.oci import OciImage, read_layout
+from berth.units import GiB, MiB, TiB
 
-MIB = 1 << 20
 TARGET_WARM_OVER_COLD = 0.75
 DEFAULT_SIZES = "64,128,256"
 """Application layers the size of real ones (python:3.12-slim and node:20-slim unpack to
@@ -65,14 +65,14 @@ def build_images(layout: Path, sizes_mib: Sequence[int]) -> list[OciImage]:
     images = []
     for index, size in enumerate(sizes_mib):
         ref = f"app-{size}mib"
-        write_image(layout, ref, [base, app_layer(size * MIB, seed=index)])
+        write_image(layout, ref, [base, app_layer(size * MiB, seed=index)])
         images.append(read_layout(layout, ref=ref))
     return images
 
 
 def limits() -> BudgetLimits:
-    return BudgetLimits(mem_max=64 << 30, disk_max=1 << 40, cpu_capacity=64.0, cpu_max_load=1.0,
-                        disk_bw_cap=1 << 40, disk_bw_max_load=1.0, net_bw_cap=1 << 40,
+    return BudgetLimits(mem_max=64 * GiB, disk_max=TiB, cpu_capacity=64.0, cpu_max_load=1.0,
+                        disk_bw_cap=TiB, disk_bw_max_load=1.0, net_bw_cap=TiB,
                         net_bw_max_load=1.0)  # fmt: skip
 
 
@@ -111,7 +111,7 @@ async def measure(
     for repeat in range(repeats):
         for image in images:
             node = work / f"node-{repeat}-{image.ref}"
-            layers = LayerFiles(node / "layers", 1 << 30)
+            layers = LayerFiles(node / "layers", GiB)
             runtime = MicrovmRuntime(layers, layout, files=files, work_dir=node / "run")
             accel = runtime.accel
             core = NodeCore("bench", "linux/amd64", NodeBudget(limits(), IDLE), runtime,

@@ -35,14 +35,16 @@ import sys
 import time
 from typing import Any
 
+from berth.defaults import HEARTBEAT_S, SCHEDULE_TIMEOUT_S
 from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError
 from berth.model import Request, Spec
 from berth.nats.connection import connect
 from berth.scheduler.nats import NatsScheduler
+from berth.units import MiB
 from berth.up import LocalCluster
 
-SPEC = Spec(vcpus=0.001, mem=16 * 2**20, disk=16 * 2**20)
+SPEC = Spec(vcpus=0.001, mem=16 * MiB, disk=16 * MiB)
 TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0}
 
 
@@ -67,7 +69,7 @@ async def _inprocess(nodes: int, count: int) -> float:
 async def _over_nats(url: str, count: int, warmup: int, concurrency: int) -> dict[str, Any]:
     client = await connect(url, name="berth-bench")
     try:
-        scheduler = NatsScheduler(client, timeout_s=10.0)
+        scheduler = NatsScheduler(client, timeout_s=SCHEDULE_TIMEOUT_S)
         latencies: list[float] = []
         failures: dict[str, int] = {}
         refusals: dict[str, int] = {}
@@ -114,7 +116,7 @@ def run(
     rows = []
     for k in schedulers:
         cluster = LocalCluster(
-            nodes, schedulers=k, heartbeat_s=5.0, auth=False, runtime="fake", per_process=25
+            nodes, schedulers=k, heartbeat_s=HEARTBEAT_S, auth=False, runtime="fake", per_process=25
         )
         with cluster:
             row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency))

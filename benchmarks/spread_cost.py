@@ -53,6 +53,7 @@ from berth.sim.simulator import SimConfig, SimResult, Simulation
 from berth.sim.workload import Arrival, WorkloadConfig, generate_workload
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
+from berth.units import GiB, MiB
 
 SETTINGS: dict[str, Spread | None] = {
     "none": None,
@@ -162,28 +163,27 @@ def measure(
 
 def decision_cost(nodes: int, placements: int) -> dict[str, float]:
     """CPU microseconds per ``schedule()`` for each setting (see the module docstring)."""
-    gib = 2**30
     store, local = MemoryStore(), LocalNodes()
     for i in range(nodes):
         name = f"node-{i:05d}"
-        limits = BudgetLimits(mem_max=1024 * gib, disk_max=2**50, cpu_capacity=4096,
-                              disk_bw_cap=gib, net_bw_cap=gib)  # fmt: skip
+        limits = BudgetLimits(mem_max=1024 * GiB, disk_max=2**50, cpu_capacity=4096,
+                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
         local.add(name, NodeBudget(limits, StaticLoad()))
         store.publish_now(
             NodeState(
                 node=name,
                 platform="linux/amd64",
                 labels={"zone": f"z{i % 3}"},
-                mem_free=1024 * gib,
+                mem_free=1024 * GiB,
                 disk_free=2**50,
                 cpu_capacity=4096.0,
-                disk_bw_ceiling=float(gib),
-                net_bw_ceiling=float(gib),
+                disk_bw_ceiling=float(GiB),
+                net_bw_ceiling=float(GiB),
                 layers=frozenset({"base"}) if i % 7 == 0 else frozenset(),
             )
         )
     scheduler = ClusterScheduler(store, local)
-    spec = Spec(vcpus=0.001, mem=2**20, disk=2**20)
+    spec = Spec(vcpus=0.001, mem=MiB, disk=MiB)
 
     async def run() -> dict[str, float]:
         out: dict[str, float] = {}

@@ -56,8 +56,8 @@ from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
 from berth.testing.cluster import nats_cluster
 from berth.testing.nats import running_server, unique_name
+from berth.units import MiB
 
-MiB = 2**20
 SPEC = Spec(vcpus=0.001, mem=4 * MiB, disk=4 * MiB)
 HARD = Spread(hard=True)
 Mode = Literal["own", "watch", "settle"]

@@ -18,8 +18,8 @@ import typer
 from berth.cli.sim import register
 from berth.node.budget import NodeBudget
 from berth.state import NodeState
+from berth.units import GiB
 
-GiB = 2**30
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

@@ -20,8 +20,8 @@ from berth.nodeclient.agents import AgentNodes
 from berth.ownership import Refused
 from berth.platform import Platform
 from berth.store.memory import MemoryStore
+from berth.units import GiB
 
-GiB = 2**30
 SPEC = Spec(vcpus=0.5, mem=GiB, disk=GiB)
 LAYERS = (Layer(id="base", size=100), Layer(id="app", size=10))
 BOOT = BootSpec(name="w", command=("x",))

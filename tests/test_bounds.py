@@ -17,8 +17,8 @@ from berth.sim.bounds import (
 )
 from berth.sim.simulator import SimConfig, Simulation
 from berth.sim.workload import WorkloadConfig, generate_workload
+from berth.units import GiB
 
-GiB = 2**30
 A = (Layer(id="a", size=100),)
 AB = (Layer(id="a", size=100), Layer(id="b", size=7))
 

@@ -21,8 +21,7 @@ from berth.ownership import Admission, Lease, Refused
 from berth.state import Overcommit
 from berth.testing.clock import FakeClock
 from berth.testing.owner import ManualOwner
-
-GiB = 2**30
+from berth.units import GiB
 
 
 def limits(**changes: object) -> BudgetLimits:

@@ -9,8 +9,8 @@ from berth import Invalid, Spec
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.ownership import Refused
 from berth.testing.clock import FakeClock
+from berth.units import GiB
 
-GiB = 2**30
 LIMITS = BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB)
 SPEC = Spec(vcpus=0.25, mem=2**20, disk=2**20)
 

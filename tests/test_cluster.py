@@ -19,8 +19,7 @@ from berth.state import NodeState
 from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
 from berth.testing.placement_contract import SchedulerContract
-
-GiB = 2**30
+from berth.units import GiB
 
 
 class Cluster:

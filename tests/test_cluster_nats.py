@@ -20,8 +20,8 @@ from berth.scheduler.port import Scheduler
 from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 from berth.testing.placement_contract import SchedulerContract
+from berth.units import MiB
 
-MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 
 

@@ -25,10 +25,10 @@ from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState, first_failed_check
 from berth.store.memory import MemoryStore
 from berth.testing.nats import NatsServer, client, unique_name
+from berth.units import GiB
 
 AMD64, ARM64 = Platform.parse("linux/amd64"), Platform.parse("linux/arm64")
 LAYER_IDS = ["a", "b", "c"]
-GiB = 2**30
 
 
 @st.composite

@@ -16,8 +16,8 @@ from berth.node.runtime import BootSpec, FakeRuntime, WorkloadHandle
 from berth.ownership import Lease, Refused
 from berth.platform import Platform
 from berth.testing.clock import FakeClock
+from berth.units import GiB
 
-GiB = 2**30
 SPEC = Spec(vcpus=0.5, mem=GiB, disk=GiB)
 LAYERS = (Layer(id="base", size=100), Layer(id="app", size=10))
 BOOT = BootSpec(name="w", command=("x",))

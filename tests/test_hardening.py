@@ -32,9 +32,14 @@ from berth.sim.workload import WorkloadConfig
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 from berth.testing.owner import ManualOwner
-from berth.units import format_bandwidth, format_information, parse_bandwidth, parse_information
+from berth.units import (
+    GiB,
+    format_bandwidth,
+    format_information,
+    parse_bandwidth,
+    parse_information,
+)
 
-GiB = 2**30
 runner = CliRunner()
 
 VALID_TOML = """

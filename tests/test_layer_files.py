@@ -28,6 +28,7 @@ from berth.node.layer_files import LayerFiles
 from berth.node.layers import LayerRegistry, MountOutcome
 from berth.node.runtime import BootSpec, FakeRuntime
 from berth.oci import ImageSpec, OciImage, OciLayer, directory, file, read_layout, write_layout
+from berth.units import GiB
 
 _CANNOT_CONVERT = (
     "mkfs.erofs not installed (apt-get install erofs-utils)"
@@ -37,7 +38,6 @@ _CANNOT_CONVERT = (
     else ""
 )
 needs_conversion = pytest.mark.skipif(bool(_CANNOT_CONVERT), reason=_CANNOT_CONVERT)
-GiB = 2**30
 
 
 def _image(tmp_path: Path, count: int = 3, name: str = "img") -> OciImage:

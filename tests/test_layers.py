@@ -11,8 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from berth.errors import Invalid
 from berth.node.layers import LayerRegistry, MountOutcome
-
-MiB = 1024 * 1024
+from berth.units import MiB
 
 
 def test_mount_reports_pulled_then_already_mounted() -> None:

@@ -32,9 +32,8 @@ from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
+from berth.units import GiB, MiB
 
-GiB = 2**30
-MiB = 2**20
 SMALL = Spec(vcpus=0.1, mem=256 * MiB, disk=MiB)
 NOW = 1_000_000.0
 

@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from berth import INSTANCE_TYPES, Invalid, Layer, Placement, Platform, Request, Spec, instance_type
-
-GiB, MiB = 2**30, 2**20
+from berth.units import GiB, MiB
 
 
 def test_instance_table_is_hypers() -> None:

@@ -18,13 +18,12 @@ from berth.model import Request, Spec
 from berth.nats.connection import connect
 from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
+from berth.units import GiB, MiB
 from berth.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # starts a whole berth up
 
 HEARTBEAT_S = 0.5
-GiB = 2**30
-MiB = 2**20
 HALF = Spec(vcpus=0.01, mem=512 * MiB, disk=GiB)  # memory decides; CPU never does
 SLACK_S = 1.5  # the expiry marker's own delay, the census poll, a busy 2-core machine
 

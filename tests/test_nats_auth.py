@@ -22,8 +22,8 @@ from berth.store.nats import encode_state
 from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer, client
 from berth.testing.store_contract import sample_state
+from berth.units import MiB
 
-MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 
 

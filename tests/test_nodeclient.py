@@ -20,8 +20,8 @@ from berth.ownership import Refused
 from berth.platform import Platform
 from berth.store.memory import MemoryStore
 from berth.testing.nodeclient_contract import NodeClientContract, NodeShape
+from berth.units import MiB
 
-MiB = 2**20
 WORKLOAD_SPEC = Spec(vcpus=0.01, mem=MiB, disk=MiB)
 
 

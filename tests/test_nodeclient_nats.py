@@ -28,9 +28,8 @@ from berth.nodeclient.port import NodeClient
 from berth.store.memory import MemoryStore
 from berth.testing.nats import NatsServer, client, unique_name
 from berth.testing.nodeclient_contract import NodeClientContract, NodeShape
+from berth.units import GiB, MiB
 
-MiB = 2**20
-GiB = 2**30
 SPEC = Spec(vcpus=0.01, mem=MiB, disk=MiB)
 
 

@@ -14,8 +14,8 @@ from berth.node.runtime import BootSpec
 from berth.nodeclient.nats import NatsNodes
 from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
+from berth.units import MiB
 
-MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 HEARTBEAT_S = 1.0
 LEASE_TTL_S = 2.0

@@ -24,9 +24,9 @@ from berth.node.runtime import (
     WorkloadHandle,
 )
 from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
+from berth.units import MiB
 
 T = TypeVar("T")
-MiB = 1024 * 1024
 PYTHON = sys.executable
 
 

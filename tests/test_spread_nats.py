@@ -34,9 +34,9 @@ from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
 from berth.testing.clock import FakeClock
 from berth.testing.nats import NatsServer, unique_name
+from berth.units import MiB
 from helpers import load_benchmark
 
-MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 HARD = Spread(hard=True)
 FN = ("t", "fn")

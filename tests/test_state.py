@@ -7,8 +7,7 @@ import pytest
 from berth import Invalid, Layer, Platform, Spec
 from berth.state import NodeState, Overcommit, colocation_score, first_failed_check, fits
 from berth.testing.store_contract import sample_state
-
-GiB = 2**30
+from berth.units import GiB
 
 
 def node(**changes: object) -> NodeState:

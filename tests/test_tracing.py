@@ -40,9 +40,9 @@ from berth.observability import tracing
 from berth.scheduler.nats import NatsScheduler
 from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
+from berth.units import MiB
 from berth.up import LocalCluster
 
-MiB = 2**20
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 __all__ = [
     "HEARTBEAT_S",
     "LEASE_TTL_S",
+    "MICROVM_STOP_GRACE_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
+    "SHUTDOWN_GRACE_S",
 ]
 
 LEASE_TTL_S = 30.0
@@ -28,3 +30,9 @@ SCHEDULE_TIMEOUT_S = 10.0
 
 RUN_TIMEOUT_S = 60.0
 """How long a scheduler waits for a node to boot a workload (a microVM's cold start)."""
+
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping scheduler service gives the requests in flight to finish."""
+
+MICROVM_STOP_GRACE_S = 5.0
+"""How long a guest's workload gets after ``SIGTERM`` before QEMU is killed."""

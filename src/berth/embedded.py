@@ -25,6 +25,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Literal
 
+from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid, NoCapacity
 from berth.model import Request, checked_platforms
 from berth.node.agent import Agent
@@ -62,7 +63,7 @@ def embedded_configs(
     *,
     platforms: Sequence[str] = DEFAULT_PLATFORMS,
     runtime: Literal["process", "fake"] = "process",
-    heartbeat_s: float = 5.0,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> list[AgentConfig]:
     """Configurations for ``nodes`` agents, cycling through sizes and ``platforms``."""
     if (

@@ -2,7 +2,8 @@
 
 berth carries every size as an ``int`` of bytes and every rate as an ``int`` of bytes per
 second; strings such as ``"1.5GiB"`` or ``"2GiBps"`` exist only at the boundary (config files,
-CLI flags, JSON written by people).  This module is that boundary and nothing else.
+CLI flags, JSON written by people).  This module is that boundary and nothing else, beside
+the binary sizes ``KiB MiB GiB TiB`` every module and test imports from here.
 
 Accepted suffixes (case-sensitive, because ``Mbps`` bits and ``MBps`` bytes differ by 8×):
 
@@ -36,6 +37,10 @@ __all__ = [
     "INFORMATION_UNITS",
     "MAX_BYTES",
     "MAX_TEXT",
+    "GiB",
+    "KiB",
+    "MiB",
+    "TiB",
     "format_bandwidth",
     "format_information",
     "parse_bandwidth",
@@ -43,6 +48,8 @@ __all__ = [
 ]
 
 KiB = 1024
+"""Bytes in a kibibyte; with :data:`MiB`, :data:`GiB` and :data:`TiB` the one definition of
+the binary sizes (``from berth.units import GiB``), for code and tests alike."""
 MiB = KiB * 1024
 GiB = MiB * 1024
 TiB = GiB * 1024

@@ -43,6 +43,7 @@ from typing import Literal
 
 import httpx
 
+from berth.defaults import LEASE_TTL_S, MICROVM_STOP_GRACE_S
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.nats.auth import ClusterAuth, generate
@@ -62,8 +63,6 @@ PER_PROCESS_FROM = 8
 """Up to this many nodes, one agent per process; above it, agents share processes."""
 MICROVM_PLATFORM = "linux/amd64"
 """The microVM runtime boots guests of the host's platform only."""
-MICROVM_STOP_GRACE_S = 5.0
-"""A guest's workload gets this long after ``SIGTERM`` before QEMU is killed."""
 Runtime = Literal["process", "fake", "microvm"]
 
 
@@ -104,7 +103,7 @@ class LocalCluster:
         directory: Path | None = None,
         names: Names | None = None,
         ready_timeout_s: float = 60.0,
-        lease_ttl_s: float = 30.0,
+        lease_ttl_s: float = LEASE_TTL_S,
         http: tuple[str, int] | None = None,
         api_token: str | None = None,
         microvm_data_dir: Path | None = None,

@@ -37,8 +37,9 @@ from pydantic import Field, Strict
 from rich.console import Console
 from rich.table import Table
 
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, SHUTDOWN_GRACE_S
 from berth.errors import Invalid
-from berth.model import Interval, Layer, Name, Request
+from berth.model import INTERVAL_RULE, MAX_REPLICA, NAME_RULE, Layer, Request
 from berth.nats.connection import Credentials, connect
 from berth.observability import tracing
 from berth.units import format_information
@@ -106,9 +107,7 @@ MAX_UP_NODES = 256
 """``berth up`` runs every agent on this machine: more would only exhaust it."""
 MAX_UP_SCHEDULERS = 16
 
-_INTERVAL: Rule[float] = Rule(Interval)
-_NAME: Rule[str] = Rule(Name)
-_REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)])
+_REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICA)])
 _UP_NODES: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_NODES)])
 _UP_SCHEDULERS: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_SCHEDULERS)])
 _PLACE_FLAGS = {
@@ -135,8 +134,8 @@ def _check_workload_key(workload: str) -> None:
     parts = workload.split("/")
     if len(parts) != 3 or not parts[2].isdigit():
         raise Invalid(f"expected namespace/name/replica, got {workload!r}", field="WORKLOAD")
-    _NAME(parts[0], "WORKLOAD")
-    _NAME(parts[1], "WORKLOAD")
+    NAME_RULE(parts[0], "WORKLOAD")
+    NAME_RULE(parts[1], "WORKLOAD")
     _REPLICA(int(parts[2]), "WORKLOAD")
 
 
@@ -158,7 +157,7 @@ def _checked_policy(name: str) -> str:
 
 def _checked_duration(duration: float | None) -> float | None:
     """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
-    return None if duration is None else _INTERVAL(duration, "--duration")
+    return None if duration is None else INTERVAL_RULE(duration, "--duration")
 
 
 def _stop_event(duration: float | None) -> asyncio.Event:
@@ -304,13 +303,13 @@ def scheduler(
     creds: CredsOption = None,
     heartbeat: Annotated[
         float, typer.Option(help="The nodes' heartbeat in seconds (states live 3 of them).")
-    ] = 5.0,
+    ] = HEARTBEAT_S,
     lease_ttl: Annotated[
         float, typer.Option(help="Seconds a placement's reservation waits to be bound.")
-    ] = 30.0,
+    ] = LEASE_TTL_S,
     grace: Annotated[
         float, typer.Option(help="Seconds in-flight requests get to finish on shutdown.")
-    ] = 5.0,
+    ] = SHUTDOWN_GRACE_S,
     duration: DurationOption = None,
     otlp: OtlpOption = None,
     http: HttpOption = None,
@@ -327,7 +326,7 @@ def scheduler(
     from berth.scheduler.policy.registry import policy as policy_of
 
     for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
-        _INTERVAL(value, flag)
+        INTERVAL_RULE(value, flag)
     _checked_duration(duration)
     _checked_policy(policy)
     address = None if http is None else parse_address(http, public=http_public)
@@ -428,7 +427,7 @@ def up(
     _checked_policy(policy)
     _UP_NODES(nodes, "--nodes")
     _UP_SCHEDULERS(schedulers, "--schedulers")
-    _INTERVAL(heartbeat, "--heartbeat")
+    INTERVAL_RULE(heartbeat, "--heartbeat")
     if per_process is not None:
         _UP_NODES(per_process, "--per-process")
     traces = tracing.otlp_traces_url(otlp)  # checked here; the processes started export

@@ -30,6 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from berth.defaults import MICROVM_STOP_GRACE_S
 from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.errors import Invalid
 from berth.model import Request
@@ -40,7 +41,7 @@ from berth.node.runtime import BootSpec
 from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
 from berth.oci import OciImage, read_layout
 from berth.scheduler.policy import policy
-from berth.units import format_information
+from berth.units import GiB, format_information
 
 __all__ = ["DemoStart", "run_demo", "show", "summary"]
 
@@ -75,8 +76,8 @@ def _configs(nodes: int, layout: Path, scratch: Path, data_dir: Path) -> list[Ag
             images=str(layout),
             node_dir=str(scratch / "nodes" / config.node.name),
         )
-        agent = AgentSection(runtime="microvm", heartbeat_s=1.0, stop_grace_s=5.0,
-                             layer_cache=2 << 30)  # fmt: skip
+        agent = AgentSection(runtime="microvm", heartbeat_s=1.0,
+                             stop_grace_s=MICROVM_STOP_GRACE_S, layer_cache=2 * GiB)  # fmt: skip
         configs.append(config.model_copy(update={"agent": agent, "microvm": section}))
     return configs
 

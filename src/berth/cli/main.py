@@ -35,11 +35,11 @@ from berth.cli.microvm import register as register_microvm
 from berth.cli.operator import register as register_operator
 from berth.cli.sim import register as register_sim
 from berth.errors import BerthError, Invalid
-from berth.model import Interval, Name, Request
+from berth.model import INTERVAL_RULE, NAME_RULE, Request
 from berth.platform import host
 from berth.scheduler.singlenode import SingleNode
 from berth.units import format_bandwidth, format_information
-from berth.validation import Rule, fields_as, one_line, shown
+from berth.validation import fields_as, one_line, shown
 
 __all__ = ["MAX_CLUSTER_NODES", "MAX_WORKLOADS", "OneLineErrors", "app", "main"]
 
@@ -134,8 +134,6 @@ app = typer.Typer(
     cls=OneLineErrors,
 )
 
-_NAME: Rule[str] = Rule(Name)
-_INTERVAL: Rule[float] = Rule(Interval)
 # Model fields → the flags that set them, so an error names what the user typed.
 _SCHEDULE_FLAGS = {
     "namespace": "--namespace",
@@ -183,7 +181,7 @@ def schedule(
             spec=instance,
             layers=tuple(parse_layer_flag(text) for text in layer or ()),
         )
-        driver = SingleNode(_NAME(node, "local"), node_platform or host())
+        driver = SingleNode(NAME_RULE(node, "local"), node_platform or host())
     placement = asyncio.run(driver.schedule(request))
     table = Table(title=f"placement of {request.key}", show_header=False)
     table.add_row("worker node", placement.worker_node)
@@ -213,7 +211,7 @@ def agent(
     from berth.store.memory import MemoryStore
 
     if duration is not None:
-        duration = _INTERVAL(duration, "--duration")
+        duration = INTERVAL_RULE(duration, "--duration")
     with fields_as({"config": "--config"}):
         loaded = load_config(config)
     if check:

@@ -42,7 +42,7 @@ from berth.api.client import ApiClient, locate
 from berth.api.schemas import DRAIN_GRACE_S
 from berth.cli.cluster import parse_layer_flag
 from berth.errors import Invalid
-from berth.model import Name
+from berth.model import NAME_RULE
 from berth.node.runtime.port import StopGrace
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
@@ -55,7 +55,6 @@ progress_console = Console(stderr=True)
 T = TypeVar("T")
 
 _GRACE: Rule[float] = Rule(StopGrace)  # the runtime's own bound on a stop's grace
-_NAME: Rule[str] = Rule(Name)
 MAX_PIPED_WIDTH = 1000
 """The widest a table printed to a pipe or a file gets (a long command is folded there)."""
 DRAIN_POLL_S = 0.5
@@ -366,7 +365,7 @@ def stop(
 ) -> None:
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
     grace = _GRACE(grace, "--grace")
-    _NAME(workload_id, "ID")
+    NAME_RULE(workload_id, "ID")
     with _client(api, token) as client, fields_as({"grace_s": "--grace", "id": "ID"}):
         workload = client.stop(workload_id, grace_s=grace)
     if as_json:
@@ -469,7 +468,7 @@ def cordon(
     as_json: JsonOption = False,
 ) -> None:
     """Mark a node unschedulable: it gets no new placements; its workloads keep running."""
-    _NAME(node, "NODE")
+    NAME_RULE(node, "NODE")
     with _client(api, token) as client:
         info = client.cordon(node)
     if as_json:
@@ -488,7 +487,7 @@ def uncordon(
     as_json: JsonOption = False,
 ) -> None:
     """Make a cordoned node schedulable again."""
-    _NAME(node, "NODE")
+    NAME_RULE(node, "NODE")
     with _client(api, token) as client:
         info = client.uncordon(node)
     if as_json:
@@ -506,7 +505,7 @@ def drain(
 ) -> None:
     """Cordon a node, then stop its workloads (restartable ones are placed again elsewhere)."""
     grace = _GRACE(grace, "--grace")
-    _NAME(node, "NODE")
+    NAME_RULE(node, "NODE")
     location = locate(api, token)
     with ApiClient(location) as client:
         info = client.node(node)  # an unknown node is a 404 before anything changes

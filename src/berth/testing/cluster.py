@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S
 from berth.nats.auth import ClusterAuth
 from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
@@ -57,7 +58,7 @@ async def nats_cluster(
     *,
     schedulers: int = 1,
     names: Names | None = None,
-    lease_ttl_s: float = 30.0,
+    lease_ttl_s: float = LEASE_TTL_S,
     auth: ClusterAuth | None = None,
     live_monitors: bool = False,
     share_replicas: bool = True,
@@ -73,7 +74,7 @@ async def nats_cluster(
     route feed and hard-spread re-check; off only to measure what they do).
     """
     names = names or Names()
-    heartbeat_s = max((config.agent.heartbeat_s for config in configs), default=5.0)
+    heartbeat_s = max((config.agent.heartbeat_s for config in configs), default=HEARTBEAT_S)
     async with contextlib.AsyncExitStack() as stack:
 
         async def connection(name: str, credentials: Credentials | None = None) -> Client:

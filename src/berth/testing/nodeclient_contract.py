@@ -56,6 +56,7 @@ from typing import ClassVar, cast
 
 import pytest
 
+from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.node.budget import BudgetLimits, NodeBudget
@@ -64,11 +65,9 @@ from berth.ownership import Admission, Clock, Refused
 from berth.platform import Platform
 from berth.testing.clock import FakeClock
 from berth.testing.owner import ManualOwner
+from berth.units import GiB, MiB
 
 __all__ = ["NodeClientContract", "NodeShape"]
-
-MiB = 2**20
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -104,7 +103,7 @@ def _spec(mem: int) -> Spec:
 class NodeClientContract:
     """Base class of a node-client driver's conformance tests; override :meth:`open_nodes`."""
 
-    lease_ttl_s: ClassVar[float] = 30.0
+    lease_ttl_s: ClassVar[float] = LEASE_TTL_S
     timeout_s: ClassVar[float] = 10.0
     runs_workloads: ClassVar[bool] = False
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 from berth.platform import Platform
 from berth.state import NodeState, Overcommit
 from berth.store.port import StateEvent, StateStore
+from berth.units import GiB
 
 __all__ = ["StateStoreContract", "sample_state"]
 
@@ -29,10 +30,10 @@ def sample_state(node: str, generation: int = 0, **changes: object) -> NodeState
         "generation": generation,
         "published_at": 1_700_000_000.0 + generation,
         "labels": {"zone": "a"},
-        "mem_free": 8 * 2**30,
-        "disk_free": 100 * 2**30,
-        "mem_max": 16 * 2**30,
-        "disk_max": 200 * 2**30,
+        "mem_free": 8 * GiB,
+        "disk_free": 100 * GiB,
+        "mem_max": 16 * GiB,
+        "disk_max": 200 * GiB,
         "cpu_load": 0.25,
         "cpu_capacity": 8.0,
         "cpu_max_load": 0.9,

@@ -57,7 +57,8 @@ node gives the same order.
 The cluster: each node mounts ``--layers-per-node`` layers taken from Linux images drawn by
 Docker Hub pull count (whole layer chains, base first, so layers co-occur as they do on real
 hosts; the last image drawn contributes its base-most layers to land exactly on K).  Nodes come in
-three shapes (small / medium / large), about a third idle and the rest partially loaded, 85 %
+three shapes (``berth.node.classes.FLEET_CLASSES``: small / medium / large, in its
+weights), about a third idle and the rest partially loaded, 85 %
 ``linux/amd64`` and 15 % ``linux/arm64/v8`` (the dataset is almost all amd64, so arm64 nodes
 mount the same chains, standing in for multi-arch images).  Node names are assigned in random
 order, so slot order is not name order.  Requests are real images (padded with a second
@@ -97,6 +98,7 @@ from berth.dataset import Dataset, load_dockerhub
 from berth.errors import NoCapacity
 from berth.model import INSTANCE_TYPES, Layer, Placement, Request
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
+from berth.node.classes import FLEET_CLASSES
 from berth.nodeclient.local import LocalNodes
 from berth.platform import Platform
 from berth.scheduler.engine import Engine
@@ -106,17 +108,10 @@ from berth.scheduler.policy.seed import name_shift
 from berth.scheduler.reference import ReferenceRanker
 from berth.state import NodeState
 from berth.store.memory import MemoryStore
-from berth.units import GiB
 
 AMD64 = Platform.parse("linux/amd64")
 ARM64 = Platform.parse("linux/arm64/v8")
 
-# (shape, share, cores, mem, disk, disk bandwidth cap B/s, network bandwidth cap B/s)
-NODE_SHAPES: tuple[tuple[str, float, float, int, int, int, int], ...] = (
-    ("small", 0.45, 8.0, 32 * GiB, 400 * GiB, 1 * GiB, 1_250_000_000),
-    ("medium", 0.40, 32.0, 128 * GiB, 1_600 * GiB, 2 * GiB, 3_125_000_000),
-    ("large", 0.15, 96.0, 384 * GiB, 3_840 * GiB, 4 * GiB, 12_500_000_000),
-)
 ARM64_SHARE = 0.15
 IDLE_SHARE = 0.35
 
@@ -290,15 +285,16 @@ class ClusterGenerator:
     def node_fields(self, names: Sequence[str], layers_per_node: int) -> list[dict[str, Any]]:
         """Keyword arguments of ``NodeState`` for each name: shape, load, platform, layers."""
         rng, n = self.rng, len(names)
-        shares = np.array([shape[1] for shape in NODE_SHAPES])
-        shapes = rng.choice(len(NODE_SHAPES), n, p=shares / shares.sum())
+        shares = np.array([node_class.weight for node_class in FLEET_CLASSES])
+        shapes = rng.choice(len(FLEET_CLASSES), n, p=shares / shares.sum())
         arm = rng.random(n) < ARM64_SHARE
         idle = rng.random(n) < IDLE_SHARE
         use = np.where(idle[:, None], 0.0, rng.uniform(0.05, 0.97, (n, 5)))  # mem disk cpu dbw nbw
         max_load = rng.choice([0.8, 0.9, 1.0], n)
         fields: list[dict[str, Any]] = []
         for i, name in enumerate(names):
-            _, _, cores, mem, disk, disk_bw, net_bw = NODE_SHAPES[int(shapes[i])]
+            size = FLEET_CLASSES[int(shapes[i])]
+            mem, disk, disk_bw, net_bw = size.mem, size.disk, size.disk_bw, size.net_bw
             u = use[i]
             fields.append(
                 {
@@ -310,7 +306,7 @@ class ClusterGenerator:
                     "mem_max": mem,
                     "disk_max": disk,
                     "cpu_load": float(u[2]),
-                    "cpu_capacity": cores,
+                    "cpu_capacity": size.cpus,
                     "cpu_max_load": float(max_load[i]),
                     "disk_bw_load": float(u[3] * disk_bw),
                     "disk_bw_ceiling": float(disk_bw),

@@ -7,7 +7,7 @@ publishing to one :class:`~berth.store.memory.MemoryStore`, with a
 boots for real: the seed's walk over the ranked candidates, each attempt being the chosen
 agent's ``try_run`` (mount, boot, admit owned by the workload, stop on refusal — the node
 core's one lifecycle, :mod:`berth.node.core`).  Node sizes are
-:class:`~berth.node.classes.NodeClass` values, the type the simulator's nodes use too.
+:data:`~berth.node.classes.EMBEDDED_CLASSES`, beside the simulator's in one module.
 
 Agents here read load through fixed idle readings unless ``live_monitors=True``: N agents in
 one process share one machine, so live monitors would all measure the same host.  The hard
@@ -30,7 +30,7 @@ from berth.errors import Invalid, NoCapacity
 from berth.model import Request, checked_platforms
 from berth.node.agent import Agent
 from berth.node.budget import IDLE
-from berth.node.classes import NodeClass
+from berth.node.classes import EMBEDDED_CLASSES, NodeClass
 from berth.node.config import AgentConfig, AgentSection, NodeSection
 from berth.node.runtime import BootSpec, WorkloadHandle
 from berth.nodeclient.agents import AgentNodes
@@ -45,16 +45,8 @@ __all__ = ["MAX_EMBEDDED_NODES", "NODE_CLASSES", "EmbeddedCluster", "embedded_co
 MAX_EMBEDDED_NODES = 1000
 """The most agents one embedded cluster runs (all in this process)."""
 
-NODE_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="small", mem="2GiB", disk="32GiB", cpus=2, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-    NodeClass(name="medium", mem="4GiB", disk="64GiB", cpus=4, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-    NodeClass(name="large", mem="8GiB", disk="128GiB", cpus=8, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-)  # fmt: skip
-"""The embedded cluster's sizes, cycled in order: small enough that a few real processes on
-one host fill them, with 10 % CPU and 20 % bandwidth headroom kept free."""
+NODE_CLASSES: tuple[NodeClass, ...] = EMBEDDED_CLASSES
+"""The embedded cluster's sizes, cycled in order (:data:`berth.node.classes.EMBEDDED_CLASSES`)."""
 DEFAULT_PLATFORMS = ("linux/amd64", "linux/amd64", "linux/arm64")
 
 

@@ -39,25 +39,13 @@ from pathlib import Path
 from types import MappingProxyType
 
 from berth.errors import Invalid
-from berth.node.classes import NodeClass
+from berth.node.classes import HETEROGENEOUS_CLASSES, SIMULATED_CLASSES
 from berth.platform import Platform
 from berth.scheduler.policy import POLICIES
 from berth.sim.report import Report, build_report, write_outputs
-from berth.sim.simulator import DEFAULT_NODE_CLASSES, SimConfig, SimResult, simulate_policies
+from berth.sim.simulator import SimConfig, SimResult, simulate_policies
 
 __all__ = ["SCENARIOS", "Scenario", "run_scenario", "run_suite", "scenario"]
-
-HETEROGENEOUS_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="tiny", mem="2GiB", disk="64GiB", cpus=5, disk_bw="512MiBps",
-              net_bw="256MiBps", weight=0.35),
-    NodeClass(name="small", mem="4GiB", disk="128GiB", cpus=10, disk_bw="1GiBps",
-              net_bw="512MiBps", weight=0.35),
-    NodeClass(name="large", mem="16GiB", disk="512GiB", cpus=40, disk_bw="4GiBps",
-              net_bw="2GiBps", weight=0.2),
-    NodeClass(name="huge", mem="64GiB", disk="2TiB", cpus=160, disk_bw="16GiBps",
-              net_bw="8GiBps", weight=0.1),
-)  # fmt: skip
-"""Node sizes 32× apart in one cluster, with the default classes' per-GiB proportions."""
 
 HETEROGENEOUS_MIX: Mapping[str, float] = MappingProxyType(
     {"micro": 0.2, "milli": 0.2, "centi": 0.2, "deci": 0.25, "base": 0.15}
@@ -184,7 +172,7 @@ def _build() -> dict[str, Scenario]:
                     "concurrency": 2,
                     "staleness": 1.0,
                     "preseed_layers": 8,
-                    "node_classes": DEFAULT_NODE_CLASSES,
+                    "node_classes": SIMULATED_CLASSES,
                     "workload": workload.model_copy(update={"requests": 20_000, "rate": 25.0}),
                 }
             ),

@@ -320,12 +320,14 @@ def checked_platforms(platforms: object, *, field: str = "platforms") -> tuple[P
     Any sequence of ``Platform`` or strings (not one string: ``"linux/amd64"`` is one
     platform, not a list of them), at most :data:`MAX_PLATFORMS`; ``Invalid`` names ``field``.
     """
-    if (
-        isinstance(platforms, tuple)
-        and len(platforms) <= MAX_PLATFORMS
-        and all(type(p) is Platform for p in platforms)
-    ):
-        return platforms
+    if isinstance(platforms, tuple) and len(platforms) <= MAX_PLATFORMS:
+        # Already parsed (a Request's, or the node core's after its own check): the common
+        # case on every placement, so a plain loop rather than all() over a generator.
+        for platform in platforms:
+            if type(platform) is not Platform:
+                break
+        else:
+            return platforms
     if isinstance(platforms, str | bytes) or not isinstance(platforms, Sequence | set | frozenset):
         raise Invalid(f"expected a list of platforms, got {shown(platforms)}", field=field)
     if len(platforms) > MAX_PLATFORMS:

@@ -297,6 +297,19 @@ def checked_layers(layers: object, *, field: str = "layers") -> tuple[Layer, ...
     string: ``"sha256:ab"`` is one id, not a list of them); at most :data:`MAX_LAYERS`,
     ids unique, sizes summing to at most ``MAX_BYTES``.  ``Invalid`` names ``field``.
     """
+    if type(layers) is tuple and len(layers) <= MAX_LAYERS:
+        # Already ``Layer`` values (a request's own, passed on): one pass over them decides,
+        # and the same tuple comes back.  Anything else takes the full path, and its errors.
+        ids: set[str] = set()
+        total = 0
+        for layer in layers:
+            if type(layer) is not Layer:
+                break
+            ids.add(layer.id)
+            total += layer.size
+        else:
+            if len(ids) == len(layers) and total <= MAX_BYTES:
+                return layers
     if isinstance(layers, str | bytes) or not isinstance(layers, Sequence | set | frozenset):
         raise Invalid(f"expected a list of layers, got {shown(layers)}", field=field)
     if len(layers) > MAX_LAYERS:

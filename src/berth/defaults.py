@@ -13,6 +13,7 @@ from __future__ import annotations
 __all__ = [
     "HEARTBEAT_S",
     "LEASE_TTL_S",
+    "LOCAL_HEARTBEAT_S",
     "MICROVM_STOP_GRACE_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
@@ -24,6 +25,9 @@ LEASE_TTL_S = 30.0
 
 HEARTBEAT_S = 5.0
 """How often an agent publishes its node's snapshot (liveness is three of them)."""
+
+LOCAL_HEARTBEAT_S = 1.0
+"""The heartbeat of ``berth up``'s agents: a local cluster on one machine settles in seconds."""
 
 SCHEDULE_TIMEOUT_S = 10.0
 """How long a caller of the scheduler queue group waits for a placement."""

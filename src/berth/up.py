@@ -43,7 +43,7 @@ from typing import Literal
 
 import httpx
 
-from berth.defaults import LEASE_TTL_S, MICROVM_STOP_GRACE_S
+from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, MICROVM_STOP_GRACE_S
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.nats.auth import ClusterAuth, generate
@@ -96,7 +96,7 @@ class LocalCluster:
         nodes: int,
         *,
         schedulers: int = 1,
-        heartbeat_s: float = 1.0,
+        heartbeat_s: float = LOCAL_HEARTBEAT_S,
         auth: bool = True,
         runtime: Runtime = "process",
         per_process: int | None = None,

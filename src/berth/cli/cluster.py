@@ -37,7 +37,7 @@ from pydantic import Field, Strict
 from rich.console import Console
 from rich.table import Table
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, SHUTDOWN_GRACE_S
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, LOCAL_HEARTBEAT_S, SHUTDOWN_GRACE_S
 from berth.errors import Invalid
 from berth.model import INTERVAL_RULE, MAX_REPLICA, NAME_RULE, Layer, Request
 from berth.nats.connection import Credentials, connect
@@ -392,7 +392,9 @@ async def _serve_api(
 def up(
     nodes: Annotated[int, typer.Option(help="How many node agents.")] = 3,
     schedulers: Annotated[int, typer.Option(help="How many schedulers.")] = 1,
-    heartbeat: Annotated[float, typer.Option(help="The agents' heartbeat in seconds.")] = 1.0,
+    heartbeat: Annotated[
+        float, typer.Option(help="The agents' heartbeat in seconds.")
+    ] = LOCAL_HEARTBEAT_S,
     per_process: Annotated[
         int | None, typer.Option(help="Agents per process (default: 1 up to 8 nodes).")
     ] = None,

@@ -36,7 +36,8 @@ RUN_TIMEOUT_S = 60.0
 """How long a scheduler waits for a node to boot a workload (a microVM's cold start)."""
 
 SHUTDOWN_GRACE_S = 5.0
-"""How long a stopping scheduler service gives the requests in flight to finish."""
+"""How long a stopping scheduler service lets its requests in flight finish before it fails
+them (``berth scheduler --grace``)."""
 
 MICROVM_STOP_GRACE_S = 5.0
 """How long a guest's workload gets after ``SIGTERM`` before QEMU is killed."""

@@ -71,7 +71,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, SHUTDOWN_GRACE_S
 from berth.errors import Unavailable
 from berth.model import Placement, Request
 from berth.nats.connection import settle
@@ -108,8 +108,6 @@ __all__ = [
 log = logging.getLogger("berth.scheduler.nats")  # the name it always had: log settings stay
 
 QUEUE = "berth-schedulers"
-SHUTDOWN_GRACE_S = 5.0
-"""How long a stopping service lets its requests in flight finish before it fails them."""
 MAX_RACE_RETRIES = 4
 """Times a placement under a hard per-node spread gives up a node it raced for."""
 WATCH_WAIT_S = 2.0

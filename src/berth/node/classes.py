@@ -10,7 +10,8 @@ sized for different jobs and a reader comparing them should find them side by si
 
 * :data:`EMBEDDED_CLASSES` — the embedded cluster (:mod:`berth.embedded`, ``berth up``): a
   few real processes on one host fill them;
-* :data:`SIMULATED_CLASSES` — the simulator's default mix, memory the binding resource;
+* :data:`SIMULATED_CLASSES` — the simulator's default mix (``SimConfig``'s
+  ``DEFAULT_NODE_CLASSES``), memory the binding resource;
   :data:`HETEROGENEOUS_CLASSES` — its heterogeneous scenario, sizes 32× apart with the same
   per-GiB proportions (:mod:`berth.sim.scenarios`);
 * :data:`FLEET_CLASSES` — data-centre machines, for the decision-latency benchmark's clusters

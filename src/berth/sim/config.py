@@ -19,7 +19,7 @@ from pydantic import Field, Strict, StrictBool, StrictInt, field_validator, mode
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond
 from berth.model import Seconds as Delay
-from berth.node.classes import NodeClass
+from berth.node.classes import SIMULATED_CLASSES, NodeClass
 from berth.platform import Platform
 from berth.sim.workload import WorkloadConfig
 from berth.validation import BerthModel
@@ -42,18 +42,9 @@ MAX_SAMPLES = 10_000
 """The most utilisation samples one simulation records."""
 
 
-DEFAULT_NODE_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="small", mem="4GiB", disk="128GiB", cpus=10, disk_bw="1GiBps",
-              net_bw="512MiBps", weight=0.5),
-    NodeClass(name="medium", mem="8GiB", disk="256GiB", cpus=20, disk_bw="2GiBps",
-              net_bw="1GiBps", weight=0.3),
-    NodeClass(name="large", mem="16GiB", disk="512GiB", cpus=40, disk_bw="4GiBps",
-              net_bw="2GiBps", weight=0.2),
-)  # fmt: skip
-"""Three sizes, half of them small.  Hyper's instance types all ask 2 vCPUs, 16 GiB disk,
-128 MiBps disk and 64 MiBps network per GiB of memory; these nodes offer 2.5 cores, 32 GiB
-disk, 256 MiBps and 128 MiBps per GiB, so memory is what fills first.  Small on purpose: a
-default run of 2,000 requests then spans several workload lifetimes at moderate load."""
+DEFAULT_NODE_CLASSES: tuple[NodeClass, ...] = SIMULATED_CLASSES
+"""Three sizes, half of them small, memory what fills first
+(:data:`berth.node.classes.SIMULATED_CLASSES`, beside every other cluster's table)."""
 
 DEFAULT_NODE_PLATFORMS: Mapping[str, float] = {
     "linux/amd64": 0.92,

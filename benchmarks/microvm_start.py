@@ -71,9 +71,16 @@ def build_images(layout: Path, sizes_mib: Sequence[int]) -> list[OciImage]:
 
 
 def limits() -> BudgetLimits:
-    return BudgetLimits(mem_max=64 * GiB, disk_max=TiB, cpu_capacity=64.0, cpu_max_load=1.0,
-                        disk_bw_cap=TiB, disk_bw_max_load=1.0, net_bw_cap=TiB,
-                        net_bw_max_load=1.0)  # fmt: skip
+    return BudgetLimits(
+        mem_max=64 * GiB,
+        disk_max=TiB,
+        cpu_capacity=64.0,
+        cpu_max_load=1.0,
+        disk_bw_cap=TiB,
+        disk_bw_max_load=1.0,
+        net_bw_cap=TiB,
+        net_bw_max_load=1.0,
+    )
 
 
 async def start_once(
@@ -114,8 +121,9 @@ async def measure(
             layers = LayerFiles(node / "layers", GiB)
             runtime = MicrovmRuntime(layers, layout, files=files, work_dir=node / "run")
             accel = runtime.accel
-            core = NodeCore("bench", "linux/amd64", NodeBudget(limits(), IDLE), runtime,
-                            layers=layers.registry)  # fmt: skip
+            core = NodeCore(
+                "bench", "linux/amd64", NodeBudget(limits(), IDLE), runtime, layers=layers.registry
+            )
             cold.append(await start_once(core, layers, image, "cold"))
             warm.append(await start_once(core, layers, image, "warm"))
             await runtime.aclose()

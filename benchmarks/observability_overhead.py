@@ -199,19 +199,26 @@ def main() -> None:
     )
     if min(config.nodes, config.rounds, config.batch, config.layers_per_node) < 1:
         parser.error("--nodes, --rounds, --batch and --layers-per-node must be at least 1")
-    print(f"observability overhead: {config.nodes} nodes, {config.rounds} rounds of "
-          f"{config.batch} placements per variant…", file=sys.stderr)  # fmt: skip
+    print(
+        f"observability overhead: {config.nodes} nodes, {config.rounds} rounds of "
+        f"{config.batch} placements per variant…",
+        file=sys.stderr,
+    )
     result = measure(config)
     if args.json:
         print(json.dumps(result))
         return
     print("                       wall       CPU   ratio (CPU)")
     print(f"schedule() bare      {result['bare_us']:7.1f} µs {result['bare_cpu_us']:7.1f} µs")
-    print(f"schedule() metrics   {result['metrics_us']:7.1f} µs {result['metrics_cpu_us']:7.1f} µs"
-          f"   ×{result['metrics_ratio']:.3f}  (target ≤ {TARGET_METRICS_RATIO:.2f}: "
-          f"{'met' if result['met']['metrics_ratio'] else 'MISSED'})")  # fmt: skip
-    print(f"schedule() traced    {result['traced_us']:7.1f} µs {result['traced_cpu_us']:7.1f} µs"
-          f"   ×{result['traced_ratio']:.3f}  (spans recorded, none exported)")  # fmt: skip
+    print(
+        f"schedule() metrics   {result['metrics_us']:7.1f} µs {result['metrics_cpu_us']:7.1f} µs"
+        f"   ×{result['metrics_ratio']:.3f}  (target ≤ {TARGET_METRICS_RATIO:.2f}: "
+        f"{'met' if result['met']['metrics_ratio'] else 'MISSED'})"
+    )
+    print(
+        f"schedule() traced    {result['traced_us']:7.1f} µs {result['traced_cpu_us']:7.1f} µs"
+        f"   ×{result['traced_ratio']:.3f}  (spans recorded, none exported)"
+    )
     print(f"one scrape           {result['scrape_ms']:9.3f} ms   ({result['scrape_bytes']} bytes)")
 
 

@@ -129,9 +129,14 @@ def measure(
     rows: list[dict[str, Any]] = []
     for policy in policies:
         for k in schedulers:
-            config = SimConfig(nodes=nodes, zones=zones, concurrency=k,
-                               staleness=staleness if k > 1 else 0.0, seed=seed,
-                               workload=workload)  # fmt: skip
+            config = SimConfig(
+                nodes=nodes,
+                zones=zones,
+                concurrency=k,
+                staleness=staleness if k > 1 else 0.0,
+                seed=seed,
+                workload=workload,
+            )
             base: dict[str, Any] | None = None
             for name, spread in SETTINGS.items():
                 spread_arrivals = with_spread(arrivals, spread)
@@ -166,8 +171,9 @@ def decision_cost(nodes: int, placements: int) -> dict[str, float]:
     store, local = MemoryStore(), LocalNodes()
     for i in range(nodes):
         name = f"node-{i:05d}"
-        limits = BudgetLimits(mem_max=1024 * GiB, disk_max=2**50, cpu_capacity=4096,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=1024 * GiB, disk_max=2**50, cpu_capacity=4096, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
         local.add(name, NodeBudget(limits, StaticLoad()))
         store.publish_now(
             NodeState(
@@ -188,8 +194,9 @@ def decision_cost(nodes: int, placements: int) -> dict[str, float]:
     async def run() -> dict[str, float]:
         out: dict[str, float] = {}
         for name, spread in SETTINGS.items():
-            request = Request(namespace="bench", name="fn", spec=spec,
-                              layers=(("base", 10**6),), spread=spread)  # fmt: skip
+            request = Request(
+                namespace="bench", name="fn", spec=spec, layers=(("base", 10**6),), spread=spread
+            )
             placed: list[Placement] = []
             started = time.thread_time()
             for _ in range(placements):
@@ -300,10 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(table(rows))
         print()
-        print(f"CPU µs per schedule() on {args.decision_nodes} nodes: " + ", ".join(
-            f"{name} {us:.0f} ({us / decision_us['none']:.2f}×)"
-            for name, us in decision_us.items()
-        ))  # fmt: skip
+        print(
+            f"CPU µs per schedule() on {args.decision_nodes} nodes: "
+            + ", ".join(
+                f"{name} {us:.0f} ({us / decision_us['none']:.2f}×)"
+                for name, us in decision_us.items()
+            )
+        )
         print()
         print(json.dumps({k: v for k, v in output.items() if k != "rows"}, indent=2))
     return 0 if all(summary["met"].values()) else 1

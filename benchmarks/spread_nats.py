@@ -120,8 +120,9 @@ async def trial(
 
     async def one(replica: int) -> Placement | None:
         await asyncio.sleep(replica * gap_s)
-        request = Request(namespace="spread", name=function, replica=replica, spec=SPEC,
-                          spread=HARD)  # fmt: skip
+        request = Request(
+            namespace="spread", name=function, replica=replica, spec=SPEC, spread=HARD
+        )
         started = time.perf_counter()
         try:
             return await cluster.caller.schedule(request)
@@ -189,9 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=6)
     parser.add_argument("--schedulers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument(
-        "--gaps-ms", type=float, nargs="+", default=[0.0, 5.0, 20.0],
+        "--gaps-ms",
+        type=float,
+        nargs="+",
+        default=[0.0, 5.0, 20.0],
         help="time between a trial's requests",
-    )  # fmt: skip
+    )
     parser.add_argument("--trials", type=int, default=20, help="trials per setting")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (CI)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -199,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.schedulers, args.trials, args.gaps_ms = [1, 4], 3, [0.0, 20.0]
     started = time.monotonic()
-    rows = asyncio.run(run(args.nodes, args.schedulers, [g / 1000 for g in args.gaps_ms],
-                           args.trials))  # fmt: skip
+    rows = asyncio.run(
+        run(args.nodes, args.schedulers, [g / 1000 for g in args.gaps_ms], args.trials)
+    )
     elapsed = time.monotonic() - started
 
     def total(mode: Mode, paced: bool) -> int:
@@ -238,10 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.nodes} nodes, {args.trials} trials of {args.nodes} replicas per row "
-              f"(hard per-node spread), {elapsed:.0f} s")  # fmt: skip
-        print("schedulers    mode   gap ms  placed  violations   rate  refused  yielded"
-              "  p50 ms  p99 ms")  # fmt: skip
+        print(
+            f"{args.nodes} nodes, {args.trials} trials of {args.nodes} replicas per row "
+            f"(hard per-node spread), {elapsed:.0f} s"
+        )
+        print(
+            "schedulers    mode   gap ms  placed  violations   rate  refused  yielded"
+            "  p50 ms  p99 ms"
+        )
         for row in rows:
             print(
                 f"{row.schedulers:>10}  {row.mode:>6}  {row.gap_ms:>7g}  {row.placed:>6}  "

@@ -176,11 +176,15 @@ def main() -> int:
             name for name, status in statuses.items() if status not in KILLED | {"skipped"}
         )
         print()
-        print(f"{'module':<22} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} "
-              f"{'score':>7}")  # fmt: skip
+        print(
+            f"{'module':<22} {'mutants':>8} {'killed':>7} {'survived':>9} {'no tests':>9} "
+            f"{'score':>7}"
+        )
         for module, row in table.items():
-            print(f"{module:<22} {row['mutants']:>8} {row['killed']:>7} {row['survived']:>9} "
-                  f"{row['no_tests']:>9} {row['score']:>6.1f}%")  # fmt: skip
+            print(
+                f"{module:<22} {row['mutants']:>8} {row['killed']:>7} {row['survived']:>9} "
+                f"{row['no_tests']:>9} {row['score']:>6.1f}%"
+            )
         if survivors:
             print(f"\n{len(survivors)} not killed:")
             for name in survivors:

@@ -28,10 +28,18 @@ BOOT = BootSpec(name="w", command=("x",))
 
 
 def make_agent(runtime: Runtime, store: MemoryStore | None = None, **options: object) -> Agent:
-    limits = BudgetLimits(mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2,
-                          disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
-    return Agent("n1", "linux/amd64", NodeBudget(limits), store or MemoryStore(), runtime,
-                 layers=LayerRegistry(1000), **options)  # type: ignore[arg-type]  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
+    return Agent(
+        "n1",
+        "linux/amd64",
+        NodeBudget(limits),
+        store or MemoryStore(),
+        runtime,
+        layers=LayerRegistry(1000),
+        **options,  # type: ignore[arg-type]
+    )
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -183,5 +191,12 @@ def test_bad_agent_arguments_are_invalid() -> None:
     with pytest.raises(Invalid):
         make_agent(FakeRuntime(), heartbeat_s=0)
     with pytest.raises(Invalid):
-        Agent("", "linux/amd64", NodeBudget(BudgetLimits(mem_max=1, disk_max=1, cpu_capacity=1,
-              disk_bw_cap=1, net_bw_cap=1)), MemoryStore(), FakeRuntime())  # fmt: skip
+        Agent(
+            "",
+            "linux/amd64",
+            NodeBudget(
+                BudgetLimits(mem_max=1, disk_max=1, cpu_capacity=1, disk_bw_cap=1, net_bw_cap=1)
+            ),
+            MemoryStore(),
+            FakeRuntime(),
+        )

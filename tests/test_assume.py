@@ -25,12 +25,21 @@ from berth.units import GiB, MiB
 
 def snapshot(**changes: object) -> NodeState:
     fields: dict[str, object] = {
-        "node": "n1", "platform": "linux/amd64", "generation": 7, "admitted": 3,
-        "mem_free": 1000, "disk_free": 2000, "cpu_load": 0.1, "cpu_capacity": 4.0,
-        "disk_bw_load": 10.0, "disk_bw_ceiling": 1e9, "net_bw_load": 20.0,
-        "net_bw_ceiling": 1e9, "layers": frozenset({"a"}),
+        "node": "n1",
+        "platform": "linux/amd64",
+        "generation": 7,
+        "admitted": 3,
+        "mem_free": 1000,
+        "disk_free": 2000,
+        "cpu_load": 0.1,
+        "cpu_capacity": 4.0,
+        "disk_bw_load": 10.0,
+        "disk_bw_ceiling": 1e9,
+        "net_bw_load": 20.0,
+        "net_bw_ceiling": 1e9,
+        "layers": frozenset({"a"}),
         "cached_layers": frozenset({"b", "c"}),
-    }  # fmt: skip
+    }
     fields.update(changes)
     return NodeState(**fields)
 
@@ -195,8 +204,9 @@ class StaleCluster:
         self.add("b", 4 * GiB, set())
 
     def add(self, name: str, mem: int, layers: set[str]) -> None:
-        limits = BudgetLimits(mem_max=mem, disk_max=100 * GiB, cpu_capacity=4,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=mem, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
         budget = NodeBudget(limits, clock=self.clock, platform="linux/amd64")
         self.budgets[name] = budget
         self.local.add(name, budget)
@@ -207,12 +217,17 @@ class StaleCluster:
         budget = self.budgets[name]
         self.generation += 1
         fields: dict[str, object] = {
-            "node": name, "platform": "linux/amd64", "generation": self.generation,
-            "admitted": budget.admitted, "mem_free": budget.headroom().mem_free,
-            "disk_free": budget.headroom().disk_free, "cpu_capacity": 4.0,
-            "disk_bw_ceiling": float(GiB), "net_bw_ceiling": float(GiB),
+            "node": name,
+            "platform": "linux/amd64",
+            "generation": self.generation,
+            "admitted": budget.admitted,
+            "mem_free": budget.headroom().mem_free,
+            "disk_free": budget.headroom().disk_free,
+            "cpu_capacity": 4.0,
+            "disk_bw_ceiling": float(GiB),
+            "net_bw_ceiling": float(GiB),
             "layers": frozenset(layers or ()),
-        }  # fmt: skip
+        }
         fields.update(overrides)
         self.store.publish_now(NodeState(**fields))
 

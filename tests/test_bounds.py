@@ -58,12 +58,15 @@ def test_capacity_bound_per_layer_and_platform() -> None:
 @given(
     st.lists(
         st.tuples(
-            st.floats(0, 100), st.floats(0, 50), st.integers(1, 8 * GiB),
-            st.sampled_from(["p", "q"]), st.sets(st.sampled_from("abcd"), min_size=1),
+            st.floats(0, 100),
+            st.floats(0, 50),
+            st.integers(1, 8 * GiB),
+            st.sampled_from(["p", "q"]),
+            st.sets(st.sampled_from("abcd"), min_size=1),
         ),
         max_size=25,
     )
-)  # fmt: skip
+)
 def test_capacity_bound_is_at_least_the_distinct_bound(
     raw: list[tuple[float, float, int, str, set[str]]],
 ) -> None:

@@ -608,12 +608,17 @@ class BudgetMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
-        self.budget = NodeBudget(limits(mem_max=1000, disk_max=500, cpu_overcommit=2.0),
-                                 clock=self.clock)  # fmt: skip
+        self.budget = NodeBudget(
+            limits(mem_max=1000, disk_max=500, cpu_overcommit=2.0), clock=self.clock
+        )
         self.live: dict[str, tuple[Spec, object]] = {}
 
-    @rule(mem=st.integers(0, 400), disk=st.integers(0, 200), vcpus=st.sampled_from([0.5, 1, 3]),
-          kind=st.sampled_from(["owner", "lease"]))  # fmt: skip
+    @rule(
+        mem=st.integers(0, 400),
+        disk=st.integers(0, 200),
+        vcpus=st.sampled_from([0.5, 1, 3]),
+        kind=st.sampled_from(["owner", "lease"]),
+    )
     def admit(self, mem: int, disk: int, vcpus: float, kind: str) -> None:
         owner: object = ManualOwner() if kind == "owner" else self.budget.lease(10.0)
         held = self._held()

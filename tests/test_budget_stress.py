@@ -31,8 +31,16 @@ def test_the_budget_survives_threads_an_event_loop_and_yielding_clock_reads() ->
     assert result["leaked_bytes"] == 0
     assert result["ops"] >= 20_000
     counts = result["counts"]
-    for outcome in ("admitted", "leased", "bound", "renewed", "released", "owner_died",
-                    "expired", "async_held"):  # fmt: skip
+    for outcome in (
+        "admitted",
+        "leased",
+        "bound",
+        "renewed",
+        "released",
+        "owner_died",
+        "expired",
+        "async_held",
+    ):
         assert counts.get(outcome, 0) > 0, f"the stress never saw {outcome}: {counts}"
 
 

@@ -173,11 +173,22 @@ def test_the_cordon_check_skips_its_pass_when_no_slot_is_cordoned() -> None:
 
 def test_exact_fills_pass_every_check() -> None:
     view = NodeFigures(
-        platform=AMD64, mem_free=512, disk_free=256, cpu_load=0.5, cpu_capacity=4.0,
-        cpu_max_load=0.75, disk_bw_load=256.0, disk_bw_ceiling=512.0, net_bw_load=0.0,
-        net_bw_ceiling=256.0, oc_vcpus_reserved=2.0, oc_vcpus_ceiling=3.0,
-        oc_disk_bw_reserved=512.0, oc_disk_bw_ceiling=768.0, oc_net_bw_ceiling=256.0,
-    )  # fmt: skip
+        platform=AMD64,
+        mem_free=512,
+        disk_free=256,
+        cpu_load=0.5,
+        cpu_capacity=4.0,
+        cpu_max_load=0.75,
+        disk_bw_load=256.0,
+        disk_bw_ceiling=512.0,
+        net_bw_load=0.0,
+        net_bw_ceiling=256.0,
+        oc_vcpus_reserved=2.0,
+        oc_vcpus_ceiling=3.0,
+        oc_disk_bw_reserved=512.0,
+        oc_disk_bw_ceiling=768.0,
+        oc_net_bw_ceiling=256.0,
+    )
     exact = Demand.of(Spec(vcpus=1, mem=512, disk=256, disk_bw=256, net_bw=256), [AMD64])
     assert first_failed(view, exact) is None
     columns, scratch = columns_of([view])
@@ -196,8 +207,15 @@ def test_a_demand_without_a_spec_is_judged_on_the_platform_only() -> None:
 
 
 def test_a_snapshot_is_a_node_view() -> None:
-    state = NodeState(node="n", platform=AMD64, mem_free=1, disk_free=1, cpu_capacity=1.0,
-                      disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    state = NodeState(
+        node="n",
+        platform=AMD64,
+        mem_free=1,
+        disk_free=1,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+    )
     view: NodeView = state
     assert (view.oc_vcpus_reserved, view.oc_vcpus_ceiling) == (0.0, math.inf)
     staged = state.model_copy(
@@ -235,8 +253,16 @@ LAYERS = [Layer(id="l", size=5)]
 
 
 def snapshot(node: str, mem_free: int) -> NodeState:
-    return NodeState(node=node, platform=AMD64, mem_free=mem_free, disk_free=10, cpu_capacity=1.0,
-                     disk_bw_ceiling=1.0, net_bw_ceiling=1.0, layers=frozenset({"l"}))  # fmt: skip
+    return NodeState(
+        node=node,
+        platform=AMD64,
+        mem_free=mem_free,
+        disk_free=10,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+        layers=frozenset({"l"}),
+    )
 
 
 CLUSTER = [snapshot("exact", 1024), snapshot("roomy", 1280), snapshot("tiny", 512)]
@@ -256,8 +282,7 @@ def test_an_added_check_filters_the_reference_and_the_engine() -> None:
 
 
 def test_an_added_check_is_enforced_by_admission() -> None:
-    limits = BudgetLimits(mem_max=1024, disk_max=10, cpu_capacity=1.0, disk_bw_cap=1,
-                          net_bw_cap=1)  # fmt: skip
+    limits = BudgetLimits(mem_max=1024, disk_max=10, cpu_capacity=1.0, disk_bw_cap=1, net_bw_cap=1)
     NodeBudget(limits).admit_leased(SPEC, 5.0)  # an exact fill, by the default table
     budget = NodeBudget(limits, checks=WITH_RESERVE)
     with pytest.raises(Refused) as caught:
@@ -296,8 +321,9 @@ class Maintenance:
 
 
 def test_a_filter_beside_the_table_is_explained_by_its_code_after_the_checks() -> None:
-    explanation = verdicts(CLUSTER, SPEC, LAYERS, [], {},
-                           stages=Stages(filters=(Maintenance("roomy", "tiny"),)))  # fmt: skip
+    explanation = verdicts(
+        CLUSTER, SPEC, LAYERS, [], {}, stages=Stages(filters=(Maintenance("roomy", "tiny"),))
+    )
     by_node = {v.node: v for v in explanation.verdicts}
     assert {node: v.verdict for node, v in by_node.items()} == {
         "exact": "fits",
@@ -318,8 +344,7 @@ def test_a_filter_beside_the_table_is_explained_by_its_code_after_the_checks() -
 
 # -- platform ---------------------------------------------------------------------------------
 def test_admission_refuses_platform_mismatch_naming_both_sides() -> None:
-    limits = BudgetLimits(mem_max=1024, disk_max=10, cpu_capacity=1.0, disk_bw_cap=1,
-                          net_bw_cap=1)  # fmt: skip
+    limits = BudgetLimits(mem_max=1024, disk_max=10, cpu_capacity=1.0, disk_bw_cap=1, net_bw_cap=1)
     budget = NodeBudget(limits, platform="linux/arm64")
     with pytest.raises(Refused) as caught:
         budget.admit_leased(SPEC, 5.0, [AMD64, RISCV])
@@ -345,9 +370,17 @@ def test_snapshot_filter_and_explanations_use_the_same_platform_code() -> None:
 
 
 def test_admission_details_come_from_the_table() -> None:
-    limits = BudgetLimits(mem_max=2**27, disk_max=2**30, cpu_capacity=4.0, cpu_max_load=0.8,
-                          disk_bw_cap=1000, disk_bw_max_load=0.5, net_bw_cap=1000,
-                          net_bw_max_load=0.5, cpu_overcommit=1.0)  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=2**27,
+        disk_max=2**30,
+        cpu_capacity=4.0,
+        cpu_max_load=0.8,
+        disk_bw_cap=1000,
+        disk_bw_max_load=0.5,
+        net_bw_cap=1000,
+        net_bw_max_load=0.5,
+        cpu_overcommit=1.0,
+    )
     load = StaticLoad(cpu_load=0.6)
     budget = NodeBudget(limits, load)
 
@@ -398,19 +431,34 @@ def rebuilt_checks() -> list[Check]:
     return [
         _hard("mem", "mem_exhausted", "insufficient memory", test("mem_exhausted")),
         _hard("disk", "disk_exhausted", "insufficient disk", test("disk_exhausted")),
-        _overcommit("vcpus", "cpu_overcommitted", "cpu over-commit ceiling reached", "vcpus",
-                    test("cpu_overcommitted")),
-        _overcommit("disk_bw", "disk_bw_overcommitted",
-                    "disk bandwidth over-commit ceiling reached", "B/s",
-                    test("disk_bw_overcommitted")),
-        _overcommit("net_bw", "net_bw_overcommitted",
-                    "network bandwidth over-commit ceiling reached", "B/s",
-                    test("net_bw_overcommitted")),
-        _bandwidth("disk_bw", "disk_bw_saturated", "disk bandwidth saturated",
-                   test("disk_bw_saturated")),
-        _bandwidth("net_bw", "net_bw_saturated", "network bandwidth saturated",
-                   test("net_bw_saturated")),
-    ]  # fmt: skip
+        _overcommit(
+            "vcpus",
+            "cpu_overcommitted",
+            "cpu over-commit ceiling reached",
+            "vcpus",
+            test("cpu_overcommitted"),
+        ),
+        _overcommit(
+            "disk_bw",
+            "disk_bw_overcommitted",
+            "disk bandwidth over-commit ceiling reached",
+            "B/s",
+            test("disk_bw_overcommitted"),
+        ),
+        _overcommit(
+            "net_bw",
+            "net_bw_overcommitted",
+            "network bandwidth over-commit ceiling reached",
+            "B/s",
+            test("net_bw_overcommitted"),
+        ),
+        _bandwidth(
+            "disk_bw", "disk_bw_saturated", "disk bandwidth saturated", test("disk_bw_saturated")
+        ),
+        _bandwidth(
+            "net_bw", "net_bw_saturated", "network bandwidth saturated", test("net_bw_saturated")
+        ),
+    ]
 
 
 def test_the_factories_build_the_tables_checks() -> None:
@@ -441,12 +489,23 @@ def test_factory_built_checks_agree_scalar_and_vectorised(
 
 def test_factory_built_checks_detail_their_figures() -> None:
     view = NodeFigures(
-        platform=AMD64, mem_free=512, disk_free=256, cpu_load=0.5, cpu_capacity=4.0,
-        cpu_max_load=0.75, disk_bw_load=256.0, disk_bw_ceiling=512.0, net_bw_load=100.0,
-        net_bw_ceiling=256.0, oc_vcpus_reserved=2.5, oc_vcpus_ceiling=3.0,
-        oc_disk_bw_reserved=512.0, oc_disk_bw_ceiling=768.0, oc_net_bw_reserved=64.0,
+        platform=AMD64,
+        mem_free=512,
+        disk_free=256,
+        cpu_load=0.5,
+        cpu_capacity=4.0,
+        cpu_max_load=0.75,
+        disk_bw_load=256.0,
+        disk_bw_ceiling=512.0,
+        net_bw_load=100.0,
+        net_bw_ceiling=256.0,
+        oc_vcpus_reserved=2.5,
+        oc_vcpus_ceiling=3.0,
+        oc_disk_bw_reserved=512.0,
+        oc_disk_bw_ceiling=768.0,
+        oc_net_bw_reserved=64.0,
         oc_net_bw_ceiling=128.0,
-    )  # fmt: skip
+    )
     demand = Demand.of(Spec(vcpus=1, mem=1024, disk=300, disk_bw=300, net_bw=200))
     details = {check.code: check.detail(view, demand) for check in rebuilt_checks()}
     assert details == {
@@ -465,8 +524,9 @@ def test_factory_built_checks_detail_their_figures() -> None:
 def test_overcommit_checks_skip_their_pass_when_no_slot_runs_the_stage() -> None:
     """With ``overcommitting`` off the β_max checks leave ``fit`` alone without reading the
     columns (every ceiling is +inf then; finite ones here show that nothing was read)."""
-    full = NodeFigures(AMD64, 10, 10, 0.0, 1.0, 1.0, 0.0, 9.0, 0.0, 9.0, 5.0, 1.0, 5.0, 1.0,
-                       5.0, 1.0)  # fmt: skip
+    full = NodeFigures(
+        AMD64, 10, 10, 0.0, 1.0, 1.0, 0.0, 9.0, 0.0, 9.0, 5.0, 1.0, 5.0, 1.0, 5.0, 1.0
+    )
     columns, scratch = columns_of([full, full])
     demand = Demand.of(Spec(vcpus=1, mem=1, disk=1, disk_bw=1, net_bw=1))
     for check in rebuilt_checks():

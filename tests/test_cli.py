@@ -97,8 +97,9 @@ def test_cluster_boots_real_processes() -> None:
     assert "job-0" in result.stdout and "node-00" in result.stdout
     # With live monitors a busy machine may legitimately refuse (cpu_saturated): only the run
     # itself is checked here.
-    live = berth("cluster", "--nodes", "2", "--workloads", "2", "--command", "true",
-                 "--live-monitors")  # fmt: skip
+    live = berth(
+        "cluster", "--nodes", "2", "--workloads", "2", "--command", "true", "--live-monitors"
+    )
     assert live.returncode == 0, live.stderr
     assert "2 workloads on 2 embedded agents" in live.stdout
 

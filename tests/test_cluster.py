@@ -42,10 +42,12 @@ class Cluster:
         layers: frozenset[str] = frozenset(),
         load: StaticLoad | None = None,
     ) -> NodeBudget:
-        limits = BudgetLimits(mem_max=mem, disk_max=100 * GiB, cpu_capacity=4,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
-        budget = NodeBudget(limits, load or StaticLoad(), clock=self.clock,
-                            on_change=lambda: self.publish(name))  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=mem, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
+        budget = NodeBudget(
+            limits, load or StaticLoad(), clock=self.clock, on_change=lambda: self.publish(name)
+        )
         self.budgets[name], self.layers[name], self.platforms[name] = budget, layers, platform
         self.nodes.add(name, budget)
         self.publish(name)
@@ -102,8 +104,7 @@ class TestReferenceRankerContract(TestClusterContract):
 
 
 def micro(**layers: int) -> Request:
-    return Request(namespace="ns", name="fn", spec="micro",
-                   layers=tuple(layers.items()))  # fmt: skip
+    return Request(namespace="ns", name="fn", spec="micro", layers=tuple(layers.items()))
 
 
 def test_candidates_most_colocated_first_and_schedule_reserves() -> None:
@@ -241,8 +242,9 @@ def test_explain_gives_every_verdict_with_rank() -> None:
     cluster.add("b")
     cluster.add("full", mem=1)
     cluster.add("arm", platform="linux/arm64")
-    request = Request(namespace="n", name="x", spec="micro", layers=(("l", 7),),
-                      platforms=("linux/amd64",))  # fmt: skip
+    request = Request(
+        namespace="n", name="x", spec="micro", layers=(("l", 7),), platforms=("linux/amd64",)
+    )
     explanation = cluster.scheduler.explain(request)
     table = [(v.node, v.verdict, v.colocated_bytes, v.rank) for v in explanation.verdicts]
     assert table == [

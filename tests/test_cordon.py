@@ -33,8 +33,9 @@ LAYER_IDS = ["a", "b", "c"]
 
 @st.composite
 def clusters(draw: st.DrawFn) -> list[NodeState]:
-    names = draw(st.lists(st.text(alphabet="abn-01", min_size=1, max_size=4), unique=True,
-                          max_size=25))  # fmt: skip
+    names = draw(
+        st.lists(st.text(alphabet="abn-01", min_size=1, max_size=4), unique=True, max_size=25)
+    )
     return [
         NodeState(
             node=name,
@@ -87,8 +88,14 @@ def test_engine_reference_and_explanations_agree_on_cordoned_nodes(
 
 
 def test_summary_names_cordoned_nodes() -> None:
-    base = dict(platform=AMD64, mem_free=GiB, disk_free=GiB, cpu_capacity=2.0,
-                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    base = dict(
+        platform=AMD64,
+        mem_free=GiB,
+        disk_free=GiB,
+        cpu_capacity=2.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+    )
     states = [
         NodeState(node="a", cordoned=True, **base),
         NodeState(node="b", cordoned=True, **base),
@@ -100,8 +107,9 @@ def test_summary_names_cordoned_nodes() -> None:
 
 
 def _budget() -> NodeBudget:
-    limits = BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=4, disk_bw_cap=GiB,
-                          net_bw_cap=GiB)  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=GiB, disk_max=GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
     return NodeBudget(limits, StaticLoad(), platform=AMD64)
 
 
@@ -127,14 +135,18 @@ def test_agent_cordon_refuses_boots_publishes_and_survives_restart(tmp_path: Pat
 
         first = agent()
         async with first:
-            running = await first.try_run(Spec(vcpus=0.1, mem=1, disk=0), [], BootSpec(name="w",
-                                          command=("sleep",)))  # fmt: skip
+            running = await first.try_run(
+                Spec(vcpus=0.1, mem=1, disk=0), [], BootSpec(name="w", command=("sleep",))
+            )
             assert first.cordon(True) is True
             await first.advertise()
             assert (await store.states())["n1"].cordoned is True
             with pytest.raises(Refused) as refused:
-                await first.try_run(Spec(vcpus=0.1, mem=1, disk=0), [Layer(id="a", size=1)],
-                                    BootSpec(name="x", command=("sleep",)))  # fmt: skip
+                await first.try_run(
+                    Spec(vcpus=0.1, mem=1, disk=0),
+                    [Layer(id="a", size=1)],
+                    BootSpec(name="x", command=("sleep",)),
+                )
             assert (refused.value.reason, refused.value.node) == ("cordoned", "n1")
             assert first.layers.mounted() == frozenset()  # refused before mounting
             assert first.status(running.id).state == "running"  # running ones go on
@@ -159,9 +171,11 @@ def test_status_remembers_how_a_workload_ended() -> None:
             runtime.finish(one.id, 3)
             await agent.stop_workload(two.id)
             assert agent.status(one.id).to_dict() == {
-                "state": "ended", "exit_code": 3, "reason": "exited with code 3",
+                "state": "ended",
+                "exit_code": 3,
+                "reason": "exited with code 3",
                 "stopped": False,
-            }  # fmt: skip
+            }
             assert agent.status(two.id).stopped is True
             assert agent.status("nope").state == "unknown"
 
@@ -184,8 +198,14 @@ def test_cordon_over_nats_survives_the_agent_restarting(
             nodes = NatsNodes(connection, prefix=prefix)
 
             def service() -> NodeService:
-                return NodeService(connection, config, bucket=bucket, prefix=prefix,
-                                   readings=IDLE, state_dir=tmp_path / node)  # fmt: skip
+                return NodeService(
+                    connection,
+                    config,
+                    bucket=bucket,
+                    prefix=prefix,
+                    readings=IDLE,
+                    state_dir=tmp_path / node,
+                )
 
             async with service():
                 assert await nodes.cordon(node) is True

@@ -46,11 +46,18 @@ def make_core(
     load: StaticLoad | None = None,
     labels: dict[str, str] | None = None,
 ) -> NodeCore:
-    limits = BudgetLimits(mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2,
-                          disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
     budget = NodeBudget(limits, load or StaticLoad(), clock=clock or FakeClock(100.0))
-    return NodeCore("n1", "linux/amd64", budget, runtime or FakeRuntime(),
-                    layers=LayerRegistry(1000), labels=labels)  # fmt: skip
+    return NodeCore(
+        "n1",
+        "linux/amd64",
+        budget,
+        runtime or FakeRuntime(),
+        layers=LayerRegistry(1000),
+        labels=labels,
+    )
 
 
 def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -219,9 +226,11 @@ def test_a_failed_leased_boot_releases_the_lease() -> None:
         admission = core.admit(SPEC, 30.0)
         with pytest.raises(Refused, match="boot_failed"):
             await core.boot(
-                SPEC, LAYERS, BootSpec(name="w", command=("broken",)),
+                SPEC,
+                LAYERS,
+                BootSpec(name="w", command=("broken",)),
                 reservation=admission.reservation_id,
-            )  # fmt: skip
+            )
         assert core.budget.reservations() == [] and core.layers.mounted() == frozenset()
         assert not core.release(admission.reservation_id)
 

@@ -77,8 +77,9 @@ def test_duplicate_layers_within_an_image_keep_first_occurrence() -> None:
 
 def test_every_image_makes_a_valid_request() -> None:
     for image in load_dockerhub().images:
-        request = Request(namespace="t", name=image.name, platforms=(image.platform,),
-                          layers=image.layers)  # fmt: skip
+        request = Request(
+            namespace="t", name=image.name, platforms=(image.platform,), layers=image.layers
+        )
         assert request.layers == image.layers
 
 

@@ -30,9 +30,14 @@ def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
             refused = 0
             for index in range(20):
                 platforms = rng.choice([(), ("linux/amd64",), ("linux/arm64",)])
-                request = Request(namespace="it", name="job", replica=index,
-                                  spec=rng.choice(types), platforms=platforms,
-                                  layers=((f"layer-{index % 4}", 1000 + index % 4),))  # fmt: skip
+                request = Request(
+                    namespace="it",
+                    name="job",
+                    replica=index,
+                    spec=rng.choice(types),
+                    platforms=platforms,
+                    layers=((f"layer-{index % 4}", 1000 + index % 4),),
+                )
                 # Every fourth workload runs until it is killed below; the rest end on their own.
                 seconds = "600" if index % 4 == 0 else f"{rng.uniform(0.05, 0.3):.2f}"
                 boot = BootSpec(name=f"job-{index}", command=("sleep", seconds))
@@ -74,8 +79,10 @@ def test_twenty_mixed_workloads_some_killed_budgets_return_exactly() -> None:
 def test_embedded_configs_are_heterogeneous_and_validated() -> None:
     configs = embedded_configs(6)
     assert len({c.budget.mem_max for c in configs}) == 3
-    assert {c.node.platform for c in configs} == {Platform.parse("linux/amd64"),
-                                                  Platform.parse("linux/arm64")}  # fmt: skip
+    assert {c.node.platform for c in configs} == {
+        Platform.parse("linux/amd64"),
+        Platform.parse("linux/arm64"),
+    }
     with pytest.raises(Invalid):
         embedded_configs(0)
     with pytest.raises(Invalid):

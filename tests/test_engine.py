@@ -153,8 +153,14 @@ def test_engine_equals_reference_on_a_few_hundred_nodes(
 
 def test_older_generation_is_ignored_by_both() -> None:
     engine, reference = Engine(), ReferenceRanker()
-    base = dict(platform=PLATFORMS[0], mem_free=1024, disk_free=1024, cpu_capacity=1.0,
-                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    base = dict(
+        platform=PLATFORMS[0],
+        mem_free=1024,
+        disk_free=1024,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+    )
     for ranker in (engine, reference):
         ranker.upsert(NodeState(node="n", generation=2, layers=frozenset({"x"}), **base))
         ranker.upsert(NodeState(node="n", generation=1, **base))
@@ -164,8 +170,14 @@ def test_older_generation_is_ignored_by_both() -> None:
 def test_ties_go_to_node_name_order_and_empty_cluster_ranks_nothing() -> None:
     engine = Engine()
     assert list(engine.rank(None, [])) == []
-    base = dict(platform=PLATFORMS[0], mem_free=1024, disk_free=1024, cpu_capacity=1.0,
-                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    base = dict(
+        platform=PLATFORMS[0],
+        mem_free=1024,
+        disk_free=1024,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+    )
     for name in ("c", "a", "b", "d"):
         layers = frozenset({"x"}) if name in ("b", "d") else frozenset()
         engine.upsert(NodeState(node=name, layers=layers, **base))
@@ -179,8 +191,14 @@ def test_ties_go_to_node_name_order_and_empty_cluster_ranks_nothing() -> None:
 
 def test_layer_index_follows_mounts_and_unmounts() -> None:
     engine = Engine()
-    base = dict(platform=PLATFORMS[0], mem_free=1, disk_free=1, cpu_capacity=1.0,
-                disk_bw_ceiling=1.0, net_bw_ceiling=1.0)  # fmt: skip
+    base = dict(
+        platform=PLATFORMS[0],
+        mem_free=1,
+        disk_free=1,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+    )
     engine.upsert(NodeState(node="n", generation=0, layers=frozenset({"a", "b"}), **base))
     engine.upsert(NodeState(node="m", generation=0, layers=frozenset({"b"}), **base))
     engine.upsert(NodeState(node="n", generation=1, layers=frozenset({"b", "c"}), **base))
@@ -215,9 +233,16 @@ def test_popular_layers_use_dense_bitmaps_and_still_agree() -> None:
     for index in range(3000):
         mounted = {layer for layer in popular if rng.random() < 0.8}
         mounted |= set(rng.sample(LAYER_IDS, 3))
-        state = NodeState(node=f"n{rng.randrange(10**9)}-{index}", platform=PLATFORMS[0],
-                          mem_free=1024, disk_free=1024, cpu_capacity=1.0, disk_bw_ceiling=1.0,
-                          net_bw_ceiling=1.0, layers=frozenset(mounted))  # fmt: skip
+        state = NodeState(
+            node=f"n{rng.randrange(10**9)}-{index}",
+            platform=PLATFORMS[0],
+            mem_free=1024,
+            disk_free=1024,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=1.0,
+            net_bw_ceiling=1.0,
+            layers=frozenset(mounted),
+        )
         engine.upsert(state)
         reference.upsert(state)
     layers = [Layer(id=layer, size=size) for layer, size in zip(popular, (5, 7, 5, 1), strict=True)]
@@ -254,8 +279,15 @@ def test_compaction_renumbers_slots_into_name_order_and_keeps_answers() -> None:
     names = [f"n{rng.randrange(10**6):06d}" for _ in range(200)]
     for name in names:
         over = Overcommit(vcpus_ceiling=2.0) if rng.random() < 0.3 else None
-        both(plain(name, platform=rng.choice(PLATFORMS), mem_free=rng.randrange(4) * 256,
-                   layers=frozenset(rng.sample(LAYER_IDS, 5)), overcommit=over))  # fmt: skip
+        both(
+            plain(
+                name,
+                platform=rng.choice(PLATFORMS),
+                mem_free=rng.randrange(4) * 256,
+                layers=frozenset(rng.sample(LAYER_IDS, 5)),
+                overcommit=over,
+            )
+        )
     for name in names[::7]:
         engine.remove(name)
         reference.remove(name)

@@ -520,8 +520,14 @@ def test_a_member_below_a_file_is_refused(tmp_path: Path) -> None:
 def test_a_wrong_diff_id_or_size_is_refused(tmp_path: Path) -> None:
     layer = _layer(tmp_path, BASE)
     assert layer.diff_id is not None
-    wrong_diff = OciLayer(layer.digest, layer.size, layer.media_type, layer.compression, layer.path,
-                          diff_id="sha256:" + "0" * 64)  # fmt: skip
+    wrong_diff = OciLayer(
+        layer.digest,
+        layer.size,
+        layer.media_type,
+        layer.compression,
+        layer.path,
+        diff_id="sha256:" + "0" * 64,
+    )
     with pytest.raises(Invalid, match="diff_id"):
         convert_layer(wrong_diff, tmp_path / "x.erofs")
     with layer.path.open("ab") as blob:

@@ -61,14 +61,56 @@ FUZZ = settings(
 
 # -- hostile and plausible values ----------------------------------------------------------------
 EDGE_NUMBERS: list[object] = [
-    0, 1, -1, 2**31, 2**63 - 1, 2**63, 2**64, -(2**63), 10**30, 10**4000,
-    0.0, -0.0, 0.5, 1e-300, 1e300, -1e300, math.nan, math.inf, -math.inf, True, False,
-]  # fmt: skip
+    0,
+    1,
+    -1,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    10**4000,
+    0.0,
+    -0.0,
+    0.5,
+    1e-300,
+    1e300,
+    -1e300,
+    math.nan,
+    math.inf,
+    -math.inf,
+    True,
+    False,
+]
 EDGE_TEXT: list[object] = [
-    "", " ", "\x00", "a\x00", "a b", "\n", "\u200b", "x" * 300, "micro", "huge", "512MiB",
-    "8 GiBs", "-1GiB", "9223372036854775808", "1e3", "linux/amd64", "linux/amd64/v99",
-    "linux/amd46", "linux", "nan", "inf", "true", "sha256:ab", "node-1", b"bytes", b"\xff",
-]  # fmt: skip
+    "",
+    " ",
+    "\x00",
+    "a\x00",
+    "a b",
+    "\n",
+    "\u200b",
+    "x" * 300,
+    "micro",
+    "huge",
+    "512MiB",
+    "8 GiBs",
+    "-1GiB",
+    "9223372036854775808",
+    "1e3",
+    "linux/amd64",
+    "linux/amd64/v99",
+    "linux/amd46",
+    "linux",
+    "nan",
+    "inf",
+    "true",
+    "sha256:ab",
+    "node-1",
+    b"bytes",
+    b"\xff",
+]
 scalars = st.one_of(
     st.none(),
     st.booleans(),
@@ -123,8 +165,11 @@ def _record(
     required: frozenset[str],
     extra: bool,
 ) -> dict[str, Any]:
-    out = {name: draw(strategy) for name, strategy in fields.items()
-           if name in required or draw(st.booleans())}  # fmt: skip
+    out = {
+        name: draw(strategy)
+        for name, strategy in fields.items()
+        if name in required or draw(st.booleans())
+    }
     mode = draw(st.integers(0, 3))  # 0: as drawn; 1, 2: one field spoiled; 3: several
     if out and mode in (1, 2):
         name = draw(st.sampled_from(sorted(out)))
@@ -167,9 +212,13 @@ def valid_or_invalid(call: Callable[[], Any]) -> Any:
 @given(
     kwargs(
         required=("vcpus", "mem", "disk"),
-        vcpus=cores, mem=sizes, disk=sizes, disk_bw=rates, net_bw=rates,
+        vcpus=cores,
+        mem=sizes,
+        disk=sizes,
+        disk_bw=rates,
+        net_bw=rates,
     )
-)  # fmt: skip
+)
 def test_spec(fields: dict[str, Any]) -> None:
     spec = valid_or_invalid(lambda: Spec(**fields))
     if spec is not None:
@@ -193,10 +242,15 @@ def test_layer(fields: dict[str, Any], value: Any) -> None:
 @given(
     kwargs(
         required=("namespace", "name"),
-        namespace=names, name=names, replica=st.integers(0, 5), platforms=platform_lists,
-        spec=specs, layers=layer_pairs, preferred_node=names,
+        namespace=names,
+        name=names,
+        replica=st.integers(0, 5),
+        platforms=platform_lists,
+        spec=specs,
+        layers=layer_pairs,
+        preferred_node=names,
     )
-)  # fmt: skip
+)
 def test_request(fields: dict[str, Any]) -> None:
     request = valid_or_invalid(lambda: Request(**fields))
     if request is not None:
@@ -210,10 +264,13 @@ def test_request(fields: dict[str, Any]) -> None:
 @given(
     kwargs(
         required=("worker_node",),
-        worker_node=names, reservation_id=names, colocated_bytes=counts,
-        rank=st.integers(0, 9), refusals=st.lists(st.tuples(either(names), names), max_size=2),
+        worker_node=names,
+        reservation_id=names,
+        colocated_bytes=counts,
+        rank=st.integers(0, 9),
+        refusals=st.lists(st.tuples(either(names), names), max_size=2),
     )
-)  # fmt: skip
+)
 def test_placement(fields: dict[str, Any]) -> None:
     placement = valid_or_invalid(lambda: Placement(**fields))
     if placement is not None:
@@ -265,18 +322,37 @@ def test_checked_arguments(spec: Any, layers: Any, platform_list: Any) -> None:
 @FUZZ
 @given(
     kwargs(
-        required=("node", "platform", "mem_free", "disk_free", "cpu_capacity",
-                  "disk_bw_ceiling", "net_bw_ceiling"),
-        node=names, platform=platforms, generation=st.integers(0, 3),
-        admitted=st.integers(0, 3), published_at=seconds, labels=labels,
-        mem_free=counts, disk_free=counts, mem_max=counts, disk_max=counts, cpu_load=fractions,
-        cpu_capacity=cores, cpu_max_load=fractions, disk_bw_load=loads, disk_bw_ceiling=loads,
-        net_bw_load=loads, net_bw_ceiling=loads,
+        required=(
+            "node",
+            "platform",
+            "mem_free",
+            "disk_free",
+            "cpu_capacity",
+            "disk_bw_ceiling",
+            "net_bw_ceiling",
+        ),
+        node=names,
+        platform=platforms,
+        generation=st.integers(0, 3),
+        admitted=st.integers(0, 3),
+        published_at=seconds,
+        labels=labels,
+        mem_free=counts,
+        disk_free=counts,
+        mem_max=counts,
+        disk_max=counts,
+        cpu_load=fractions,
+        cpu_capacity=cores,
+        cpu_max_load=fractions,
+        disk_bw_load=loads,
+        disk_bw_ceiling=loads,
+        net_bw_load=loads,
+        net_bw_ceiling=loads,
         layers=st.frozensets(keys, max_size=3),
         cached_layers=st.frozensets(keys, max_size=3),
     ),
     either(specs),
-)  # fmt: skip
+)
 def test_node_state_and_what_the_engine_makes_of_it(fields: dict[str, Any], spec: Any) -> None:
     state = valid_or_invalid(lambda: NodeState(**fields))
     if state is None:
@@ -300,20 +376,38 @@ def test_node_state_and_what_the_engine_makes_of_it(fields: dict[str, Any], spec
 # -- configuration: accepted means an agent can run it -------------------------------------------
 budget_tables = either(
     kwargs(
-        required=("mem_max", "disk_max", "cpu_max_load", "disk_bw_cap", "disk_bw_max_load",
-                  "net_bw_cap", "net_bw_max_load"),
-        mem_max=sizes, disk_max=sizes, cpu_max_load=fractions, cpu_max_cap=cores,
-        disk_bw_cap=rates, disk_bw_max_load=fractions, net_bw_cap=rates,
-        net_bw_max_load=fractions, cpu_overcommit=cores, disk_bw_overcommit=cores,
+        required=(
+            "mem_max",
+            "disk_max",
+            "cpu_max_load",
+            "disk_bw_cap",
+            "disk_bw_max_load",
+            "net_bw_cap",
+            "net_bw_max_load",
+        ),
+        mem_max=sizes,
+        disk_max=sizes,
+        cpu_max_load=fractions,
+        cpu_max_cap=cores,
+        disk_bw_cap=rates,
+        disk_bw_max_load=fractions,
+        net_bw_cap=rates,
+        net_bw_max_load=fractions,
+        cpu_overcommit=cores,
+        disk_bw_overcommit=cores,
     )
-)  # fmt: skip
+)
 agent_tables = either(
     kwargs(
-        heartbeat_s=seconds, sample_period_s=seconds, tau_s=seconds, layer_cache=sizes,
-        lease_ttl_s=seconds, runtime=st.sampled_from(["process", "fake"]),
+        heartbeat_s=seconds,
+        sample_period_s=seconds,
+        tau_s=seconds,
+        layer_cache=sizes,
+        lease_ttl_s=seconds,
+        runtime=st.sampled_from(["process", "fake"]),
         stop_grace_s=seconds,
     )
-)  # fmt: skip
+)
 node_tables = either(kwargs(required=("name",), name=names, platform=platforms, labels=labels))
 
 
@@ -336,10 +430,16 @@ def test_agent_config_and_the_agent_it_builds(node: Any, budget: Any, agent: Any
 @given(
     kwargs(
         required=("name", "mem", "disk", "cpus", "disk_bw", "net_bw"),
-        name=names, mem=sizes, disk=sizes, cpus=cores, disk_bw=rates, net_bw=rates,
-        cpu_max_load=fractions, weight=st.sampled_from([0, 1, 0.5]),
+        name=names,
+        mem=sizes,
+        disk=sizes,
+        cpus=cores,
+        disk_bw=rates,
+        net_bw=rates,
+        cpu_max_load=fractions,
+        weight=st.sampled_from([0, 1, 0.5]),
     )
-)  # fmt: skip
+)
 def test_node_class(fields: dict[str, Any]) -> None:
     node_class = valid_or_invalid(lambda: NodeClass(**fields))
     if node_class is not None:
@@ -352,14 +452,21 @@ def test_node_class(fields: dict[str, Any]) -> None:
 @given(
     kwargs(
         required=("mem_max", "disk_max", "cpu_capacity", "disk_bw_cap", "net_bw_cap"),
-        mem_max=counts, disk_max=counts, cpu_capacity=cores, cpu_max_load=fractions,
-        disk_bw_cap=counts, disk_bw_max_load=fractions, net_bw_cap=counts,
-        net_bw_max_load=fractions, cpu_overcommit=cores, net_bw_overcommit=cores,
+        mem_max=counts,
+        disk_max=counts,
+        cpu_capacity=cores,
+        cpu_max_load=fractions,
+        disk_bw_cap=counts,
+        disk_bw_max_load=fractions,
+        net_bw_cap=counts,
+        net_bw_max_load=fractions,
+        cpu_overcommit=cores,
+        net_bw_overcommit=cores,
     ),
     either(specs),
     either(platform_lists),
     either(seconds),
-)  # fmt: skip
+)
 def test_budget_admission(fields: dict[str, Any], spec: Any, platform_list: Any, ttl: Any) -> None:
     limits = valid_or_invalid(lambda: BudgetLimits(**fields))
     if limits is None:
@@ -375,8 +482,7 @@ def test_budget_admission(fields: dict[str, Any], spec: Any, platform_list: Any,
         try:
             reservation = call()
         except Invalid:
-            after = (budget.reservations(), budget.headroom(), budget.admitted,
-                     budget.overcommit())  # fmt: skip
+            after = (budget.reservations(), budget.headroom(), budget.admitted, budget.overcommit())
             assert after == before  # a refused call changed nothing
             continue
         except Refused:
@@ -402,11 +508,16 @@ def small_cluster() -> MemoryStore:
     for index, platform in enumerate(("linux/amd64", "linux/arm64", "linux/amd64")):
         store.publish_now(
             NodeState(
-                node=f"n{index}", platform=platform, mem_free=2**30, disk_free=2**34,
-                cpu_capacity=4.0, disk_bw_ceiling=2.0**30, net_bw_ceiling=2.0**30,
+                node=f"n{index}",
+                platform=platform,
+                mem_free=2**30,
+                disk_free=2**34,
+                cpu_capacity=4.0,
+                disk_bw_ceiling=2.0**30,
+                net_bw_ceiling=2.0**30,
                 layers=frozenset({"sha256:3153aa", "a"} if index else {"a"}),
             )
-        )  # fmt: skip
+        )
     return store
 
 
@@ -418,12 +529,14 @@ STORE = small_cluster()
     kwargs(
         extra=False,
         ranker=st.sampled_from(["engine", "reference"]),
-        lease_ttl_s=seconds, assume=st.booleans(), assume_ttl_s=seconds,
+        lease_ttl_s=seconds,
+        assume=st.booleans(),
+        assume_ttl_s=seconds,
     ),
     either(specs),
     either(layer_pairs),
     either(platform_lists),
-)  # fmt: skip
+)
 def test_cluster_scheduler(fields: dict[str, Any], spec: Any, layers: Any, where: Any) -> None:
     scheduler = valid_or_invalid(lambda: ClusterScheduler(STORE, LocalNodes({}), **fields))
     if scheduler is None:
@@ -453,8 +566,12 @@ def test_cluster_scheduler(fields: dict[str, Any], spec: Any, layers: Any, where
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(either(st.integers(1, 4)), either(st.lists(platforms, min_size=1, max_size=2)),
-       either(st.sampled_from(["fake", "process"])), either(seconds))  # fmt: skip
+@given(
+    either(st.integers(1, 4)),
+    either(st.lists(platforms, min_size=1, max_size=2)),
+    either(st.sampled_from(["fake", "process"])),
+    either(seconds),
+)
 def test_embedded_configs(nodes: Any, platform_list: Any, runtime: Any, heartbeat: Any) -> None:
     configs = valid_or_invalid(
         lambda: embedded_configs(
@@ -469,22 +586,36 @@ def test_embedded_configs(nodes: Any, platform_list: Any, runtime: Any, heartbea
 @FUZZ
 @given(
     kwargs(
-        requests=st.integers(0, 100), rate=st.sampled_from([0.5, 2, 1e-6, 1e6]),
-        arrival=st.sampled_from(["poisson", "bursty"]), burst_factor=cores,
-        burst_fraction=fractions, burst_length=cores, flatten=fractions,
-        instance_types=st.dictionaries(st.sampled_from(["micro", "deci", "huge"]),
-                                       st.sampled_from([0, 1, 0.5]), max_size=2),
-        lifetime=st.sampled_from(["exponential", "lognormal"]), lifetime_mean=seconds,
-        lifetime_sigma=fractions, platforms=platform_lists, namespace=names,
+        requests=st.integers(0, 100),
+        rate=st.sampled_from([0.5, 2, 1e-6, 1e6]),
+        arrival=st.sampled_from(["poisson", "bursty"]),
+        burst_factor=cores,
+        burst_fraction=fractions,
+        burst_length=cores,
+        flatten=fractions,
+        instance_types=st.dictionaries(
+            st.sampled_from(["micro", "deci", "huge"]), st.sampled_from([0, 1, 0.5]), max_size=2
+        ),
+        lifetime=st.sampled_from(["exponential", "lognormal"]),
+        lifetime_mean=seconds,
+        lifetime_sigma=fractions,
+        platforms=platform_lists,
+        namespace=names,
         seed=st.integers(0, 9),
     ),
     kwargs(
-        nodes=st.integers(1, 5), cache_bytes=sizes, pull_bandwidth=rates,
-        boot_seconds=seconds, concurrency=st.integers(1, 4), staleness=seconds,
-        assume=st.booleans(), samples=st.integers(1, 9), seed=st.integers(0, 9),
+        nodes=st.integers(1, 5),
+        cache_bytes=sizes,
+        pull_bandwidth=rates,
+        boot_seconds=seconds,
+        concurrency=st.integers(1, 4),
+        staleness=seconds,
+        assume=st.booleans(),
+        samples=st.integers(1, 9),
+        seed=st.integers(0, 9),
         node_platforms=st.dictionaries(keys | platforms, st.sampled_from([0, 1, math.nan])),
     ),
-)  # fmt: skip
+)
 def test_sim_configs(workload: dict[str, Any], sim: dict[str, Any]) -> None:
     config = valid_or_invalid(lambda: WorkloadConfig(**workload))
     if config is not None:

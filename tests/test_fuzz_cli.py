@@ -36,10 +36,36 @@ SCRATCH = Path(tempfile.gettempdir()) / f"berth-fuzz-cli-{os.getpid()}"  # made 
 A_FILE = SCRATCH / "a-file"
 
 JUNK = [
-    "", " ", "-1", "0", "-0", "nan", "NaN", "inf", "-inf", "1e309", "1e-300", "9" * 40,
-    "1_000", "abc", "\x00", "a\nb", "'", '"', "--", "-", "true", "8 GiBs", "-5MiB",
-    "99999999999999TiB", "linux/amd46", "linux/amd64/v99", "x" * 300, "é", "\u200b",
-]  # fmt: skip
+    "",
+    " ",
+    "-1",
+    "0",
+    "-0",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e309",
+    "1e-300",
+    "9" * 40,
+    "1_000",
+    "abc",
+    "\x00",
+    "a\nb",
+    "'",
+    '"',
+    "--",
+    "-",
+    "true",
+    "8 GiBs",
+    "-5MiB",
+    "99999999999999TiB",
+    "linux/amd46",
+    "linux/amd64/v99",
+    "x" * 300,
+    "é",
+    "\u200b",
+]
 TIMEOUT_S = 60
 
 
@@ -150,8 +176,14 @@ SIM = {
     "--pull-bandwidth": ["125MBps", "1Gbps"],
     "--boot": ["0", "0.1"],
 }
-SIM_OUT = [str(SCRATCH / "sim"), str(SCRATCH / "sim" / "deeper"), "", str(A_FILE),
-           str(A_FILE / "under"), "/proc/berth-fuzz"]  # fmt: skip
+SIM_OUT = [
+    str(SCRATCH / "sim"),
+    str(SCRATCH / "sim" / "deeper"),
+    "",
+    str(A_FILE),
+    str(A_FILE / "under"),
+    "/proc/berth-fuzz",
+]
 
 
 @settings(
@@ -165,8 +197,19 @@ SIM_OUT = [str(SCRATCH / "sim"), str(SCRATCH / "sim" / "deeper"), "", str(A_FILE
 )
 def test_sim(args: list[str], out: str) -> None:
     # Small by default: a fuzzed flag may override these (typer keeps the last occurrence).
-    args = [args[0], "--nodes", "2", "--requests", "4", "--policy", "seed", "--quiet",
-            "--out", out, *args[1:]]  # fmt: skip
+    args = [
+        args[0],
+        "--nodes",
+        "2",
+        "--requests",
+        "4",
+        "--policy",
+        "seed",
+        "--quiet",
+        "--out",
+        out,
+        *args[1:],
+    ]
     check(invoke(args), args, (*SIM, "--out", *USAGE, "--quiet", "--assume"))
 
 
@@ -208,10 +251,29 @@ CONFIG: dict[str, dict[str, Any]] = {
     "agent": {"heartbeat_s": "5.0", "layer_cache": '"10GiB"', "runtime": '"fake"'},
 }
 TOML_JUNK = [
-    "true", "nan", "inf", "-inf", "-1", "0", "1e400", "9" * 40, '""', '"  "', '"\\u0000"',
-    '"8 GiBs"', '"-1GiB"', "[1, 2]", '["linux/amd64"]', "{ a = 1 }", '{ "" = "x" }',
-    '"linux/amd64/v99"', "1979-05-27", '"' + "x" * 300 + '"', "0.0", "1.5",
-]  # fmt: skip
+    "true",
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1e400",
+    "9" * 40,
+    '""',
+    '"  "',
+    '"\\u0000"',
+    '"8 GiBs"',
+    '"-1GiB"',
+    "[1, 2]",
+    '["linux/amd64"]',
+    "{ a = 1 }",
+    '{ "" = "x" }',
+    '"linux/amd64/v99"',
+    "1979-05-27",
+    '"' + "x" * 300 + '"',
+    "0.0",
+    "1.5",
+]
 KEYS = ("node", "budget", "agent", "config", "--config", "--duration", *USAGE)
 
 
@@ -229,13 +291,18 @@ def config_files(draw: st.DrawFn) -> bytes:
         return draw(
             st.sampled_from(
                 [
-                    b"", b"\xff\xfe[\x00n\x00", "[node]\nname = 'caf\xe9'\n".encode("latin-1"),
-                    b"\xef\xbb\xbf" + render(CONFIG).encode(), render(CONFIG).encode("utf-16"),
-                    b"a = " + b"[" * 3000 + b"]" * 3000, b"[node\nname=", b"\x00" * 64,
+                    b"",
+                    b"\xff\xfe[\x00n\x00",
+                    "[node]\nname = 'caf\xe9'\n".encode("latin-1"),
+                    b"\xef\xbb\xbf" + render(CONFIG).encode(),
+                    render(CONFIG).encode("utf-16"),
+                    b"a = " + b"[" * 3000 + b"]" * 3000,
+                    b"[node\nname=",
+                    b"\x00" * 64,
                     b"x = '" + b"a" * (1 << 20) + b"'",
                 ]
             )
-        )  # fmt: skip
+        )
     config = {section: dict(table) for section, table in CONFIG.items()}
     for _ in range(draw(st.integers(0, 3))):
         section = draw(st.sampled_from(sorted(config)))

@@ -154,19 +154,42 @@ def test_cluster_command_quoting_and_missing_programs() -> None:
         lambda: Spec(vcpus=1, mem=2**63, disk=0),
         lambda: Spec(vcpus=1, mem=0, disk=0, net_bw="100000000000000Tbps"),
         lambda: Request(namespace="a", name="b", layers=[("x", MAX_BYTES), ("y", 1)]),
-        lambda: NodeState(node="n", platform="linux/amd64", mem_free=2**63, disk_free=0,
-                          cpu_capacity=1.0, disk_bw_ceiling=0.0, net_bw_ceiling=0.0),
-        lambda: NodeState(node="n", platform="linux/amd64", mem_free=0, disk_free=0,
-                          cpu_capacity=1.0, disk_bw_ceiling=1e300, net_bw_ceiling=0.0),
-        lambda: NodeState(node="n", platform="linux/amd64", generation=2**64, mem_free=0,
-                          disk_free=0, cpu_capacity=1.0, disk_bw_ceiling=0, net_bw_ceiling=0),
-        lambda: BudgetLimits(mem_max=2**63, disk_max=0, cpu_capacity=1, disk_bw_cap=0,
-                             net_bw_cap=0),
+        lambda: NodeState(
+            node="n",
+            platform="linux/amd64",
+            mem_free=2**63,
+            disk_free=0,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=0.0,
+            net_bw_ceiling=0.0,
+        ),
+        lambda: NodeState(
+            node="n",
+            platform="linux/amd64",
+            mem_free=0,
+            disk_free=0,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=1e300,
+            net_bw_ceiling=0.0,
+        ),
+        lambda: NodeState(
+            node="n",
+            platform="linux/amd64",
+            generation=2**64,
+            mem_free=0,
+            disk_free=0,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=0,
+            net_bw_ceiling=0,
+        ),
+        lambda: BudgetLimits(
+            mem_max=2**63, disk_max=0, cpu_capacity=1, disk_bw_cap=0, net_bw_cap=0
+        ),
         lambda: parse_information("9223372036854775808"),
         lambda: parse_bandwidth(2**63),
         lambda: checked_layers([("x", MAX_BYTES), ("y", 1)]),
     ],
-)  # fmt: skip
+)
 def test_byte_quantities_beyond_int64_are_invalid(make: Callable[[], object]) -> None:
     invalid(make)
 
@@ -185,8 +208,14 @@ def test_the_largest_quantities_still_work_and_format() -> None:
     ["", "a\x00", "node\x00\x00", "has space", "tab\there", "new\nline", "x" * 254, "\u200b"],
 )
 def test_every_name_is_one_name_type(name: str) -> None:
-    base = dict(platform="linux/amd64", mem_free=0, disk_free=0, cpu_capacity=1.0,
-                disk_bw_ceiling=0.0, net_bw_ceiling=0.0)  # fmt: skip
+    base = dict(
+        platform="linux/amd64",
+        mem_free=0,
+        disk_free=0,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=0.0,
+        net_bw_ceiling=0.0,
+    )
     for make in (
         lambda: NodeState(node=name, **base),
         lambda: NodeState(node="n", layers=frozenset({name}), **base),
@@ -217,8 +246,9 @@ def test_integers_with_thousands_of_digits_make_short_messages() -> None:
 def test_durations_are_finite_and_sane_everywhere(seconds: float) -> None:
     clock = lambda: 0.0  # noqa: E731
     store = MemoryStore()
-    budget = NodeBudget(BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1,
-                                     net_bw_cap=1))  # fmt: skip
+    budget = NodeBudget(
+        BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1, net_bw_cap=1)
+    )
     for make in (
         lambda: Lease(seconds, clock),
         lambda: budget.admit_leased(Spec(vcpus=1, mem=1, disk=1), seconds),
@@ -272,12 +302,19 @@ def test_counts_have_ceilings_and_numbers_are_finite_on_the_command_line(
         lambda: Platform(os=b"linux", arch="amd64"),
         lambda: NodeSection(name="w", labels={"": "a"}),
         lambda: NodeSection(name="w", labels={"k": "a\nb"}),
-        lambda: BudgetSection(mem_max=1, disk_max=1, cpu_max_load=True, disk_bw_cap=1,
-                              disk_bw_max_load=0.5, net_bw_cap=1, net_bw_max_load=0.5),
+        lambda: BudgetSection(
+            mem_max=1,
+            disk_max=1,
+            cpu_max_load=True,
+            disk_bw_cap=1,
+            disk_bw_max_load=0.5,
+            net_bw_cap=1,
+            net_bw_max_load=0.5,
+        ),
         lambda: SimConfig(assume=1),
         lambda: SimConfig(nodes=True),
     ],
-)  # fmt: skip
+)
 def test_no_loose_coercions(make: Callable[[], object]) -> None:
     invalid(make)
 
@@ -299,11 +336,17 @@ def budget_state(budget: NodeBudget) -> object:
 
 def test_every_admission_entry_point_leaves_the_budget_unchanged_on_a_bad_call() -> None:
     budget = NodeBudget(
-        BudgetLimits(mem_max=4 * GiB, disk_max=4 * GiB, cpu_capacity=4, disk_bw_cap=1000,
-                     net_bw_cap=1000, cpu_overcommit=2.0),
+        BudgetLimits(
+            mem_max=4 * GiB,
+            disk_max=4 * GiB,
+            cpu_capacity=4,
+            disk_bw_cap=1000,
+            net_bw_cap=1000,
+            cpu_overcommit=2.0,
+        ),
         clock=lambda: 0.0,
         platform="linux/amd64",
-    )  # fmt: skip
+    )
     spec = Spec(vcpus=1, mem=GiB, disk=GiB)
     leased = budget.admit_leased(spec, 30.0)
     changes: list[int] = []
@@ -339,16 +382,18 @@ def test_every_admission_entry_point_leaves_the_budget_unchanged_on_a_bad_call()
 
 
 def test_an_owner_that_cannot_be_watched_gets_its_reservation_back() -> None:
-    budget = NodeBudget(BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1,
-                                     net_bw_cap=1))  # fmt: skip
+    budget = NodeBudget(
+        BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1, net_bw_cap=1)
+    )
     with pytest.raises(RuntimeError, match="cannot watch"):
         budget.admit(Spec(vcpus=1, mem=GiB, disk=1), BrokenOwner())
     assert budget.reservations() == [] and budget.headroom().mem_free == GiB
 
 
 def test_node_core_and_scheduler_validate_before_acting() -> None:
-    budget = NodeBudget(BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1,
-                                     net_bw_cap=1))  # fmt: skip
+    budget = NodeBudget(
+        BudgetLimits(mem_max=GiB, disk_max=GiB, cpu_capacity=1, disk_bw_cap=1, net_bw_cap=1)
+    )
     core = NodeCore("n1", "linux/amd64", budget, FakeRuntime())
     spec = Spec(vcpus=1, mem=1, disk=1)
     for call in (

@@ -29,8 +29,9 @@ DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "openapi.json"
     ],
 )
 def test_bad_flags_are_one_line(args: list[str], flag: str) -> None:
-    result = runner.invoke(app, [*args, "--nats", "nats://127.0.0.1:1"] if args[0] ==
-                           "scheduler" else args)  # fmt: skip
+    result = runner.invoke(
+        app, [*args, "--nats", "nats://127.0.0.1:1"] if args[0] == "scheduler" else args
+    )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), result.output

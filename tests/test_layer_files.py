@@ -227,8 +227,13 @@ def test_a_failed_conversion_leaves_nothing(tmp_path: Path) -> None:
 @needs_conversion
 def test_acquire_all_is_all_or_nothing(tmp_path: Path) -> None:
     good = _image(tmp_path, 2).layers
-    bad = OciLayer(good[0].digest.replace("sha256:", "sha256:f")[:71], 5, good[0].media_type,
-                   "gzip", good[0].path)  # fmt: skip
+    bad = OciLayer(
+        good[0].digest.replace("sha256:", "sha256:f")[:71],
+        5,
+        good[0].media_type,
+        "gzip",
+        good[0].path,
+    )
     files = LayerFiles(tmp_path / "layers", 10 * GiB)
     with pytest.raises(Invalid):
         asyncio.run(files.acquire_all([*good, bad]))
@@ -309,10 +314,12 @@ def test_a_restart_adopts_files_least_recently_used_first(tmp_path: Path) -> Non
 def test_the_node_advertises_the_files(tmp_path: Path) -> None:
     image = _image(tmp_path, 2)
     files = LayerFiles(tmp_path / "layers", 10 * GiB)
-    limits = BudgetLimits(mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2,
-                          disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
-    core = NodeCore("n1", "linux/amd64", NodeBudget(limits, StaticLoad()), FakeRuntime(),
-                    layers=files.registry)  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=2, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
+    core = NodeCore(
+        "n1", "linux/amd64", NodeBudget(limits, StaticLoad()), FakeRuntime(), layers=files.registry
+    )
     spec = Spec(vcpus=0.5, mem=GiB, disk=GiB)
 
     async def scenario() -> None:

@@ -340,8 +340,12 @@ def test_a_port_imports_only_the_vocabulary() -> None:
     (:data:`VOCABULARY`), never a driver, a node or any other package's module."""
     allowed = {name for layer in VOCABULARY for name in layer}
     ports = [module for module in modules() if module.rsplit(".", 1)[-1] == "port"]
-    assert {"berth.scheduler.port", "berth.store.port", "berth.nodeclient.port",
-            "berth.node.runtime.port"} <= set(ports)  # fmt: skip
+    assert {
+        "berth.scheduler.port",
+        "berth.store.port",
+        "berth.nodeclient.port",
+        "berth.node.runtime.port",
+    } <= set(ports)
     found = [
         edge
         for port in ports
@@ -360,11 +364,27 @@ def test_no_two_modules_import_each_other_at_module_level() -> None:
 
 
 FORBIDDEN_ON_IMPORT = (
-    "nats", "fastapi", "starlette", "uvicorn", "httpx", "matplotlib", "rich", "typer",
-    "berth.oci", "berth.node.erofs", "berth.node.layer_files", "berth.node.microvm",
-    "berth.node.runtime.microvm", "berth.nats", "berth.registry", "berth.api", "berth.cli",
-    "berth.sim", "berth.up", "berth.testing",
-)  # fmt: skip
+    "nats",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "httpx",
+    "matplotlib",
+    "rich",
+    "typer",
+    "berth.oci",
+    "berth.node.erofs",
+    "berth.node.layer_files",
+    "berth.node.microvm",
+    "berth.node.runtime.microvm",
+    "berth.nats",
+    "berth.registry",
+    "berth.api",
+    "berth.cli",
+    "berth.sim",
+    "berth.up",
+    "berth.testing",
+)
 """Packages ``import berth`` must not load: each is loaded by the module that needs it."""
 
 LIGHT_ON_IMPORT = frozenset({"berth.node.microvm", "berth.node.microvm.config"})
@@ -449,8 +469,12 @@ def test_every_contract_suite_in_berth_testing_is_run_by_some_driver() -> None:
         for node in ast.parse(path.read_text(encoding="utf-8")).body
         if isinstance(node, ast.ClassDef) and node.name.endswith("Contract")
     }
-    assert {"NodeClientContract", "RuntimeContract", "SchedulerContract",
-            "StateStoreContract"} <= suites  # fmt: skip
+    assert {
+        "NodeClientContract",
+        "RuntimeContract",
+        "SchedulerContract",
+        "StateStoreContract",
+    } <= suites
     run: set[str] = set()
     for path in Path(__file__).parent.glob("test_*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

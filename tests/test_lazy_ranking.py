@@ -59,8 +59,9 @@ def states(draw: st.DrawFn, node: str) -> NodeState:
 @st.composite
 def histories(draw: st.DrawFn) -> list[tuple[str, NodeState | str]]:
     """Publications and departures, like a store's event stream."""
-    names = draw(st.lists(st.text(alphabet="abn-019", min_size=1, max_size=5), max_size=60,
-                          unique=True))  # fmt: skip
+    names = draw(
+        st.lists(st.text(alphabet="abn-019", min_size=1, max_size=5), max_size=60, unique=True)
+    )
     events: list[tuple[str, NodeState | str]] = [("put", draw(states(name))) for name in names]
     for _ in range(draw(st.integers(0, 20))):
         if not names:
@@ -271,9 +272,16 @@ def test_place_walks_the_full_order_when_every_candidate_refuses(
 
 
 def plain(name: str, layers: set[str], platform: str = "linux/amd64") -> NodeState:
-    return NodeState(node=name, platform=platform, mem_free=1024, disk_free=1024,
-                     cpu_capacity=1.0, disk_bw_ceiling=1.0, net_bw_ceiling=1.0,
-                     layers=frozenset(layers))  # fmt: skip
+    return NodeState(
+        node=name,
+        platform=platform,
+        mem_free=1024,
+        disk_free=1024,
+        cpu_capacity=1.0,
+        disk_bw_ceiling=1.0,
+        net_bw_ceiling=1.0,
+        layers=frozenset(layers),
+    )
 
 
 def test_a_walk_orders_only_what_it_reads() -> None:

@@ -76,8 +76,9 @@ class Cluster:
         self.collector = self.metrics.watch(self.scheduler, stale_after_s=10.0, clock=self.clock)
         for node in ("a", "b", "c"):
             mem = (budgets or {}).get(node, 4 * GiB)
-            limits = BudgetLimits(mem_max=mem, disk_max=100 * GiB, cpu_capacity=4,
-                                  disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+            limits = BudgetLimits(
+                mem_max=mem, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+            )
             self.nodes.add(node, NodeBudget(limits, platform=Platform.parse("linux/amd64")))
             self.store.publish_now(snapshot(node))
 
@@ -143,8 +144,13 @@ def test_a_walk_that_ranks_again_counts_a_reranking() -> None:
         tried.append(node)
         if node != "late":
             if len(tried) == 1:  # a node joins while the first pass is walked
-                limits = BudgetLimits(mem_max=4 * GiB, disk_max=100 * GiB, cpu_capacity=4,
-                                      disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+                limits = BudgetLimits(
+                    mem_max=4 * GiB,
+                    disk_max=100 * GiB,
+                    cpu_capacity=4,
+                    disk_bw_cap=GiB,
+                    net_bw_cap=GiB,
+                )
                 cluster.nodes.add("late", NodeBudget(limits, platform="linux/amd64"))
                 cluster.store.publish_now(snapshot("late"))
             raise Refused("cpu_saturated", node=node)
@@ -267,8 +273,9 @@ def test_an_unmeasured_scheduler_has_no_metrics_and_places_alike() -> None:
     store, nodes = MemoryStore(), LocalNodes()
     scheduler = ClusterScheduler(store, nodes)
     assert scheduler.metrics is None
-    limits = BudgetLimits(mem_max=4 * GiB, disk_max=100 * GiB, cpu_capacity=4,
-                          disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+    limits = BudgetLimits(
+        mem_max=4 * GiB, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
     nodes.add("a", NodeBudget(limits, platform="linux/amd64"))
     store.publish_now(snapshot("a"))
     assert asyncio.run(scheduler.schedule(request("plain"))).worker_node == "a"

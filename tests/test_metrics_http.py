@@ -55,8 +55,9 @@ def measured_scheduler() -> tuple[ClusterScheduler, Metrics]:
     scheduler = ClusterScheduler(store, nodes, metrics=metrics)
     metrics.watch(scheduler, stale_after_s=3600)
     for name in ("n1", "n2"):
-        limits = BudgetLimits(mem_max=4 * GiB, disk_max=10 * GiB, cpu_capacity=4,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=4 * GiB, disk_max=10 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
         nodes.add(name, NodeBudget(limits, platform="linux/amd64"))
         store.publish_now(
             NodeState(

@@ -33,7 +33,6 @@ from berth.node.microvm.initramfs import (
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
-    MIB,
     MIN_GUEST_MEM,
     host_tsc_khz,
     kernel_cmdline,
@@ -46,6 +45,7 @@ from berth.node.runtime import BootFailed, BootSpec, WorkloadExit
 from berth.node.runtime.microvm import MicrovmRuntime, _status, _user, _workdir
 from berth.store.memory import MemoryStore
 from berth.testing.runtime_contract import run
+from berth.units import MiB
 
 BUSYBOX = shutil.which("busybox")
 needs_busybox = pytest.mark.skipif(BUSYBOX is None, reason="busybox is not installed")
@@ -142,12 +142,12 @@ def test_the_config_archive_holds_only_the_config() -> None:
 
 
 def test_guest_size_rounds_up_floors_memory_and_caps_vcpus() -> None:
-    assert vm_size(0.25, 128 * MIB, host_cores=2) == vm_size(1, 128 * MIB, host_cores=2)
-    assert vm_size(0.25, 128 * MIB, host_cores=2).vcpus == 1
+    assert vm_size(0.25, 128 * MiB, host_cores=2) == vm_size(1, 128 * MiB, host_cores=2)
+    assert vm_size(0.25, 128 * MiB, host_cores=2).vcpus == 1
     assert vm_size(3, None, host_cores=2).vcpus == 2
-    assert vm_size(1.5, 300 * MIB + 1, host_cores=8).mem_mib == 301
-    small = vm_size(1, 32 * MIB)
-    assert small.mem_mib * MIB == MIN_GUEST_MEM and small.floored
+    assert vm_size(1.5, 300 * MiB + 1, host_cores=8).mem_mib == 301
+    small = vm_size(1, 32 * MiB)
+    assert small.mem_mib * MiB == MIN_GUEST_MEM and small.floored
     assert not vm_size(1, MIN_GUEST_MEM).floored
 
 
@@ -169,7 +169,7 @@ def test_qemu_argv_attaches_layers_read_only_by_serial_and_escapes_commas(tmp_pa
         kernel=tmp_path / "k",
         initrd=tmp_path / "i",
         accel="tcg",
-        size=vm_size(2, 256 * MIB, host_cores=4),
+        size=vm_size(2, 256 * MiB, host_cores=4),
         cmdline="console=ttyS0",
         layers=layers,
         upper=tmp_path / "u.img",

@@ -24,11 +24,11 @@ from berth.cli.demo_microvm import run_demo, summary
 from berth.node.layer_files import LayerFiles
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
-from berth.node.microvm.qemu import MIB
 from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
 from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
 from berth.oci import directory, file, opaque, read_layout, whiteout
 from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
+from berth.units import MiB
 
 FILES = GuestFiles.at(None)
 MISSING = problems(FILES)
@@ -171,8 +171,8 @@ def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
                 image="stacked",
                 command=("sh", "-c", look),
                 vcpus=2,
-                mem_limit=256 * MIB,
-                disk_limit=64 * MIB,
+                mem_limit=256 * MiB,
+                disk_limit=64 * MiB,
             ),
             BootSpec(
                 name="quote",
@@ -181,7 +181,7 @@ def test_guests_boot_concurrently_from_stacked_layers_with_their_resources(
                 env={"GREETING": "hello 'world'\n$HOME"},
             ),
             BootSpec(
-                name="small", image="busybox", command=("sh", "-c", "exit 0"), mem_limit=32 * MIB
+                name="small", image="busybox", command=("sh", "-c", "exit 0"), mem_limit=32 * MiB
             ),
             BootSpec(name="user", image="nonroot", command=("sh", "-c", "id -u; id -g")),
             BootSpec(name="group", image="nonroot-staff", command=("sh", "-c", "id -u; id -g")),
@@ -291,7 +291,7 @@ def test_a_start_cancelled_while_its_upper_disk_is_made_leaves_no_process(
     monkeypatch.setenv("PATH", f"{slow}:{os.environ['PATH']}")
 
     async def scenario() -> None:
-        spec = BootSpec(name="disk", image="busybox", command=("true",), disk_limit=64 * MIB)
+        spec = BootSpec(name="disk", image="busybox", command=("true",), disk_limit=64 * MiB)
         task = asyncio.get_running_loop().create_task(make(guests, layout).start(spec))
         while not _our_qemus(work):  # the slow mkfs.ext4 runs on the guest's upper disk
             await asyncio.sleep(0.05)
@@ -412,7 +412,7 @@ def test_a_guest_that_outgrows_its_memory_is_contained(
             BootSpec(
                 name="hog",
                 image="busybox",
-                mem_limit=128 * MIB,
+                mem_limit=128 * MiB,
                 command=("awk", 'BEGIN { s = "x"; while (1) s = s s }'),
             )
         )
@@ -431,7 +431,7 @@ def test_a_guest_that_outgrows_its_memory_is_contained(
         assert end.signal == signal.SIGKILL and not end.stopped
         assert hog.oom_kills >= 1
         assert any("Out of memory" in line for line in hog.output)
-        assert peak_kib * 1024 < 128 * MIB + 320 * MIB
+        assert peak_kib * 1024 < 128 * MiB + 320 * MiB
 
     run(scenario, GUEST_TIMEOUT_S)
 

@@ -76,8 +76,17 @@ def document(cluster: LocalCluster, *args: str) -> Any:
 def test_up_refuses_microvm_where_guests_cannot_boot(tmp_path: Path) -> None:
     home = tmp_path / "home"  # berth's default data directory is under $HOME: empty here
     home.mkdir()
-    result = berth(None, "up", "--runtime", "microvm", "--nodes", "2", "--http", "off",
-                   env={"HOME": str(home), "BERTH_HOME": str(tmp_path)})  # fmt: skip
+    result = berth(
+        None,
+        "up",
+        "--runtime",
+        "microvm",
+        "--nodes",
+        "2",
+        "--http",
+        "off",
+        env={"HOME": str(home), "BERTH_HOME": str(tmp_path)},
+    )
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert len(lines) == 1 and lines[0].startswith("error: --runtime: "), result.stderr
@@ -136,8 +145,9 @@ def test_up_microvm_boots_guests_through_the_api(cluster: LocalCluster) -> None:
     assert sleeper["state"] == "running" and sleeper["colocated_bytes"] == 0, sleeper
     held = sleeper["node"]
     # the next one is placed where those layers are, and says so
-    hello = document(cluster, "run", "busybox", "--name", "hello", "--type", "micro", "--",
-                     "echo", "hello")  # fmt: skip
+    hello = document(
+        cluster, "run", "busybox", "--name", "hello", "--type", "micro", "--", "echo", "hello"
+    )
     assert hello["node"] == held, (sleeper, hello)
     assert hello["colocated_bytes"] == image.size > 0, hello
 

@@ -26,8 +26,9 @@ def test_instance_table_is_hypers() -> None:
     }
     assert list(INSTANCE_TYPES) == list(expected)
     for name, (vcpus, mem, disk, disk_bw, net_bw) in expected.items():
-        assert instance_type(name) == Spec(vcpus=vcpus, mem=mem, disk=disk, disk_bw=disk_bw,
-                                           net_bw=net_bw)  # fmt: skip
+        assert instance_type(name) == Spec(
+            vcpus=vcpus, mem=mem, disk=disk, disk_bw=disk_bw, net_bw=net_bw
+        )
 
 
 def test_unknown_instance_type_lists_valid_ones() -> None:
@@ -162,8 +163,15 @@ def test_requests_round_trip_through_json(request: Request) -> None:
     assert Request.from_json(request.to_json()) == request
 
 
-@given(st.builds(Placement, worker_node=names, reservation_id=st.none() | names,
-                 colocated_bytes=st.integers(0, 2**40), rank=st.integers(0, 10**5)))  # fmt: skip
+@given(
+    st.builds(
+        Placement,
+        worker_node=names,
+        reservation_id=st.none() | names,
+        colocated_bytes=st.integers(0, 2**40),
+        rank=st.integers(0, 10**5),
+    )
+)
 def test_placements_round_trip_through_json(placement: Placement) -> None:
     assert Placement.from_json(placement.to_json()) == placement
 

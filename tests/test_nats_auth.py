@@ -66,9 +66,10 @@ def test_a_node_cannot_speak_for_another(secured: tuple[NatsServer, ClusterAuth]
                 forged = sample_state("node-00", victim_state.generation + 100, mem_free=1)
                 for attempt in (
                     js.publish("$KV.berth_nodes.node-00", encode_state(forged), timeout=0.5),
-                    js.publish("$KV.berth_nodes.node-00", headers={"KV-Operation": "DEL"},
-                               timeout=0.5),
-                ):  # fmt: skip
+                    js.publish(
+                        "$KV.berth_nodes.node-00", headers={"KV-Operation": "DEL"}, timeout=0.5
+                    ),
+                ):
                     with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
                         await attempt
                 heard: list[Msg] = []

@@ -269,8 +269,11 @@ def test_a_create_waits_as_long_as_the_api_may_take_to_place_and_boot() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         waited[request.method] = request.extensions["timeout"]["read"]
-        return httpx.Response(503, content=problem(503, detail="no scheduler"),
-                              headers={"content-type": "application/problem+json"})  # fmt: skip
+        return httpx.Response(
+            503,
+            content=problem(503, detail="no scheduler"),
+            headers={"content-type": "application/problem+json"},
+        )
 
     location = ApiLocation("http://api", "t", "test")
     with ApiClient(location, transport=httpx.MockTransport(handler)) as client:

@@ -148,8 +148,9 @@ def test_the_walkthrough(up: Up) -> None:
     assert not any(node["cordoned"] for node in nodes["items"])
 
     # -- an image, then two workloads of it --------------------------------------------------
-    added = ok(up, "images", "add", "hello", "--layer", "sha256:1111:28MiB",
-               "--layer", "sha256:2222:5MiB")  # fmt: skip
+    added = ok(
+        up, "images", "add", "hello", "--layer", "sha256:1111:28MiB", "--layer", "sha256:2222:5MiB"
+    )
     assert added.strip() == "registered hello: 2 layers, 33MiB, platform any", added
     assert [image["name"] for image in document(up, "images")["items"]] == ["hello"]
     assert "hello" in ok(up, "images")
@@ -160,8 +161,20 @@ def test_the_walkthrough(up: Up) -> None:
     )
     assert found, line
     plain, node = found.groups()
-    web = document(up, "run", "hello", "--name", "web", "--type", "micro", "--restartable",
-                   "--", "python", "-m", "http.server")  # fmt: skip
+    web = document(
+        up,
+        "run",
+        "hello",
+        "--name",
+        "web",
+        "--type",
+        "micro",
+        "--restartable",
+        "--",
+        "python",
+        "-m",
+        "http.server",
+    )
     assert web["state"] == "running" and web["restartable"] and web["image"] == "hello"
     assert web["command"] == ["python", "-m", "http.server"]
     assert web["node"] == node  # its layers are there already: the ranking prefers that node
@@ -267,12 +280,25 @@ def test_run_spreads_replicas_one_per_node_then_refuses(up: Up) -> None:
     assert sorted(workload["node"] for workload in placed) == list(NODES), placed
     line = error_line(up, "run", "hello", *spread, "--replica", "3", "--", "sleep", "600")
     assert "hard spread (one replica per node)" in line, line
-    explained = document(up, "explain", "hello", "--name", "spread-web", "--spread", "node",
-                         "--spread-hard")  # fmt: skip
+    explained = document(
+        up, "explain", "hello", "--name", "spread-web", "--spread", "node", "--spread-hard"
+    )
     assert {verdict["verdict"] for verdict in explained["verdicts"]} == {"spread"}, explained
     # soft (the default): the fourth replica goes beside a sibling rather than nowhere
-    soft = document(up, "run", "hello", "--name", "spread-web", "--spread", "node",
-                    "--replica", "3", "--", "sleep", "600")  # fmt: skip
+    soft = document(
+        up,
+        "run",
+        "hello",
+        "--name",
+        "spread-web",
+        "--spread",
+        "node",
+        "--replica",
+        "3",
+        "--",
+        "sleep",
+        "600",
+    )
     assert soft["node"] in NODES
     # the same replica again while it runs: its identity is taken, nothing placed
     line = error_line(up, "run", "hello", *spread, "--replica", "0", "--", "sleep", "600")

@@ -34,9 +34,19 @@ def test_normalisation(text: str, normal: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "linux", "linux/", "/amd64", "linux/amd64/v8/x", "linux/amd46", "lunix/amd64",
-             "linux/am d64", "linux/arm64/v 8"],
-)  # fmt: skip
+    "text",
+    [
+        "",
+        "linux",
+        "linux/",
+        "/amd64",
+        "linux/amd64/v8/x",
+        "linux/amd46",
+        "lunix/amd64",
+        "linux/am d64",
+        "linux/arm64/v 8",
+    ],
+)
 def test_malformed_platforms_are_invalid(text: str) -> None:
     with pytest.raises(Invalid) as caught:
         Platform.parse(text, field="node.platform")
@@ -189,8 +199,15 @@ def test_normalise_defaults_to_no_variant() -> None:
 def test_unknown_variant_lists_the_known_ones() -> None:
     named = sorted(v for v in KNOWN_VARIANTS if not v.startswith("v"))
     assert named == [
-        "hardfloat", "power10", "power8", "power9", "rva20u64", "rva22u64", "softfloat", "sse2",
-    ]  # fmt: skip
+        "hardfloat",
+        "power10",
+        "power8",
+        "power9",
+        "rva20u64",
+        "rva22u64",
+        "softfloat",
+        "sse2",
+    ]
     with pytest.raises(Invalid) as caught:
         _normalise("linux", "arm64", "v10")
     assert caught.value.field == "variant"

@@ -317,8 +317,11 @@ def allocation_cluster() -> Engine:
 def test_allocation_is_the_mean_reserved_fraction_of_memory_and_disk() -> None:
     view = allocation_cluster().view()
     assert by_name(view, allocation(view)) == {
-        "a": 0.5, "b": 0.0, "c": pytest.approx((14 / 16 + 3 / 4) / 2), "d": 0.0,
-    }  # fmt: skip
+        "a": 0.5,
+        "b": 0.0,
+        "c": pytest.approx((14 / 16 + 3 / 4) / 2),
+        "d": 0.0,
+    }
 
 
 def test_binpack_fills_the_fullest_first_and_spread_the_emptiest_ties_by_name() -> None:

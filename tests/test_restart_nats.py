@@ -109,9 +109,10 @@ def test_two_schedulers_race_for_the_last_free_memory(nats_server: NatsServer) -
                     for name in ("a", "b")
                 ]
                 results = await asyncio.gather(
-                    first.schedule(requests[0]), second.schedule(requests[1]),
+                    first.schedule(requests[0]),
+                    second.schedule(requests[1]),
                     return_exceptions=True,
-                )  # fmt: skip
+                )
                 wins = [r for r in results if isinstance(r, Placement)]
                 losses = [r for r in results if isinstance(r, NoCapacity)]
                 assert len(wins) == 1 and len(losses) == 1, results

@@ -16,8 +16,13 @@ from helpers import sim_app
 
 runner = CliRunner()
 REQUIRED = {"default", "overload", "stale", "bursty", "multi-arch", "heterogeneous", "large"}
-GOAL_KEYS = {"bytes_vs_seed", "capacity_bound", "refusals_vs_others", "avoidable_refusals",
-             "start_p99"}  # fmt: skip
+GOAL_KEYS = {
+    "bytes_vs_seed",
+    "capacity_bound",
+    "refusals_vs_others",
+    "avoidable_refusals",
+    "start_p99",
+}
 
 
 def test_the_suite_has_the_issues_scenarios_at_their_sizes() -> None:
@@ -47,8 +52,9 @@ def test_unknown_scenarios_are_invalid() -> None:
 
 
 def test_quick_suite_writes_a_report_per_scenario_with_goals(tmp_path: Path) -> None:
-    result = runner.invoke(sim_app(), ["sim", "--scenario", "all", "--quick", "--quiet",
-                                   "--out", str(tmp_path)])  # fmt: skip
+    result = runner.invoke(
+        sim_app(), ["sim", "--scenario", "all", "--quick", "--quiet", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.stderr
     for name in SCENARIOS:
         document = json.loads((tmp_path / name / "report.json").read_text())
@@ -67,8 +73,20 @@ def test_quick_suite_writes_a_report_per_scenario_with_goals(tmp_path: Path) -> 
 
 
 def test_one_scenario_writes_into_out_itself(tmp_path: Path) -> None:
-    result = runner.invoke(sim_app(), ["sim", "--scenario", "stale", "--quick", "--quiet",
-                                   "--policy", "seed,berth", "--out", str(tmp_path)])  # fmt: skip
+    result = runner.invoke(
+        sim_app(),
+        [
+            "sim",
+            "--scenario",
+            "stale",
+            "--quick",
+            "--quiet",
+            "--policy",
+            "seed,berth",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.stderr
     document = json.loads((tmp_path / "report.json").read_text())
     assert list(document["policies"]) == ["seed", "berth"]

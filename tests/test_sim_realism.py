@@ -45,9 +45,13 @@ def arrival(
         layers=request_layers,
     )
     return Arrival(
-        at=at, request=request, lifetime=lifetime, image=image, instance_type=instance,
+        at=at,
+        request=request,
+        lifetime=lifetime,
+        image=image,
+        instance_type=instance,
         variants=variants,
-    )  # fmt: skip
+    )
 
 
 def config(**overrides: object) -> SimConfig:
@@ -137,9 +141,11 @@ def test_preseeded_layers_are_not_pulled_and_not_in_the_bounds() -> None:
     arrivals = generate_workload(workload)
     cold = Simulation(SimConfig(nodes=8, workload=workload), "berth", arrivals).run()
     warm = Simulation(
-        SimConfig(nodes=8, workload=workload, preseed_layers=6), "berth", arrivals,
+        SimConfig(nodes=8, workload=workload, preseed_layers=6),
+        "berth",
+        arrivals,
         check_invariants=True,
-    ).run()  # fmt: skip
+    ).run()
     assert warm.preseeded and all(len(layers) <= 6 for layers in warm.preseeded.values())
     assert warm.pulled_bytes < cold.pulled_bytes
     assert warm.lower_bound_bytes < cold.lower_bound_bytes
@@ -171,8 +177,7 @@ def test_a_placement_gives_up_at_max_refusals() -> None:
 
 
 def test_each_refusal_costs_a_round_trip() -> None:
-    cfg = config(nodes=2, concurrency=2, staleness=100.0, refusal_rtt=0.5,
-                 node_classes=ONE_CLASS)  # fmt: skip
+    cfg = config(nodes=2, concurrency=2, staleness=100.0, refusal_rtt=0.5, node_classes=ONE_CLASS)
     arrivals = [
         arrival(0.0, "a", [("la", MB)], instance="deci", lifetime=50.0),
         arrival(1.0, "b", [("la", MB)], instance="deci", lifetime=50.0, replica=1),
@@ -197,10 +202,13 @@ def test_a_refusal_the_truth_could_have_held_is_recorded() -> None:
 
 def test_multi_platform_requests_mount_their_nodes_variant() -> None:
     workload = WorkloadConfig(
-        requests=80, rate=1.0, lifetime_mean=30.0, seed=2,
+        requests=80,
+        rate=1.0,
+        lifetime_mean=30.0,
+        seed=2,
         multi_platform=(Platform.parse("linux/amd64"), Platform.parse("linux/arm64/v8")),
         multi_platform_share=1.0,
-    )  # fmt: skip
+    )
     cfg = SimConfig(
         nodes=6, workload=workload, node_platforms={"linux/amd64": 0.5, "linux/arm64/v8": 0.5}
     )

@@ -83,8 +83,12 @@ def test_placements_do_not_depend_on_python_hash_randomisation(tmp_path: Path) -
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         done = subprocess.run(
             [sys.executable, "-c", script, "seed", "kube", "berth"],
-            env=env, capture_output=True, text=True, timeout=120, check=True,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
         outputs.append(json.loads(done.stdout))
     assert outputs[0] == outputs[1]
 
@@ -263,9 +267,12 @@ def test_pulls_add_up_and_respect_the_lower_bound() -> None:
 
 def test_pull_time_is_bytes_over_bandwidth() -> None:
     config = small(  # only the node's link limits: no latency, registry and unpacking free
-        pull_bandwidth=10_000_000, boot_seconds=0.5, layer_latency=0.0,
-        registry_bandwidth=10**15, unpack_bandwidth=10**15,
-    )  # fmt: skip
+        pull_bandwidth=10_000_000,
+        boot_seconds=0.5,
+        layer_latency=0.0,
+        registry_bandwidth=10**15,
+        unpack_bandwidth=10**15,
+    )
     result, _ = run(config, "seed")
     first = result.decisions[0]
     assert first.placed and first.local_bytes == 0  # an empty cluster pulls everything
@@ -342,11 +349,20 @@ def test_report_json_and_plots(tmp_path: Path) -> None:
     assert list(document["policies"]) == ["seed", "berth"]
     metrics = document["policies"]["berth"]
     for key in (
-        "placed", "refused_no_capacity", "refused_at_confirmation", "no_matching_platform",
-        "bytes_pulled", "lower_bound_bytes", "pull_ratio", "start_latency_p50_s",
-        "start_latency_p99_s", "node_utilisation_std", "node_utilisation_cv",
-        "decision_latency_p50_ms", "decision_latency_p99_ms",
-    ):  # fmt: skip
+        "placed",
+        "refused_no_capacity",
+        "refused_at_confirmation",
+        "no_matching_platform",
+        "bytes_pulled",
+        "lower_bound_bytes",
+        "pull_ratio",
+        "start_latency_p50_s",
+        "start_latency_p99_s",
+        "node_utilisation_std",
+        "node_utilisation_cv",
+        "decision_latency_p50_ms",
+        "decision_latency_p99_ms",
+    ):
         assert key in metrics
     assert metrics["pull_ratio"] == pytest.approx(
         metrics["bytes_pulled"] / metrics["lower_bound_bytes"]

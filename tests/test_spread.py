@@ -34,9 +34,14 @@ SOFT_ZONE = Spread(label="zone", hard=False)
 class Cluster:
     """Budgets whose every change is published at once (a fresh view), one scheduler."""
 
-    def __init__(self, nodes: dict[str, str | None], *, mem: int = 4 * GiB,
-                 layers: dict[str, frozenset[str]] | None = None,
-                 client: LocalNodes | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        nodes: dict[str, str | None],
+        *,
+        mem: int = 4 * GiB,
+        layers: dict[str, frozenset[str]] | None = None,
+        client: LocalNodes | None = None,
+    ) -> None:
         self.clock = FakeClock(0.0)
         self.store = MemoryStore(clock=self.clock)
         self.local = LocalNodes()
@@ -50,8 +55,9 @@ class Cluster:
         self.scheduler = ClusterScheduler(self.store, client or self.local, clock=self.clock)
 
     def add(self, name: str, zone: str | None, *, mem: int = 4 * GiB) -> None:
-        limits = BudgetLimits(mem_max=mem, disk_max=100 * GiB, cpu_capacity=4,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=mem, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
         self.zones[name] = zone
         self.budgets[name] = NodeBudget(
             limits, StaticLoad(), clock=self.clock, on_change=lambda: self.publish(name)
@@ -68,8 +74,14 @@ class Cluster:
         self.store.publish_now(state)
 
     async def place(self, spread: Spread | None, replica: int = 0, name: str = "fn") -> str:
-        request = Request(namespace="default", name=name, replica=replica, spec=SMALL,
-                          layers=(("l1", 10**6),), spread=spread)  # fmt: skip
+        request = Request(
+            namespace="default",
+            name=name,
+            replica=replica,
+            spec=SMALL,
+            layers=(("l1", 10**6),),
+            spread=spread,
+        )
         return (await self.scheduler.schedule(request)).worker_node
 
 
@@ -79,8 +91,9 @@ def run(coro: object) -> object:
 
 # -- the request field ---------------------------------------------------------------------------
 def test_spread_is_part_of_the_request_and_round_trips_through_json() -> None:
-    request = Request(namespace="a", name="b", spread={"label": "zone", "hard": False,
-                                                       "max_skew": 2})  # fmt: skip
+    request = Request(
+        namespace="a", name="b", spread={"label": "zone", "hard": False, "max_skew": 2}
+    )
     assert request.spread == Spread(label="zone", hard=False, max_skew=2)
     assert Request.from_json(request.to_json()) == request
     assert Request(namespace="a", name="b").spread is None
@@ -138,8 +151,7 @@ def test_without_spread_replicas_colocate_and_soft_spread_prefers_empty_nodes() 
         assert [await plain.place(None, r) for r in range(4)] == ["n1"] * 4
         soft = Cluster({"n1": None, "n2": None, "n3": None}, layers=layers)
         # Colocation orders each tier: n1 (has the layer) first, then n2, n3 by name.
-        assert [await soft.place(SOFT_NODE, r) for r in range(5)] == [
-            "n1", "n2", "n3", "n1", "n1"]  # fmt: skip
+        assert [await soft.place(SOFT_NODE, r) for r in range(5)] == ["n1", "n2", "n3", "n1", "n1"]
 
     run(main())
 
@@ -276,8 +288,10 @@ def test_concurrent_requests_of_one_function_never_share_a_node_under_hard_sprea
         cluster = Cluster({f"n{i}": None for i in range(6)}, client=nodes)
         for name, budget in cluster.budgets.items():
             nodes.add(name, budget)
-        requests = [Request(namespace="d", name="fn", replica=r, spec=SMALL, spread=HARD_NODE)
-                    for r in range(10)]  # fmt: skip
+        requests = [
+            Request(namespace="d", name="fn", replica=r, spec=SMALL, spread=HARD_NODE)
+            for r in range(10)
+        ]
         results = await asyncio.gather(
             *(cluster.scheduler.schedule(r) for r in requests), return_exceptions=True
         )
@@ -309,8 +323,10 @@ def test_a_refusal_drops_the_hold() -> None:
 # -- per label value -------------------------------------------------------------------------------
 def test_hard_zone_spread_keeps_the_skew_and_skips_unlabelled_nodes() -> None:
     async def main() -> None:
-        cluster = Cluster({"a1": "a", "a2": "a", "b1": "b", "bare": None},
-                          layers={"a1": frozenset({"l1"}), "a2": frozenset({"l1"})})  # fmt: skip
+        cluster = Cluster(
+            {"a1": "a", "a2": "a", "b1": "b", "bare": None},
+            layers={"a1": frozenset({"l1"}), "a2": frozenset({"l1"})},
+        )
         zones = {"a1": "a", "a2": "a", "b1": "b"}
         placed = [await cluster.place(HARD_ZONE, r) for r in range(6)]
         per_zone = Counter(zones[node] for node in placed)
@@ -334,7 +350,9 @@ def test_a_full_zone_holds_a_hard_zone_spread_back_and_a_soft_one_goes_on() -> N
             cluster = Cluster({"a1": "a", "b1": "b"})
             cluster.add("b1", "b", mem=GiB // 8)  # room for one replica in zone b
             assert sorted([await cluster.place(spread, 0), await cluster.place(spread, 1)]) == [
-                "a1", "b1"]  # fmt: skip
+                "a1",
+                "b1",
+            ]
             assert await cluster.place(spread, 2) == "a1"  # a: 2, b: 1 — skew 1
             if expected is None:
                 with pytest.raises(NoCapacity) as caught:
@@ -371,8 +389,9 @@ def test_max_skew_two_and_a_new_zone_counts_from_zero() -> None:
 def test_soft_spread_demotes_the_preferred_node_and_explains_why() -> None:
     async def main() -> None:
         cluster = Cluster({"n1": None, "n2": None})
-        request = Request(namespace="d", name="fn", spec=SMALL, spread=SOFT_NODE,
-                          preferred_node="n1")  # fmt: skip
+        request = Request(
+            namespace="d", name="fn", spec=SMALL, spread=SOFT_NODE, preferred_node="n1"
+        )
         assert (await cluster.scheduler.schedule(request)).worker_node == "n1"
         assert (await cluster.scheduler.schedule(request)).worker_node == "n2"
         verdicts = {v.node: v for v in cluster.scheduler.explain(request).verdicts}
@@ -407,9 +426,16 @@ def test_replica_index_counts_holds_leases_and_bindings() -> None:
 
 def test_rule_domains_are_the_label_values_of_nodes_on_the_requests_platforms() -> None:
     def state(name: str, zone: str, platform: str) -> NodeState:
-        return NodeState(node=name, platform=platform, labels={"zone": zone}, mem_free=GiB,
-                         disk_free=GiB, cpu_capacity=1.0, disk_bw_ceiling=1.0,
-                         net_bw_ceiling=1.0)  # fmt: skip
+        return NodeState(
+            node=name,
+            platform=platform,
+            labels={"zone": zone},
+            mem_free=GiB,
+            disk_free=GiB,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=1.0,
+            net_bw_ceiling=1.0,
+        )
 
     index = LabelIndex()
     index.update(state("x", "a", "linux/amd64"))
@@ -426,10 +452,17 @@ def test_rule_domains_are_the_label_values_of_nodes_on_the_requests_platforms() 
 
 def test_label_index_follows_joins_relabels_and_leaves_and_rules_stay_values() -> None:
     def state(name: str, zone: str | None, generation: int = 0) -> NodeState:
-        return NodeState(node=name, platform="linux/amd64", generation=generation,
-                         labels={} if zone is None else {"zone": zone}, mem_free=GiB,
-                         disk_free=GiB, cpu_capacity=1.0, disk_bw_ceiling=1.0,
-                         net_bw_ceiling=1.0)  # fmt: skip
+        return NodeState(
+            node=name,
+            platform="linux/amd64",
+            generation=generation,
+            labels={} if zone is None else {"zone": zone},
+            mem_free=GiB,
+            disk_free=GiB,
+            cpu_capacity=1.0,
+            disk_bw_ceiling=1.0,
+            net_bw_ceiling=1.0,
+        )
 
     index = LabelIndex()
     index.update(state("x", "a"))

@@ -177,16 +177,18 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
 
             placements: list[Placement] = []
             for replica in range(3):
-                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
-                                  spread=HARD)  # fmt: skip
+                request = Request(
+                    namespace="t", name="fn", replica=replica, spec=SMALL, spread=HARD
+                )
                 placements.append(await cluster.caller.schedule(request))
                 expected = {p.worker_node: 1 for p in placements}
                 await _eventually(partial(everyone_counts, expected))
             assert len({p.worker_node for p in placements}) == 3
             # every scheduler knows all three nodes are taken, whichever gets the request
             for replica in range(3, 6):
-                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
-                                  spread=HARD)  # fmt: skip
+                request = Request(
+                    namespace="t", name="fn", replica=replica, spec=SMALL, spread=HARD
+                )
                 with pytest.raises(NoCapacity, match="spread") as caught:
                     await cluster.caller.schedule(request)
                 assert set(caught.value.reasons.values()) == {"spread"}
@@ -211,8 +213,14 @@ def test_every_scheduler_counts_every_replica_and_a_hard_spread_holds_across_the
             before = [s.scheduler.replicas.where(FN) for s in services]
             with caplog.at_level(logging.WARNING, logger="berth.registry.routes"):
                 await bucket.put("x.y", b"not json")
-                bad = {"v": 1, "workload": "t/fn/7", "node": freed, "reservation_id": "r",
-                       "namespace": "t", "name": "a b"}  # fmt: skip
+                bad = {
+                    "v": 1,
+                    "workload": "t/fn/7",
+                    "node": freed,
+                    "reservation_id": "r",
+                    "namespace": "t",
+                    "name": "a b",
+                }
                 await bucket.put(NatsRoutes.key("t/fn/7", freed), json.dumps(bad).encode())
                 elsewhere = encode_route(Route("t/fn/8", freed, "r8", None, 0.0, "t", "fn"))
                 await bucket.put("other.key", elsewhere)  # a route under another's key
@@ -343,8 +351,9 @@ def test_a_departed_node_leaves_every_schedulers_count(nats_server: NatsServer) 
 
             placements = []
             for replica in range(3):
-                request = Request(namespace="t", name="fn", replica=replica, spec=SMALL,
-                                  spread=HARD)  # fmt: skip
+                request = Request(
+                    namespace="t", name="fn", replica=replica, spec=SMALL, spread=HARD
+                )
                 placements.append(await cluster.caller.schedule(request))
                 await _eventually(partial(everyone_counts, replica + 1))
             victim = placements[0].worker_node

@@ -33,8 +33,15 @@ def api() -> Iterator[httpx.Client]:
 
 
 def create(api: httpx.Client, replica: int, **fields: Any) -> httpx.Response:
-    body = {"namespace": "spread", "name": "web", "replica": replica, "type": "micro",
-            "command": ["sleep", "60"], "spread": HARD, **fields}  # fmt: skip
+    body = {
+        "namespace": "spread",
+        "name": "web",
+        "replica": replica,
+        "type": "micro",
+        "command": ["sleep", "60"],
+        "spread": HARD,
+        **fields,
+    }
     return api.post("/v1/workloads", json=body)
 
 
@@ -50,16 +57,19 @@ def test_a_hard_spread_places_replicas_on_distinct_nodes_then_refuses(api: httpx
     refused = problem(create(api, 3), 409)
     assert "spread" in refused["detail"], refused
 
-    explained = api.post("/v1/explain", json={"namespace": "spread", "name": "web",
-                         "type": "micro", "spread": HARD})  # fmt: skip
+    explained = api.post(
+        "/v1/explain", json={"namespace": "spread", "name": "web", "type": "micro", "spread": HARD}
+    )
     assert explained.status_code == 200, explained.text
     verdicts = explained.json()["verdicts"]
     assert {v["verdict"] for v in verdicts} == {"spread"}, verdicts
     assert all("one per node" in v["detail"] for v in verdicts)
 
     # the placement port (lease only) refuses the same way
-    placement = api.post("/v1/placements", json={"namespace": "spread", "name": "web",
-                         "replica": 7, "spec": "micro", "spread": HARD})  # fmt: skip
+    placement = api.post(
+        "/v1/placements",
+        json={"namespace": "spread", "name": "web", "replica": 7, "spec": "micro", "spread": HARD},
+    )
     assert "spread" in problem(placement, 409)["detail"]
 
     # a soft spread still places (beside a sibling), and another function is not affected

@@ -74,8 +74,13 @@ class World:
     def __post_init__(self) -> None:
         for spec in self.nodes:
             name = spec.name
-            limits = BudgetLimits(mem_max=spec.slots * SMALL.mem, disk_max=100 * GiB,
-                                  cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+            limits = BudgetLimits(
+                mem_max=spec.slots * SMALL.mem,
+                disk_max=100 * GiB,
+                cpu_capacity=4,
+                disk_bw_cap=GiB,
+                net_bw_cap=GiB,
+            )
             self.budgets[name] = NodeBudget(limits, StaticLoad(), on_change=self._publisher(name))
             self.local.add(spec.name, self.budgets[spec.name])
             self.publish(spec.name)
@@ -129,8 +134,14 @@ async def replay(world: World, spreads: dict[str, Spread | None], ops: list[Op])
             continue
         function = FUNCTIONS[which % len(FUNCTIONS)]
         spread = spreads[function]
-        request = Request(namespace="t", name=function, replica=len(outcomes), spec=SMALL,
-                          layers=LAYERS, spread=spread)  # fmt: skip
+        request = Request(
+            namespace="t",
+            name=function,
+            replica=len(outcomes),
+            spec=SMALL,
+            layers=LAYERS,
+            spread=spread,
+        )
         room = world.with_room()
         keeping = [node for node in room if spread is None or world.keeps(spread, function, node)]
         seed_first = ReferenceRanker()

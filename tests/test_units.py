@@ -119,8 +119,15 @@ def test_human_format_is_within_half_a_percent(value: int) -> None:
     st.sampled_from(["B", "KiB", "MiB", "GiB", "KB", "MB", "GB"]),
 )
 def test_integer_quantities_multiply_exactly(number: int, suffix: str) -> None:
-    multiplier = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6,
-                  "GB": 10**9}[suffix]  # fmt: skip
+    multiplier = {
+        "B": 1,
+        "KiB": 2**10,
+        "MiB": 2**20,
+        "GiB": 2**30,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+    }[suffix]
     assert parse_information(f"{number}{suffix}") == number * multiplier
 
 

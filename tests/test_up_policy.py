@@ -19,8 +19,12 @@ from api_helpers import api_client
 from berth.errors import Invalid
 from berth.up import LocalCluster
 
-REQUEST = {"namespace": "default", "name": "probe", "spec": "micro",
-           "layers": [{"id": "sha256:base", "size": 1024}]}  # fmt: skip
+REQUEST = {
+    "namespace": "default",
+    "name": "probe",
+    "spec": "micro",
+    "layers": [{"id": "sha256:base", "size": 1024}],
+}
 
 
 class PolicyFlag(TypedDict, total=False):
@@ -56,8 +60,11 @@ def test_an_unknown_policy_is_refused_before_anything_starts() -> None:
     for command in ("up", "scheduler"):
         done = subprocess.run(
             [sys.executable, "-m", "berth.cli", command, "--policy", "fastest"],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 2, done
         assert done.stderr.strip().startswith("error: --policy: unknown policy 'fastest'")
         assert "Traceback" not in done.stderr

@@ -38,12 +38,20 @@ SPEC = Spec(vcpus=0.25, mem=128 * MiB, disk=MiB)
 LAYERS = (Layer(id="big", size=100), Layer(id="small", size=10))
 
 
-def state(node: str, platform: str = "linux/amd64", layers: set[str] | None = None,
-          generation: int = 1) -> NodeState:  # fmt: skip
-    return NodeState(node=node, platform=platform, generation=generation,
-                     mem_free=4 * GiB, disk_free=100 * GiB, cpu_capacity=4,
-                     disk_bw_ceiling=GiB, net_bw_ceiling=GiB,
-                     layers=frozenset(layers or ()))  # fmt: skip
+def state(
+    node: str, platform: str = "linux/amd64", layers: set[str] | None = None, generation: int = 1
+) -> NodeState:
+    return NodeState(
+        node=node,
+        platform=platform,
+        generation=generation,
+        mem_free=4 * GiB,
+        disk_free=100 * GiB,
+        cpu_capacity=4,
+        disk_bw_ceiling=GiB,
+        net_bw_ceiling=GiB,
+        layers=frozenset(layers or ()),
+    )
 
 
 class Walk:
@@ -55,15 +63,21 @@ class Walk:
         self.store = MemoryStore()
         self.nodes = LocalNodes()
         self.scheduler = ClusterScheduler(self.store, self.nodes, ranker=ranker)
-        for node, layers in (("a", {"big", "small"}), ("b", {"big"}), ("c", {"small"}),
-                             ("d", set()), ("e", set())):  # fmt: skip
+        for node, layers in (
+            ("a", {"big", "small"}),
+            ("b", {"big"}),
+            ("c", {"small"}),
+            ("d", set()),
+            ("e", set()),
+        ):
             self.join(state(node, layers=layers))
         self.join(state("arm-1", "linux/arm64", {"big", "small"}))
         self.tried: list[str] = []
 
     def join(self, snapshot: NodeState) -> None:
-        limits = BudgetLimits(mem_max=4 * GiB, disk_max=100 * GiB, cpu_capacity=4,
-                              disk_bw_cap=GiB, net_bw_cap=GiB)  # fmt: skip
+        limits = BudgetLimits(
+            mem_max=4 * GiB, disk_max=100 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+        )
         self.nodes.add(snapshot.node, NodeBudget(limits, platform=snapshot.platform))
         self.store.publish_now(snapshot)
 
@@ -208,8 +222,9 @@ def engine_with(count: int, layer_ids: list[str]) -> Engine:
 )
 def test_engine_ranking_is_a_value(count: int, layer_count: int) -> None:
     layer_ids = [f"l{j}" for j in range(layer_count)]
-    layers = [Layer(id="base", size=1)] + [Layer(id=lid, size=10 * (j + 1))
-                                           for j, lid in enumerate(layer_ids)]  # fmt: skip
+    layers = [Layer(id="base", size=1)] + [
+        Layer(id=lid, size=10 * (j + 1)) for j, lid in enumerate(layer_ids)
+    ]
     engine = engine_with(count, layer_ids)
     ranking = engine.rank(SPEC, layers)  # not read until the engine has changed
     before = engine.rank(SPEC, layers).pairs()  # the same ranking, read at once
@@ -232,8 +247,10 @@ def test_engine_ranking_is_a_value(count: int, layer_count: int) -> None:
     assert ranking[0] == before[0][0] and ranking[1:3] == [node for node, _ in before[1:3]]
     assert [ranking.colocated(i) for i in range(len(ranking))] == [b for _, b in before]
     fresh = engine.rank(SPEC, layers).pairs()
-    assert fresh[0] in (("aaa-newcomer", sum(layer.size for layer in layers)),
-                        (survivor, sum(layer.size for layer in layers)))  # fmt: skip
+    assert fresh[0] in (
+        ("aaa-newcomer", sum(layer.size for layer in layers)),
+        (survivor, sum(layer.size for layer in layers)),
+    )
     assert not set(departed) & {node for node, _ in fresh}
 
 

@@ -422,35 +422,52 @@ CHECKS: tuple[Check, ...] = (
     CORDONED,
     PLATFORM,
     _hard(
-        "mem", "mem_exhausted", "insufficient memory",
+        "mem",
+        "mem_exhausted",
+        "insufficient memory",
         lambda view, demand: demand.mem <= view.mem_free,
     ),
     _hard(
-        "disk", "disk_exhausted", "insufficient disk",
+        "disk",
+        "disk_exhausted",
+        "insufficient disk",
         lambda view, demand: demand.disk <= view.disk_free,
     ),
     _overcommit(
-        "vcpus", "cpu_overcommitted", "cpu over-commit ceiling reached", "vcpus",
+        "vcpus",
+        "cpu_overcommitted",
+        "cpu over-commit ceiling reached",
+        "vcpus",
         lambda view, demand: view.oc_vcpus_reserved + demand.vcpus <= view.oc_vcpus_ceiling,
     ),
     _overcommit(
-        "disk_bw", "disk_bw_overcommitted", "disk bandwidth over-commit ceiling reached", "B/s",
+        "disk_bw",
+        "disk_bw_overcommitted",
+        "disk bandwidth over-commit ceiling reached",
+        "B/s",
         lambda view, demand: view.oc_disk_bw_reserved + demand.disk_bw <= view.oc_disk_bw_ceiling,
     ),
     _overcommit(
-        "net_bw", "net_bw_overcommitted", "network bandwidth over-commit ceiling reached", "B/s",
+        "net_bw",
+        "net_bw_overcommitted",
+        "network bandwidth over-commit ceiling reached",
+        "B/s",
         lambda view, demand: view.oc_net_bw_reserved + demand.net_bw <= view.oc_net_bw_ceiling,
     ),
     Check("cpu_saturated", "cpu saturated", Stage.SOFT, _cpu_test, _cpu_narrow, _cpu_detail),
     _bandwidth(
-        "disk_bw", "disk_bw_saturated", "disk bandwidth saturated",
+        "disk_bw",
+        "disk_bw_saturated",
+        "disk bandwidth saturated",
         lambda view, demand: view.disk_bw_load + demand.disk_bw <= view.disk_bw_ceiling,
     ),
     _bandwidth(
-        "net_bw", "net_bw_saturated", "network bandwidth saturated",
+        "net_bw",
+        "net_bw_saturated",
+        "network bandwidth saturated",
         lambda view, demand: view.net_bw_load + demand.net_bw <= view.net_bw_ceiling,
     ),
-)  # fmt: skip
+)
 """The fit rule, in the order checks are judged (the first failure is the verdict)."""
 
 

@@ -143,8 +143,9 @@ class Dataset(BerthModel):
             with open(path, encoding="utf-8") as file:
                 document = json.load(file)
         except OSError as error:
-            raise Invalid(f"cannot read {os.fspath(path)!r}: {error.strerror}",
-                          field="path") from None  # fmt: skip
+            raise Invalid(
+                f"cannot read {os.fspath(path)!r}: {error.strerror}", field="path"
+            ) from None
         except ValueError as error:
             raise Invalid(f"{os.fspath(path)!r} is not valid JSON: {error}", field="path") from None
         return cls.from_document(document)
@@ -223,8 +224,9 @@ class Dataset(BerthModel):
 def _image(index: int, record: Any) -> Image:
     """Build image ``index`` from its file record, dropping repeated layer digests."""
     if not isinstance(record, Mapping):
-        raise Invalid(f"image #{index} must be an object, got {record!r:.60}",
-                      field=f"images.{index}")  # fmt: skip
+        raise Invalid(
+            f"image #{index} must be an object, got {record!r:.60}", field=f"images.{index}"
+        )
     name = record.get("name")
     label = f"image {name!r} (#{index})" if isinstance(name, str) else f"image #{index}"
     data = dict(record)
@@ -236,8 +238,10 @@ def _image(index: int, record: Any) -> Image:
         for position, raw in enumerate(raw_layers):
             where = f"images.{index}.layers.{position}"
             if not isinstance(raw, Mapping):
-                raise Invalid(f"{label}: a layer is an object with digest and size, "
-                              f"got {raw!r:.60}", field=where)  # fmt: skip
+                raise Invalid(
+                    f"{label}: a layer is an object with digest and size, got {raw!r:.60}",
+                    field=where,
+                )
             unknown = sorted(set(raw) - {"digest", "size"})
             if unknown:
                 raise Invalid(f"{label}: unknown layer keys {unknown}", field=where)

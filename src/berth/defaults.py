@@ -18,6 +18,7 @@ __all__ = [
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
+    "STOP_GRACE_S",
 ]
 
 LEASE_TTL_S = 30.0
@@ -38,6 +39,10 @@ RUN_TIMEOUT_S = 60.0
 SHUTDOWN_GRACE_S = 5.0
 """How long a stopping scheduler service lets its requests in flight finish before it fails
 them (``berth scheduler --grace``)."""
+
+STOP_GRACE_S = 2.0
+"""How long a process workload gets after ``SIGTERM`` before ``SIGKILL`` (``[agent]
+stop_grace_s``), when a stop names no grace of its own."""
 
 MICROVM_STOP_GRACE_S = 5.0
 """How long a guest's workload gets after ``SIGTERM`` before QEMU is killed."""

@@ -63,8 +63,10 @@ def embedded_configs(
         or not isinstance(nodes, int)
         or not 1 <= nodes <= MAX_EMBEDDED_NODES
     ):
-        raise Invalid(f"must be a whole number from 1 to {MAX_EMBEDDED_NODES}, got {shown(nodes)}",
-                      field="nodes")  # fmt: skip
+        raise Invalid(
+            f"must be a whole number from 1 to {MAX_EMBEDDED_NODES}, got {shown(nodes)}",
+            field="nodes",
+        )
     if not checked_platforms(platforms):
         raise Invalid("must list at least one platform", field="platforms")
     if runtime not in ("process", "fake"):
@@ -108,15 +110,18 @@ class EmbeddedCluster:
         if isinstance(configs, str | bytes) or not isinstance(configs, Sequence):
             raise Invalid(f"expected a list of AgentConfig, got {shown(configs)}", field="configs")
         if len(configs) > MAX_EMBEDDED_NODES:
-            raise Invalid(f"at most {MAX_EMBEDDED_NODES} agents, got {len(configs)}",
-                          field="configs")  # fmt: skip
+            raise Invalid(
+                f"at most {MAX_EMBEDDED_NODES} agents, got {len(configs)}", field="configs"
+            )
         for index, config in enumerate(configs):
             if not isinstance(config, AgentConfig):
-                raise Invalid(f"expected an AgentConfig, got {shown(config)}",
-                              field=f"configs.{index}")  # fmt: skip
+                raise Invalid(
+                    f"expected an AgentConfig, got {shown(config)}", field=f"configs.{index}"
+                )
         if not isinstance(live_monitors, bool):
-            raise Invalid(f"expected true or false, got {shown(live_monitors)}",
-                          field="live_monitors")  # fmt: skip
+            raise Invalid(
+                f"expected true or false, got {shown(live_monitors)}", field="live_monitors"
+            )
         if policy is not None and not callable(getattr(policy, "order", None)):
             raise Invalid(f"{shown(policy)} is not a placement policy", field="policy")
         names = [config.node.name for config in configs]

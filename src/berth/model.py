@@ -28,7 +28,7 @@ so a bound is written once and the next field added is protected too:
 * a request lists at most :data:`MAX_LAYERS` layers whose sizes sum to at most ``MAX_BYTES``,
   so no colocation sum can overflow.
 
-``INSTANCE_TYPES`` is Hyper's instance-type table (DESIGN.md §1.4), verbatim.
+``INSTANCE_TYPES`` is Hyper's instance-type table (docs/design.md §1.4), verbatim.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def _table() -> Mapping[str, Spec]:
 
 
 INSTANCE_TYPES: Mapping[str, Spec] = _table()
-"""Hyper's instance types, smallest first (DESIGN.md §1.4)."""
+"""Hyper's instance types, smallest first (docs/design.md §1.4)."""
 
 
 def instance_type(name: str) -> Spec:

@@ -43,16 +43,41 @@ __all__ = [
 
 KNOWN_OPERATING_SYSTEMS = frozenset(
     {
-        "aix", "android", "darwin", "dragonfly", "freebsd", "illumos", "ios", "js",
-        "linux", "netbsd", "openbsd", "plan9", "solaris", "wasip1", "windows",
+        "aix",
+        "android",
+        "darwin",
+        "dragonfly",
+        "freebsd",
+        "illumos",
+        "ios",
+        "js",
+        "linux",
+        "netbsd",
+        "openbsd",
+        "plan9",
+        "solaris",
+        "wasip1",
+        "windows",
     }
-)  # fmt: skip
+)
 KNOWN_ARCHITECTURES = frozenset(
     {
-        "386", "amd64", "arm", "arm64", "loong64", "mips", "mips64", "mips64le", "mipsle",
-        "ppc64", "ppc64le", "riscv64", "s390x", "wasm",
+        "386",
+        "amd64",
+        "arm",
+        "arm64",
+        "loong64",
+        "mips",
+        "mips64",
+        "mips64le",
+        "mipsle",
+        "ppc64",
+        "ppc64le",
+        "riscv64",
+        "s390x",
+        "wasm",
     }
-)  # fmt: skip
+)
 
 KNOWN_VARIANTS = frozenset(
     {f"v{major}" for major in range(1, 10)}
@@ -110,8 +135,9 @@ class Platform(BerthModel):
         if isinstance(text, Platform):
             return text
         if not isinstance(text, str):
-            raise Invalid(f"expected a platform string such as 'linux/amd64', got {shown(text)}",
-                          field=field)  # fmt: skip
+            raise Invalid(
+                f"expected a platform string such as 'linux/amd64', got {shown(text)}", field=field
+            )
         try:
             os_name, arch, variant = _normalise(**_split(text))
         except Invalid as error:
@@ -129,8 +155,9 @@ class Platform(BerthModel):
 def _split(text: str) -> dict[str, str]:
     parts = text.strip().split("/")
     if len(parts) not in (2, 3) or not all(parts):
-        raise Invalid(f"{shown(text)} is not a platform of the form <os>/<arch>[/<variant>]",
-                      field="platform")  # fmt: skip
+        raise Invalid(
+            f"{shown(text)} is not a platform of the form <os>/<arch>[/<variant>]", field="platform"
+        )
     return {"os": parts[0], "arch": parts[1], "variant": parts[2] if len(parts) == 3 else ""}
 
 
@@ -138,8 +165,9 @@ def _normalise(os: str, arch: str, variant: str = "") -> tuple[str, str, str]:
     os_name, arch, variant = os.strip().lower(), arch.strip().lower(), variant.strip().lower()
     for name, value in (("os", os_name), ("arch", arch)):
         if not value or not _PART.match(value):
-            raise Invalid(f"platform {name} {shown(value)} is empty or has invalid characters",
-                          field=name)  # fmt: skip
+            raise Invalid(
+                f"platform {name} {shown(value)} is empty or has invalid characters", field=name
+            )
     if variant and not _PART.match(variant):
         raise Invalid(f"platform variant {shown(variant)} has invalid characters", field="variant")
     if variant and variant not in KNOWN_VARIANTS:

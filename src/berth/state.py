@@ -7,7 +7,7 @@ authority, so a node that no longer fits simply refuses at confirmation time.
 
 The snapshot carries load *and* ceilings, so fit is judged without the target's config: a
 ``NodeState`` is a :class:`berth.checks.NodeView` (its ``oc_*`` properties flatten the
-optional β_max stage, DESIGN.md §1.3, an absent ceiling reading ``+inf``), and
+optional β_max stage, docs/design.md §1.3, an absent ceiling reading ``+inf``), and
 
 ``fits(state, spec)`` — the seed's predicate — walks the one table of checks,
 :data:`berth.checks.CHECKS` (platform, hard ``mem``/``disk``, β_max ceilings, soft load;

@@ -99,11 +99,11 @@ def _parse(text: str | int, units: dict[str, Decimal], kind: str, default: str, 
             raise Invalid(f"{kind} must not be negative, got {shown(text)}", field=field)
         return _bounded(text, text, kind, field)
     if not isinstance(text, str):
-        raise Invalid(f"expected a {kind} string such as '512MiB', got {shown(text)}",
-                      field=field)  # fmt: skip
+        raise Invalid(f"expected a {kind} string such as '512MiB', got {shown(text)}", field=field)
     if len(text) > MAX_TEXT:
-        raise Invalid(f"not a {kind}: {shown(text)} is longer than {MAX_TEXT} characters",
-                      field=field)  # fmt: skip
+        raise Invalid(
+            f"not a {kind}: {shown(text)} is longer than {MAX_TEXT} characters", field=field
+        )
     match = _QUANTITY.match(text)
     if match is None:
         raise Invalid(f"not a {kind}: {shown(text)} (expected e.g. '512MiB')", field=field)

@@ -121,8 +121,9 @@ class LocalCluster:
         elif runtime in ("process", "fake"):
             self.configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
         else:
-            raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
-                          field="--runtime")  # fmt: skip
+            raise Invalid(
+                f"must be 'process', 'fake' or 'microvm', got {runtime!r}", field="--runtime"
+            )
         self.schedulers = schedulers
         self.heartbeat_s = heartbeat_s
         self.names = names or Names()
@@ -409,8 +410,9 @@ def microvm_configs(nodes: int, heartbeat_s: float, files: GuestFiles) -> list[A
     configs = [c.model_copy(update={"agent": agent, "microvm": section}) for c in plain]
     _, missing = check_rows(configs[0])
     if missing:
-        raise Invalid(f"microVM guests cannot boot on this host: {'; '.join(missing)}",
-                      field="--runtime")  # fmt: skip
+        raise Invalid(
+            f"microVM guests cannot boot on this host: {'; '.join(missing)}", field="--runtime"
+        )
     return configs
 
 
@@ -423,8 +425,9 @@ def free_port(host: str, port: int = 0) -> int:
         try:
             probe.bind((host, port))
         except OSError as error:
-            raise Invalid(f"cannot listen on {host}:{port}: {error.strerror}",
-                          field="--http") from None  # fmt: skip
+            raise Invalid(
+                f"cannot listen on {host}:{port}: {error.strerror}", field="--http"
+            ) from None
         free: int = probe.getsockname()[1]
         return free
 

@@ -273,8 +273,9 @@ class BodyLimit:
                 await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        problem = Problem(413, "too_large", "request too large",
-                          f"the body is larger than {self.limit} bytes")  # fmt: skip
+        problem = Problem(
+            413, "too_large", "request too large", f"the body is larger than {self.limit} bytes"
+        )
         await problem.response()(scope, receive, send)
 
 

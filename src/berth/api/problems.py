@@ -108,8 +108,14 @@ def problem_of(error: BaseException) -> Problem:
     if isinstance(error, Problem):
         return error
     if isinstance(error, NoMatchingPlatform):
-        return Problem(400, "no_matching_platform", "no matching platform", str(error),
-                       field="platforms", platforms_offered=error.offered or "")  # fmt: skip
+        return Problem(
+            400,
+            "no_matching_platform",
+            "no matching platform",
+            str(error),
+            field="platforms",
+            platforms_offered=error.offered or "",
+        )
     if isinstance(error, Invalid):
         return Problem(400, "invalid", "invalid input", error.message, field=error.field)
     if isinstance(error, NoCapacity):
@@ -117,12 +123,22 @@ def problem_of(error: BaseException) -> Problem:
         return Problem(409, "no_capacity", "no capacity", str(error), reasons=reasons)
     if isinstance(error, Refused):
         where = f"node {error.node}" if error.node else "the node"
-        return Problem(409, error.reason, f"refused by {where}",
-                       f"{where} refused: {error.reason}: {error.detail}",
-                       reasons={error.reason: 1})  # fmt: skip
+        return Problem(
+            409,
+            error.reason,
+            f"refused by {where}",
+            f"{where} refused: {error.reason}: {error.detail}",
+            reasons={error.reason: 1},
+        )
     if isinstance(error, IdentityTaken):
-        return Problem(409, "identity_taken", "identity taken", str(error),
-                       identity=error.identity, workload_id=error.workload_id)  # fmt: skip
+        return Problem(
+            409,
+            "identity_taken",
+            "identity taken",
+            str(error),
+            identity=error.identity,
+            workload_id=error.workload_id,
+        )
     if isinstance(error, Unavailable):
         return Problem(503, "unavailable", "unavailable", str(error))
     return Problem(500, "internal", "internal error", "the service failed; see its log")
@@ -146,8 +162,9 @@ def _validation_problem(error: RequestValidationError) -> Problem:
         message, field = "the body is not valid JSON", "body"
     value = shown(first["input"]) if "input" in first and kind != "missing" else None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return Problem(400, "invalid", "invalid input", f"{field}: {message}{more}",
-                   field=field, value=value)  # fmt: skip
+    return Problem(
+        400, "invalid", "invalid input", f"{field}: {message}{more}", field=field, value=value
+    )
 
 
 def install(app: FastAPI) -> None:

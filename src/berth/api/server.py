@@ -60,8 +60,9 @@ def parse_address(value: str, *, public: bool = False, flag: str = "--http") -> 
         raise Invalid(f"expected HOST:PORT, got {shown(value)}", field=flag)
     host, sep, port_text = value.rpartition(":")
     if not sep or not port_text.isdigit() or len(port_text) > 5:
-        raise Invalid(f"expected HOST:PORT (e.g. {DEFAULT_ADDRESS}), got {shown(value)}",
-                      field=flag)  # fmt: skip
+        raise Invalid(
+            f"expected HOST:PORT (e.g. {DEFAULT_ADDRESS}), got {shown(value)}", field=flag
+        )
     port = int(port_text)
     if port > 65535:
         raise Invalid(f"port {port} is out of range 0-65535", field=flag)
@@ -94,8 +95,9 @@ def resolve_token(token: str | None = None, token_file: Path | None = None) -> t
         try:
             text = token_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
-            raise Invalid(f"cannot read {shown(str(token_file))}: {error}",
-                          field="--token-file") from None  # fmt: skip
+            raise Invalid(
+                f"cannot read {shown(str(token_file))}: {error}", field="--token-file"
+            ) from None
         lines = text.splitlines()
         return _checked_token(lines[0].strip() if lines else "", "--token-file"), False
     if token is not None:
@@ -159,8 +161,9 @@ class ApiServer:
             sock.bind((self.host, self.port))
         except OSError as error:
             sock.close()
-            raise Invalid(f"cannot listen on {self.host}:{self.port}: {error.strerror}",
-                          field="--http") from None  # fmt: skip
+            raise Invalid(
+                f"cannot listen on {self.host}:{self.port}: {error.strerror}", field="--http"
+            ) from None
         sock.listen(128)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
@@ -196,8 +199,7 @@ async def scheduler_api(
     replica and node client, the queue group for placements, the API's registries."""
     nodes = service.scheduler.nodes
     if not isinstance(nodes, NatsNodes):
-        raise Invalid("the API needs a scheduler that reaches its nodes over NATS",
-                      field="--http")  # fmt: skip
+        raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
     workloads = await NatsWorkloads(client).start()
     images = await NatsImages(client).start()
     placements = NatsScheduler(client, prefix=service.prefix)

@@ -423,8 +423,7 @@ def up(
     from berth.up import LocalCluster, wait_for_signal
 
     if runtime not in ("process", "fake", "microvm"):
-        raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}",
-                      field="--runtime")  # fmt: skip
+        raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}", field="--runtime")
     duration = _checked_duration(duration)
     _checked_policy(policy)
     _UP_NODES(nodes, "--nodes")

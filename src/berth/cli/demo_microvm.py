@@ -76,8 +76,12 @@ def _configs(nodes: int, layout: Path, scratch: Path, data_dir: Path) -> list[Ag
             images=str(layout),
             node_dir=str(scratch / "nodes" / config.node.name),
         )
-        agent = AgentSection(runtime="microvm", heartbeat_s=1.0,
-                             stop_grace_s=MICROVM_STOP_GRACE_S, layer_cache=2 * GiB)  # fmt: skip
+        agent = AgentSection(
+            runtime="microvm",
+            heartbeat_s=1.0,
+            stop_grace_s=MICROVM_STOP_GRACE_S,
+            layer_cache=2 * GiB,
+        )
         configs.append(config.model_copy(update={"agent": agent, "microvm": section}))
     return configs
 
@@ -193,8 +197,11 @@ def show(console: Console, *, app_mib: int = 192) -> list[DemoStart]:
             if start.cold
             else "all layers local"
         )
-        console.print(f"  {start.workload} on {start.node}: {found}, first output after "
-                      f"{start.start_s:.2f} s", highlight=False)  # fmt: skip
+        console.print(
+            f"  {start.workload} on {start.node}: {found}, first output after "
+            f"{start.start_s:.2f} s",
+            highlight=False,
+        )
         table.add_row(
             start.workload,
             start.node,

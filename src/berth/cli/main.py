@@ -69,8 +69,9 @@ USAGE_ERRORS = _usage_errors()
 
 def fail(message: str) -> None:
     """Print ``message`` as berth's one error line on stderr."""
-    errors.print(f"[bold red]error:[/] {escape(one_line(message))}", highlight=False,
-                 soft_wrap=True)  # fmt: skip
+    errors.print(
+        f"[bold red]error:[/] {escape(one_line(message))}", highlight=False, soft_wrap=True
+    )
 
 
 class OneLineErrors(TyperGroup):
@@ -243,8 +244,10 @@ def agent(
         store = MemoryStore()
         node = Agent.from_config(loaded, store)
         async with node:
-            console.print(f"agent {node.name} ({node.platform}) advertising every "
-                          f"{node.heartbeat_s:g}s; ^C to stop")  # fmt: skip
+            console.print(
+                f"agent {node.name} ({node.platform}) advertising every "
+                f"{node.heartbeat_s:g}s; ^C to stop"
+            )
             accel = getattr(node.runtime, "accel_detail", None)
             if accel is not None:  # the microvm runtime: how its guests run
                 console.print(f"microVMs under {accel}", highlight=False)
@@ -290,16 +293,17 @@ def cluster(
     if runtime not in ("process", "fake"):
         raise Invalid(f"must be 'process' or 'fake', got {shown(runtime)}", field="--runtime")
     if not 1 <= nodes <= MAX_CLUSTER_NODES:
-        raise Invalid(f"must be from 1 to {MAX_CLUSTER_NODES}, got {shown(nodes)}",
-                      field="--nodes")  # fmt: skip
+        raise Invalid(f"must be from 1 to {MAX_CLUSTER_NODES}, got {shown(nodes)}", field="--nodes")
     if not 0 <= workloads <= MAX_WORKLOADS:
-        raise Invalid(f"must be from 0 to {MAX_WORKLOADS}, got {shown(workloads)}",
-                      field="--workloads")  # fmt: skip
+        raise Invalid(
+            f"must be from 0 to {MAX_WORKLOADS}, got {shown(workloads)}", field="--workloads"
+        )
     try:
         argv = tuple(shlex.split(command))
     except ValueError as error:  # an unbalanced quote
-        raise Invalid(f"cannot split {shown(command)} into words: {error}",
-                      field="--command") from None  # fmt: skip
+        raise Invalid(
+            f"cannot split {shown(command)} into words: {error}", field="--command"
+        ) from None
     if not argv:
         raise Invalid("must not be empty", field="--command")
     with fields_as({"command": "--command"}):
@@ -325,8 +329,7 @@ def cluster(
                     table.add_row(str(index), kind, "-", "-", why)
                     continue
                 refused = ", ".join(f"{n}: {r}" for n, r in started.refusals)
-                table.add_row(started.result.id, kind, started.node, str(started.rank),
-                              refused)  # fmt: skip
+                table.add_row(started.result.id, kind, started.node, str(started.rank), refused)
             console.print(table)
             for name, node in embedded.agents.items():
                 headroom = node.budget.headroom()

@@ -35,8 +35,12 @@ def setup_command(
     """Fetch Debian's cloud kernel and modules, build the guest init, probe KVM/TCG."""
     files = GuestFiles.at(data_dir)
     console.print(f"setting up microVMs in {files.data_dir}", highlight=False)
-    report = setup(files.data_dir, force=force, qemu=qemu,
-                   say=lambda step: console.print(f"  {step}", highlight=False))  # fmt: skip
+    report = setup(
+        files.data_dir,
+        force=force,
+        qemu=qemu,
+        say=lambda step: console.print(f"  {step}", highlight=False),
+    )
     console.print(
         f"[green]ready[/]: kernel {report.kernel_version}, guests under "
         f"[bold]{report.accel}[/] ({report.accel_detail})",
@@ -51,7 +55,10 @@ def setup_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``berth microvm setup`` to ``app``."""
-    group = typer.Typer(name="microvm", help="Real microVMs: set up the guest kernel and init.",
-                        no_args_is_help=True)  # fmt: skip
+    group = typer.Typer(
+        name="microvm",
+        help="Real microVMs: set up the guest kernel and init.",
+        no_args_is_help=True,
+    )
     group.command("setup")(setup_command)
     app.add_typer(group, name="microvm")

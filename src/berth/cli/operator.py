@@ -179,11 +179,14 @@ def _spread(spread: str | None, hard: bool | None, max_skew: int | None) -> dict
     """The request's ``spread`` from the flags (the API checks the values and names the
     field; ``spread.max_skew`` comes back as ``--max-skew``, see ``_flags``)."""
     if spread is None:
-        for given, flag in ((hard, "--spread-hard" if hard else "--spread-soft"),
-                            (max_skew, "--max-skew")):  # fmt: skip
+        for given, flag in (
+            (hard, "--spread-hard" if hard else "--spread-soft"),
+            (max_skew, "--max-skew"),
+        ):
             if given is not None:
-                raise Invalid("applies to a spread only: give --spread node or --spread "
-                              "LABEL too", field=flag)  # fmt: skip
+                raise Invalid(
+                    "applies to a spread only: give --spread node or --spread LABEL too", field=flag
+                )
         return None
     body: dict[str, Any] = {"hard": bool(hard)}
     if spread != PER_NODE:
@@ -287,8 +290,9 @@ def run(
     if not command:
         raise Invalid("give the workload's command after --, e.g. -- sleep 60", field="CMD")
     parsed_env = _parse_env(env) if env else None
-    body = _request_body(image, type_, platform, namespace, name,
-                         _spread(spread, spread_hard, max_skew))  # fmt: skip
+    body = _request_body(
+        image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
+    )
     body.update(replica=replica, command=list(command), restartable=restartable)
     if parsed_env is not None:
         body["env"] = parsed_env
@@ -396,8 +400,9 @@ def explain(
     as_json: JsonOption = False,
 ) -> None:
     """Every node's verdict for a workload, without placing it."""
-    body = _request_body(image, type_, platform, namespace, name,
-                         _spread(spread, spread_hard, max_skew))  # fmt: skip
+    body = _request_body(
+        image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
+    )
     with _client(api, token) as client, _flags(_RUN_FLAGS):
         explanation = client.explain(body)
     if as_json:
@@ -616,8 +621,12 @@ def images(
     for column in ("image", "platform", "layers", "size"):
         table.add_column(column, no_wrap=column != "image")
     for image in items:
-        table.add_row(escape(image.name), escape(image.platform or "any"),
-                      str(len(image.layers)), _size(image.size))  # fmt: skip
+        table.add_row(
+            escape(image.name),
+            escape(image.platform or "any"),
+            str(len(image.layers)),
+            _size(image.size),
+        )
     _show(table, whole=("image",))
 
 

@@ -132,12 +132,14 @@ def _clean_errors() -> Iterator[None]:
     except Invalid as error:
         flag = _FLAGS.get((error.field or "").removeprefix("workload."), error.field)
         text = f"{flag}: {error.message}" if flag else error.message
-        errors.print(f"[bold red]error:[/] {escape(one_line(text))}", highlight=False,
-                     soft_wrap=True)  # fmt: skip
+        errors.print(
+            f"[bold red]error:[/] {escape(one_line(text))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except BerthError as error:
-        errors.print(f"[bold red]error:[/] {escape(one_line(str(error)))}", highlight=False,
-                     soft_wrap=True)  # fmt: skip
+        errors.print(
+            f"[bold red]error:[/] {escape(one_line(str(error)))}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(2) from None
 
 
@@ -161,8 +163,9 @@ def output_directory(text: str, *, field: str = "out") -> Path:
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as error:
-        raise Invalid(f"cannot write into {shown(str(path))}: {error.strerror or error}",
-                      field=field) from None  # fmt: skip
+        raise Invalid(
+            f"cannot write into {shown(str(path))}: {error.strerror or error}", field=field
+        ) from None
     return path
 
 
@@ -335,15 +338,26 @@ def sim(
         str, typer.Option(help="Directory for report.json and plots.")
     ] = "berth-sim-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-) -> None:  # fmt: skip
+) -> None:
     """Compare placement policies on a simulated cluster fed by Docker Hub image layers."""
     given: dict[str, Any] = {
-        "nodes": nodes, "requests": requests, "rate": rate, "lifetime": lifetime,
-        "arrival": arrival, "flatten": flatten, "concurrency": concurrency,
-        "staleness": staleness, "seed": seed, "cache": cache, "pull_bandwidth": pull_bandwidth,
-        "boot": boot, "assume": assume, "registry_bandwidth": registry_bandwidth,
-        "preseed": preseed, "max_refusals": max_refusals,
-    }  # fmt: skip
+        "nodes": nodes,
+        "requests": requests,
+        "rate": rate,
+        "lifetime": lifetime,
+        "arrival": arrival,
+        "flatten": flatten,
+        "concurrency": concurrency,
+        "staleness": staleness,
+        "seed": seed,
+        "cache": cache,
+        "pull_bandwidth": pull_bandwidth,
+        "boot": boot,
+        "assume": assume,
+        "registry_bandwidth": registry_bandwidth,
+        "preseed": preseed,
+        "max_refusals": max_refusals,
+    }
     with _clean_errors():
         names = parse_policies(policy)
         if scenario_name is not None:
@@ -486,10 +500,13 @@ def demo(
         str, typer.Option(help="Directory for report.json and plots.")
     ] = "berth-demo-out",
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-    runtime: Annotated[str, typer.Option(
-        help="simulated (the policy comparison) or microvm (real guests, embedded cluster).")
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="simulated (the policy comparison) or microvm (real guests, embedded cluster)."
+        ),
     ] = "simulated",
-) -> None:  # fmt: skip
+) -> None:
     """A short fixed scenario: explained placements, then the policy comparison."""
     with _clean_errors():
         if runtime == "microvm":

@@ -110,7 +110,7 @@ class ClusterAuth:
             *self._js(s.nodes_bucket, read=True),
             *self._js(s.routes_bucket, read=True),
             # the HTTP API in a scheduler's process: placements through the queue group, and
-            # its registries of workloads and images (berth.registry.workloads)
+            # its registries of workloads and images (berth.registry.nats)
             f"{s.scheduler_prefix}.*",
             f"$KV.{API_BUCKET}.>",
             *self._js(API_BUCKET, read=True),

@@ -54,8 +54,9 @@ class Credentials:
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            raise Invalid(f"cannot read credentials from {os.fspath(path)}: {error}",
-                          field="--creds") from None  # fmt: skip
+            raise Invalid(
+                f"cannot read credentials from {os.fspath(path)}: {error}", field="--creds"
+            ) from None
         user, password = document.get("user"), document.get("password")
         if not isinstance(user, str) or not user or not isinstance(password, str):
             raise Invalid(f"{os.fspath(path)} needs a user and a password", field="--creds")

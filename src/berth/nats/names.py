@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 NODES_BUCKET = "berth_nodes"  # every node's NodeState (berth.store.nats)
-ROUTES_BUCKET = "berth_routes"  # which node holds each workload (berth.registry.routes)
+ROUTES_BUCKET = "berth_routes"  # which node holds each workload (berth.registry.nats_routes)
 API_BUCKET = "berth_api"  # the API's workloads, images and identity claims (berth.registry)
 NODE_PREFIX = "berth.node"  # berth.node.<node>.<operation> (berth.nodeclient.nats_server)
 SCHEDULER_PREFIX = "berth.scheduler"  # the placement port's queue group (scheduler.nats_server)

@@ -39,8 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
 from berth.boot import BootSpec, WorkloadStatus
+from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid
-from berth.model import Interval, Layer, Spec
+from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
 from berth.node.core import NodeCore
@@ -51,7 +52,7 @@ from berth.ownership import Admission, Owner
 from berth.platform import Platform
 from berth.state import NodeState
 from berth.store.port import StateStore
-from berth.validation import Rule, shown
+from berth.validation import shown
 
 if TYPE_CHECKING:
     from berth.node.runtime.microvm import MicrovmRuntime
@@ -59,8 +60,6 @@ if TYPE_CHECKING:
 __all__ = ["Agent"]
 
 log = logging.getLogger("berth.agent")
-
-_INTERVAL: Rule[float] = Rule(Interval)
 
 
 class Agent:
@@ -77,16 +76,18 @@ class Agent:
         layers: LayerRegistry | None = None,
         monitor: LoadMonitor | None = None,
         labels: dict[str, str] | None = None,
-        heartbeat_s: float = 5.0,
+        heartbeat_s: float = HEARTBEAT_S,
         wall_clock: Callable[[], float] = time.time,
         state_dir: Path | None = None,
     ) -> None:
-        heartbeat_s = _INTERVAL(heartbeat_s, "heartbeat_s")
+        heartbeat_s = INTERVAL_RULE(heartbeat_s, "heartbeat_s")
         if not callable(getattr(store, "publish", None)):
             raise Invalid(f"{shown(store)} has no publish() method", field="store")
         if not callable(wall_clock):
-            raise Invalid(f"expected a function returning seconds, got {shown(wall_clock)}",
-                          field="wall_clock")  # fmt: skip
+            raise Invalid(
+                f"expected a function returning seconds, got {shown(wall_clock)}",
+                field="wall_clock",
+            )
         if state_dir is not None and not isinstance(state_dir, Path):
             raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
         self.core = NodeCore(name, platform, budget, runtime, layers=layers, labels=labels)

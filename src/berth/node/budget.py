@@ -1,7 +1,7 @@
 """The node's authoritative budget: admission, reservations held for an owner's lifetime.
 
 Schedulers decide from stale snapshots; this module is where a decision becomes true or is
-refused.  Two kinds of budget per workload (DESIGN.md §1.3):
+refused.  Two kinds of budget per workload (docs/design.md §1.3):
 
 * **hard** (``mem``, ``disk``) — never over-committed, because overfilling memory or disk
   crashes workloads.  A reservation is taken atomically (check and add under one lock) and is
@@ -463,8 +463,9 @@ def _owner(owner: object) -> Owner:
 
 def _reservation_id(reservation_id: object) -> str:
     if not isinstance(reservation_id, str):
-        raise Invalid(f"expected a reservation id string, got {shown(reservation_id)}",
-                      field="reservation_id")  # fmt: skip
+        raise Invalid(
+            f"expected a reservation id string, got {shown(reservation_id)}", field="reservation_id"
+        )
     return reservation_id
 
 

@@ -83,24 +83,72 @@ class NodeClass(BerthModel):
 
 
 EMBEDDED_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="small", mem="2GiB", disk="32GiB", cpus=2, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-    NodeClass(name="medium", mem="4GiB", disk="64GiB", cpus=4, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-    NodeClass(name="large", mem="8GiB", disk="128GiB", cpus=8, disk_bw="2GiBps",
-              net_bw="1GiBps", cpu_max_load=0.9, disk_bw_max_load=0.8, net_bw_max_load=0.8),
-)  # fmt: skip
+    NodeClass(
+        name="small",
+        mem="2GiB",
+        disk="32GiB",
+        cpus=2,
+        disk_bw="2GiBps",
+        net_bw="1GiBps",
+        cpu_max_load=0.9,
+        disk_bw_max_load=0.8,
+        net_bw_max_load=0.8,
+    ),
+    NodeClass(
+        name="medium",
+        mem="4GiB",
+        disk="64GiB",
+        cpus=4,
+        disk_bw="2GiBps",
+        net_bw="1GiBps",
+        cpu_max_load=0.9,
+        disk_bw_max_load=0.8,
+        net_bw_max_load=0.8,
+    ),
+    NodeClass(
+        name="large",
+        mem="8GiB",
+        disk="128GiB",
+        cpus=8,
+        disk_bw="2GiBps",
+        net_bw="1GiBps",
+        cpu_max_load=0.9,
+        disk_bw_max_load=0.8,
+        net_bw_max_load=0.8,
+    ),
+)
 """The embedded cluster's sizes, cycled in order: small enough that a few real processes on
 one host fill them, with 10 % CPU and 20 % bandwidth headroom kept free."""
 
 SIMULATED_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="small", mem="4GiB", disk="128GiB", cpus=10, disk_bw="1GiBps",
-              net_bw="512MiBps", weight=0.5),
-    NodeClass(name="medium", mem="8GiB", disk="256GiB", cpus=20, disk_bw="2GiBps",
-              net_bw="1GiBps", weight=0.3),
-    NodeClass(name="large", mem="16GiB", disk="512GiB", cpus=40, disk_bw="4GiBps",
-              net_bw="2GiBps", weight=0.2),
-)  # fmt: skip
+    NodeClass(
+        name="small",
+        mem="4GiB",
+        disk="128GiB",
+        cpus=10,
+        disk_bw="1GiBps",
+        net_bw="512MiBps",
+        weight=0.5,
+    ),
+    NodeClass(
+        name="medium",
+        mem="8GiB",
+        disk="256GiB",
+        cpus=20,
+        disk_bw="2GiBps",
+        net_bw="1GiBps",
+        weight=0.3,
+    ),
+    NodeClass(
+        name="large",
+        mem="16GiB",
+        disk="512GiB",
+        cpus=40,
+        disk_bw="4GiBps",
+        net_bw="2GiBps",
+        weight=0.2,
+    ),
+)
 """The simulator's three sizes, half of them small.  Hyper's instance types all ask 2 vCPUs,
 16 GiB disk, 128 MiBps disk and 64 MiBps network per GiB of memory; these nodes offer 2.5
 cores, 32 GiB disk, 256 MiBps and 128 MiBps per GiB, so memory is what fills first.  Small on
@@ -114,23 +162,58 @@ def _weighted(node_class: NodeClass, weight: float) -> NodeClass:
 
 _SMALL, _MEDIUM, _LARGE = SIMULATED_CLASSES
 HETEROGENEOUS_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="tiny", mem="2GiB", disk="64GiB", cpus=5, disk_bw="512MiBps",
-              net_bw="256MiBps", weight=0.35),
+    NodeClass(
+        name="tiny",
+        mem="2GiB",
+        disk="64GiB",
+        cpus=5,
+        disk_bw="512MiBps",
+        net_bw="256MiBps",
+        weight=0.35,
+    ),
     _weighted(_SMALL, 0.35),
     _weighted(_LARGE, 0.2),
-    NodeClass(name="huge", mem="64GiB", disk="2TiB", cpus=160, disk_bw="16GiBps",
-              net_bw="8GiBps", weight=0.1),
-)  # fmt: skip
+    NodeClass(
+        name="huge",
+        mem="64GiB",
+        disk="2TiB",
+        cpus=160,
+        disk_bw="16GiBps",
+        net_bw="8GiBps",
+        weight=0.1,
+    ),
+)
 """Node sizes 32× apart in one cluster (the simulator's small and large among them), with
 :data:`SIMULATED_CLASSES`' per-GiB proportions."""
 
 FLEET_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(name="small", mem="32GiB", disk="400GiB", cpus=8.0, disk_bw="1GiBps",
-              net_bw="10Gbps", weight=0.45),
-    NodeClass(name="medium", mem="128GiB", disk="1600GiB", cpus=32.0, disk_bw="2GiBps",
-              net_bw="25Gbps", weight=0.40),
-    NodeClass(name="large", mem="384GiB", disk="3840GiB", cpus=96.0, disk_bw="4GiBps",
-              net_bw="100Gbps", weight=0.15),
-)  # fmt: skip
+    NodeClass(
+        name="small",
+        mem="32GiB",
+        disk="400GiB",
+        cpus=8.0,
+        disk_bw="1GiBps",
+        net_bw="10Gbps",
+        weight=0.45,
+    ),
+    NodeClass(
+        name="medium",
+        mem="128GiB",
+        disk="1600GiB",
+        cpus=32.0,
+        disk_bw="2GiBps",
+        net_bw="25Gbps",
+        weight=0.40,
+    ),
+    NodeClass(
+        name="large",
+        mem="384GiB",
+        disk="3840GiB",
+        cpus=96.0,
+        disk_bw="4GiBps",
+        net_bw="100Gbps",
+        weight=0.15,
+    ),
+)
 """Data-centre machines (8 to 96 cores, 10 to 100 Gbit/s), in the shares a large cluster of
 them might have."""

@@ -64,6 +64,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict
 
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, STOP_GRACE_S
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
@@ -134,13 +135,13 @@ class BudgetSection(BerthModel):
 class AgentSection(BerthModel):
     """``[agent]``: how the agent runs (all optional)."""
 
-    heartbeat_s: Interval = 5.0
+    heartbeat_s: Interval = HEARTBEAT_S
     sample_period_s: Interval = 0.25
     tau_s: Interval = 30.0
     layer_cache: Bytes = 10 * 2**30
-    lease_ttl_s: Interval = 30.0
+    lease_ttl_s: Interval = LEASE_TTL_S
     runtime: Literal["process", "fake", "microvm"] = "process"
-    stop_grace_s: StopGrace = 2.0  # the runtimes' rule: 0 to an hour
+    stop_grace_s: StopGrace = STOP_GRACE_S  # the runtimes' rule: 0 to an hour
 
 
 class AgentConfig(BerthModel):

@@ -308,8 +308,9 @@ class NodeCore:
         A lease past its deadline is refused ``lease_expired`` (the budget ends it then).
         """
         if not isinstance(reservation_id, str):
-            raise Invalid(f"expected a reservation id, got {shown(reservation_id)}",
-                          field="reservation_id")  # fmt: skip
+            raise Invalid(
+                f"expected a reservation id, got {shown(reservation_id)}", field="reservation_id"
+            )
         if not isinstance(owner, str) and not callable(getattr(owner, "add_done_callback", None)):
             raise Invalid(f"expected a workload id or an owner, got {shown(owner)}", field="owner")
         with refused_by(self.name):

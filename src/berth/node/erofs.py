@@ -184,10 +184,13 @@ def scratch_for(layer: OciLayer, dest_dir: Path) -> Path:
         return dest_dir
     free = shm.f_bavail * shm.f_frsize
     available = next(
-        (int(line.split()[1]) * 1024 for line in meminfo.splitlines()
-         if line.startswith("MemAvailable:")),
+        (
+            int(line.split()[1]) * 1024
+            for line in meminfo.splitlines()
+            if line.startswith("MemAvailable:")
+        ),
         0,
-    )  # fmt: skip
+    )
     if estimate * 2 + _SCRATCH_SLACK <= free and estimate <= available // 4:
         return SHARED_MEMORY
     return dest_dir
@@ -339,8 +342,9 @@ def _tar_stream(layer: OciLayer) -> Iterator[tuple[tarfile.TarFile, _HashingRead
         raise Invalid(f"the blob hashes to {digest}, not to its digest", field=field)
     diff_id = "sha256:" + tar_bytes.sha.hexdigest()
     if layer.diff_id is not None and diff_id != layer.diff_id:
-        raise Invalid(f"the uncompressed tar hashes to {diff_id}, not {layer.diff_id} (diff_id)",
-                      field=field)  # fmt: skip
+        raise Invalid(
+            f"the uncompressed tar hashes to {diff_id}, not {layer.diff_id} (diff_id)", field=field
+        )
 
 
 # --- extraction ------------------------------------------------------------------------------
@@ -384,11 +388,16 @@ def _parent_inside(root: Path, relative: PurePosixPath, name: str, digest: str) 
             continue
         if stat.S_ISLNK(info.st_mode):
             link = shown(str(current.relative_to(root)))
-            raise Invalid(f"member {shown(name)} goes through the symbolic link {link}",
-                          field=f"layer {digest}")  # fmt: skip
+            raise Invalid(
+                f"member {shown(name)} goes through the symbolic link {link}",
+                field=f"layer {digest}",
+            )
         if not stat.S_ISDIR(info.st_mode):
-            raise Invalid(f"member {shown(name)} is below {shown(str(current.relative_to(root)))}, "
-                          "which is not a directory", field=f"layer {digest}")  # fmt: skip
+            raise Invalid(
+                f"member {shown(name)} is below {shown(str(current.relative_to(root)))}, "
+                "which is not a directory",
+                field=f"layer {digest}",
+            )
     return current
 
 
@@ -420,8 +429,10 @@ def _extract_member(
         if part.startswith(_WHITEOUT + _WHITEOUT):
             return  # inside aufs bookkeeping (.wh..wh.plnk/…): not content
         if part.startswith(_WHITEOUT):
-            raise Invalid(f"member {shown(member.name)} is below the whiteout {shown(part)}",
-                          field=f"layer {digest}")  # fmt: skip
+            raise Invalid(
+                f"member {shown(member.name)} is below the whiteout {shown(part)}",
+                field=f"layer {digest}",
+            )
     parent = _parent_inside(root, relative, member.name, digest)
     base = relative.name
     if base == _OPAQUE:
@@ -476,8 +487,10 @@ def _extract_member(
         kind = stat.S_IFCHR if member.ischr() else stat.S_IFBLK if member.isblk() else stat.S_IFIFO
         os.mknod(path, kind | 0o600, os.makedev(member.devmajor, member.devminor))
     else:
-        raise Invalid(f"member {shown(member.name)} has an unsupported type {shown(member.type)}",
-                      field=f"layer {digest}")  # fmt: skip
+        raise Invalid(
+            f"member {shown(member.name)} has an unsupported type {shown(member.type)}",
+            field=f"layer {digest}",
+        )
     _finish(path, member)
 
 

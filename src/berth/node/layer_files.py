@@ -81,8 +81,9 @@ class LayerFiles:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise Invalid(f"cannot create {shown(str(self.root))}: {error.strerror}",
-                          field="layer_dir") from None  # fmt: skip
+            raise Invalid(
+                f"cannot create {shown(str(self.root))}: {error.strerror}", field="layer_dir"
+            ) from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             raise Invalid(f"{shown(str(self.root))} is not writable", field="layer_dir")
         self._lock = threading.RLock()

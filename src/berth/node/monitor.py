@@ -1,6 +1,6 @@
 """Live load monitors: how busy this machine really is, smoothed.
 
-This module owns the *measured* input of a node's soft budget (DESIGN.md §1.3): the CPU busy
+This module owns the *measured* input of a node's soft budget (docs/design.md §1.3): the CPU busy
 fraction of the whole machine, and disk and network throughput, each read from cumulative
 counters, turned into a rate from consecutive deltas and smoothed by a first-order low-pass
 filter.  :class:`LoadMonitor` exposes the three smoothed readings through the

@@ -78,10 +78,24 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 DECISION_BUCKETS = (
-    50e-6, 100e-6, 250e-6, 500e-6,
-    1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
-    1.0, 2.5, 5.0, 10.0,
-)  # fmt: skip
+    50e-6,
+    100e-6,
+    250e-6,
+    500e-6,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    10e-3,
+    25e-3,
+    50e-3,
+    100e-3,
+    250e-3,
+    500e-3,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 """Seconds: an in-process decision on a small cluster takes ~100 µs, one on 10k nodes about a
 millisecond, one over NATS a few milliseconds, one walking refusals or timeouts seconds."""
 
@@ -273,8 +287,7 @@ class ClusterCollector(Collector):
         if not callable(getattr(scheduler, "snapshots", None)):
             raise Invalid("has no snapshots() method", field="scheduler")
         if isinstance(stale_after_s, bool) or not stale_after_s > 0:
-            raise Invalid(f"must be positive seconds, got {stale_after_s!r}",
-                          field="stale_after_s")  # fmt: skip
+            raise Invalid(f"must be positive seconds, got {stale_after_s!r}", field="stale_after_s")
         self.scheduler = scheduler
         self.stale_after_s = float(stale_after_s)
         self.clock = clock

@@ -58,8 +58,10 @@ def parse_descriptors(
         raise Invalid("no entries", field=f"{where} {key}")
     if len(raw) > MAX_LAYERS:
         raise Invalid(f"at most {MAX_LAYERS} entries, got {len(raw)}", field=f"{where} {key}")
-    return [(parse_descriptor(item, f"{where} {key}.{i}"), f"{where} {key}.{i}")
-            for i, item in enumerate(raw)]  # fmt: skip
+    return [
+        (parse_descriptor(item, f"{where} {key}.{i}"), f"{where} {key}.{i}")
+        for i, item in enumerate(raw)
+    ]
 
 
 def parse_descriptor(item: Any, where: str) -> Descriptor:
@@ -69,8 +71,10 @@ def parse_descriptor(item: Any, where: str) -> Descriptor:
     media_type = required(item, "mediaType", str, where)
     digest = required(item, "digest", str, where)
     if not DIGEST.fullmatch(digest):
-        raise Invalid(f"expected 'sha256:' and 64 lowercase hex digits, got {shown(digest)}",
-                      field=f"{where}.digest")  # fmt: skip
+        raise Invalid(
+            f"expected 'sha256:' and 64 lowercase hex digits, got {shown(digest)}",
+            field=f"{where}.digest",
+        )
     size = item.get("size")
     if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 2**63:
         raise Invalid(f"expected a whole number of bytes, got {shown(size)}", field=f"{where}.size")
@@ -78,8 +82,9 @@ def parse_descriptor(item: Any, where: str) -> Descriptor:
     if not isinstance(annotations, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()
     ):
-        raise Invalid(f"expected a table of strings, got {shown(annotations)}",
-                      field=f"{where}.annotations")  # fmt: skip
+        raise Invalid(
+            f"expected a table of strings, got {shown(annotations)}", field=f"{where}.annotations"
+        )
     platform = item.get("platform")
     if platform is not None and not isinstance(platform, dict):
         raise Invalid(f"expected a JSON object, got {shown(platform)}", field=f"{where}.platform")
@@ -119,8 +124,10 @@ def parse_diff_ids(config: Mapping[str, Any], name: str) -> list[str] | None:
     diff_ids = required(rootfs, "diff_ids", list, f"{name} rootfs")
     for i, diff_id in enumerate(diff_ids):
         if not isinstance(diff_id, str) or not DIGEST.fullmatch(diff_id):
-            raise Invalid(f"expected 'sha256:' and 64 lowercase hex digits, got {shown(diff_id)}",
-                          field=f"{name} rootfs.diff_ids.{i}")  # fmt: skip
+            raise Invalid(
+                f"expected 'sha256:' and 64 lowercase hex digits, got {shown(diff_id)}",
+                field=f"{name} rootfs.diff_ids.{i}",
+            )
     return [str(diff_id) for diff_id in diff_ids]
 
 
@@ -133,8 +140,9 @@ def runtime_config(config: Mapping[str, Any], name: str) -> OciConfig:
     def strings(key: str) -> tuple[str, ...]:
         value = inner.get(key) or []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise Invalid(f"expected a list of strings, got {shown(value)}",
-                          field=f"{name} config.{key}")  # fmt: skip
+            raise Invalid(
+                f"expected a list of strings, got {shown(value)}", field=f"{name} config.{key}"
+            )
         return tuple(value)
 
     def text(key: str) -> str:

@@ -73,8 +73,10 @@ def read_layout(
     marker = _read_json(root, root / "oci-layout", "oci-layout")
     version = required(marker, "imageLayoutVersion", str, "oci-layout")
     if not version.startswith("1."):
-        raise Invalid(f"unsupported layout version {shown(version)} (berth reads 1.x)",
-                      field="oci-layout imageLayoutVersion")  # fmt: skip
+        raise Invalid(
+            f"unsupported layout version {shown(version)} (berth reads 1.x)",
+            field="oci-layout imageLayoutVersion",
+        )
     index = _read_json(root, root / "index.json", "index.json")
     entries = parse_descriptors(index, "manifests", "index.json")
     chosen, chosen_field = _select_ref(entries, ref)
@@ -108,8 +110,9 @@ def verify_blob(layer: OciLayer) -> None:
 
 def _layout_root(path: Path | str) -> Path:
     if not isinstance(path, str | os.PathLike) or not str(path):
-        raise Invalid(f"expected the path of an OCI layout directory, got {shown(path)}",
-                      field="layout")  # fmt: skip
+        raise Invalid(
+            f"expected the path of an OCI layout directory, got {shown(path)}", field="layout"
+        )
     root = Path(path)
     if not root.is_dir():
         what = "does not exist" if not root.exists() else "is not a directory"
@@ -186,8 +189,10 @@ def _resolve(
     name, manifest = _read_blob_json(root, descriptor, where)
     config_descriptor = parse_descriptor(required(manifest, "config", dict, name), f"{name} config")
     if config_descriptor.media_type not in CONFIG_TYPES:
-        raise Invalid(f"unsupported media type {shown(config_descriptor.media_type)}",
-                      field=f"{name} config.mediaType")  # fmt: skip
+        raise Invalid(
+            f"unsupported media type {shown(config_descriptor.media_type)}",
+            field=f"{name} config.mediaType",
+        )
     config_name, config = _read_blob_json(root, config_descriptor, f"{name} config")
     platform = config_platform(config, config_name)
     if wanted is not None and platform != wanted:
@@ -198,8 +203,10 @@ def _resolve(
     if len(raw_layers) > MAX_LAYERS:
         raise Invalid(f"at most {MAX_LAYERS} layers, got {len(raw_layers)}", field=f"{name} layers")
     if diff_ids is not None and len(diff_ids) != len(raw_layers):
-        raise Invalid(f"{len(diff_ids)} diff_ids for {len(raw_layers)} layers",
-                      field=f"{config_name} rootfs.diff_ids")  # fmt: skip
+        raise Invalid(
+            f"{len(diff_ids)} diff_ids for {len(raw_layers)} layers",
+            field=f"{config_name} rootfs.diff_ids",
+        )
     seen: set[str] = set()
     for i, item in enumerate(raw_layers):
         layer_where = f"{name} layers.{i}"
@@ -212,8 +219,9 @@ def _resolve(
                 field=f"{layer_where}.mediaType",
             )
         if layer.urls:
-            raise Invalid("foreign layers fetched from URLs are not supported",
-                          field=f"{layer_where}.urls")  # fmt: skip
+            raise Invalid(
+                "foreign layers fetched from URLs are not supported", field=f"{layer_where}.urls"
+            )
         if layer.digest in seen:
             raise Invalid(f"layer {layer.digest} is listed twice", field=f"{layer_where}.digest")
         seen.add(layer.digest)
@@ -248,16 +256,20 @@ def _blob_path(root: Path, digest: str, where: str) -> Path:
         raise Invalid(f"the blob {name} {what}", field=f"{where}.digest")
     real = blob.resolve()
     if not real.is_relative_to(root):
-        raise Invalid(f"the blob {name} leads outside the layout (to {shown(str(real))})",
-                      field=f"{where}.digest")  # fmt: skip
+        raise Invalid(
+            f"the blob {name} leads outside the layout (to {shown(str(real))})",
+            field=f"{where}.digest",
+        )
     return real
 
 
 def _check_size(root: Path, blob: Path, size: int, where: str) -> None:
     actual = blob.stat().st_size
     if actual != size:
-        raise Invalid(f"the blob {_relative(root, blob)} has {actual} bytes, the descriptor says "
-                      f"{size}", field=f"{where}.size")  # fmt: skip
+        raise Invalid(
+            f"the blob {_relative(root, blob)} has {actual} bytes, the descriptor says {size}",
+            field=f"{where}.size",
+        )
 
 
 def _relative(root: Path, path: Path) -> str:
@@ -272,8 +284,10 @@ def _read_blob_json(root: Path, descriptor: Descriptor, where: str) -> tuple[str
     _check_size(root, blob, descriptor.size, where)
     name = _relative(root, blob)
     if descriptor.size > MAX_JSON_BYTES:
-        raise Invalid(f"{descriptor.size} bytes, more than {MAX_JSON_BYTES} for a JSON blob",
-                      field=f"{where}.size")  # fmt: skip
+        raise Invalid(
+            f"{descriptor.size} bytes, more than {MAX_JSON_BYTES} for a JSON blob",
+            field=f"{where}.size",
+        )
     data = blob.read_bytes()
     actual = "sha256:" + hashlib.sha256(data).hexdigest()
     _check_content(name, descriptor.digest, descriptor.size, actual, len(data))

@@ -158,8 +158,9 @@ class ClusterScheduler:
         if not isinstance(assume, bool):
             raise Invalid(f"expected true or false, got {shown(assume)}", field="assume")
         if not callable(clock):
-            raise Invalid(f"expected a function returning seconds, got {shown(clock)}",
-                          field="clock")  # fmt: skip
+            raise Invalid(
+                f"expected a function returning seconds, got {shown(clock)}", field="clock"
+            )
         if metrics is not None and not isinstance(metrics, Metrics):
             raise Invalid(f"expected berth Metrics, got {shown(metrics)}", field="metrics")
         self.nodes = nodes

@@ -387,8 +387,13 @@ class SchedulerService:
             if not earlier:
                 return placement
             if attempt >= MAX_RACE_RETRIES:
-                log.warning("%s stays on %s beside %d sibling(s) after %d retries",
-                            request.key, placement.worker_node, len(earlier), attempt)  # fmt: skip
+                log.warning(
+                    "%s stays on %s beside %d sibling(s) after %d retries",
+                    request.key,
+                    placement.worker_node,
+                    len(earlier),
+                    attempt,
+                )
                 return placement
             self.yielded += 1
             log.info(
@@ -456,8 +461,7 @@ class SchedulerService:
         try:
             await self.scheduler.release(placement)
         except (Refused, Unavailable) as error:
-            log.warning("could not release %s on %s: %s", request.key, placement.worker_node,
-                        error)  # fmt: skip
+            log.warning("could not release %s on %s: %s", request.key, placement.worker_node, error)
         try:
             await self.routes.remove(request.key, placement.worker_node, revision=revision)
         except Exception as error:

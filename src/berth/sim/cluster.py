@@ -157,9 +157,13 @@ def simulated_node(info: SimNode, node_class: NodeClass, clock: Callable[[], flo
     budget = NodeBudget(limits, load, clock=clock)
     budget.add_change_listener(_reserved_load(budget, load))
     return NodeCore(
-        info.name, info.platform, budget, FakeRuntime(), layers=LayerRegistry(info.cache_bytes),
+        info.name,
+        info.platform,
+        budget,
+        FakeRuntime(),
+        layers=LayerRegistry(info.cache_bytes),
         labels=None if info.zone is None else {"zone": info.zone},
-    )  # fmt: skip
+    )
 
 
 def check_node(node: NodeCore) -> None:

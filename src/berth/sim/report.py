@@ -176,8 +176,9 @@ def plot_bytes_pulled(results: Mapping[str, SimResult], path: Path) -> Path:
             axes.step(times, np.array(totals) / 1e9, where="post", label=name)
             bound = max(bound, result.capacity_bound_bytes)
         if bound:
-            axes.axhline(bound / 1e9, color="grey", linestyle="--",
-                         label="capacity-aware bound (largest)")  # fmt: skip
+            axes.axhline(
+                bound / 1e9, color="grey", linestyle="--", label="capacity-aware bound (largest)"
+            )
         axes.set_xlabel("simulated time (s)")
         axes.set_ylabel("bytes pulled (GB, cumulative)")
         axes.set_title("Layer bytes pulled per policy")

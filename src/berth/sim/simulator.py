@@ -383,8 +383,13 @@ class Simulation:
         refusals = tuple(client.refusals)
         if outcome != "placed":
             could_hold = None if outcome == "no_matching_platform" else self._could_hold(request)
-            return Decision(**base, outcome=outcome, decision_seconds=elapsed, refusals=refusals,
-                            could_hold=could_hold)  # fmt: skip
+            return Decision(
+                **base,
+                outcome=outcome,
+                decision_seconds=elapsed,
+                refusals=refusals,
+                could_hold=could_hold,
+            )
 
         return await self._start(which, arrival, placement, base, elapsed, refusals)
 

@@ -220,9 +220,12 @@ def generate_workload(
     replicas: dict[str, int] = {}
     arrivals: list[Arrival] = []
     for at, image_index, type_index, lifetime in zip(
-        times.tolist(), image_indices.tolist(), type_indices.tolist(), lifetimes.tolist(),
+        times.tolist(),
+        image_indices.tolist(),
+        type_indices.tolist(),
+        lifetimes.tolist(),
         strict=True,
-    ):  # fmt: skip
+    ):
         image = images[image_index]
         type_name = type_names[type_index]
         replica = replicas.get(image.name, 0)
@@ -238,10 +241,14 @@ def generate_workload(
         )
         arrivals.append(
             Arrival(
-                at=at, request=request, lifetime=lifetime, image=image.name,
-                instance_type=type_name, variants=variants,
+                at=at,
+                request=request,
+                lifetime=lifetime,
+                image=image.name,
+                instance_type=type_name,
+                variants=variants,
             )
-        )  # fmt: skip
+        )
     return arrivals
 
 

@@ -86,8 +86,16 @@ def write_image(
         layers=[list(layer) for layer in layers], cmd=tuple(cmd), working_dir=working_dir
     )
     if user:  # ImageSpec has no User: give the whole runtime config, with it
-        config = {"Env": list(spec.env), "Cmd": list(cmd) or None, "WorkingDir": working_dir,
-                  "User": user}  # fmt: skip
-        spec = ImageSpec(layers=spec.layers, cmd=spec.cmd, working_dir=working_dir,
-                         extra_config={"config": config})  # fmt: skip
+        config = {
+            "Env": list(spec.env),
+            "Cmd": list(cmd) or None,
+            "WorkingDir": working_dir,
+            "User": user,
+        }
+        spec = ImageSpec(
+            layers=spec.layers,
+            cmd=spec.cmd,
+            working_dir=working_dir,
+            extra_config={"config": config},
+        )
     return write_layout(layout, spec, ref=ref)

@@ -264,8 +264,19 @@ def build_initramfs(busybox: Path, modules: Mapping[str, Path], target: Path) ->
     if missing:
         raise Invalid(f"kernel modules missing: {', '.join(missing)}", field="modules")
     directory = stat.S_IFDIR | 0o755
-    folders = ("bin", "dev", "proc", "sys", "newroot", "layers", "upper", "berth", "lib",
-               "lib/modules", "tmp")  # fmt: skip
+    folders = (
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "newroot",
+        "layers",
+        "upper",
+        "berth",
+        "lib",
+        "lib/modules",
+        "tmp",
+    )
     entries = [CpioEntry(name, directory) for name in folders]
     entries.append(CpioEntry("dev/console", stat.S_IFCHR | 0o600, rdev_major=5, rdev_minor=1))
     entries.append(CpioEntry("bin/busybox", stat.S_IFREG | 0o755, busybox.read_bytes()))

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from berth.node.microvm.paths import Accel
+from berth.units import MiB
 
 __all__ = [
     "MAX_DISKS",
     "MAX_LAYERS",
-    "MIB",
     "MIN_GUEST_MEM",
     "VmSize",
     "host_tsc_khz",
@@ -49,8 +49,7 @@ __all__ = [
     "vm_size",
 ]
 
-MIB = 1 << 20
-MIN_GUEST_MEM = 96 * MIB
+MIN_GUEST_MEM = 96 * MiB
 """The least memory a guest gets: Debian's cloud kernel with berth's init boots in 80 MiB, not
 64; 96 leaves the workload a little."""
 MAX_DISKS = 24
@@ -76,7 +75,7 @@ def vm_size(vcpus: float | None, mem: int | None, host_cores: int | None = None)
     mem_bytes = max(wanted, MIN_GUEST_MEM)
     return VmSize(
         vcpus=min(count, cores),
-        mem_mib=-(-mem_bytes // MIB),
+        mem_mib=-(-mem_bytes // MiB),
         floored=mem is not None and mem < MIN_GUEST_MEM,
     )
 
@@ -130,24 +129,42 @@ def qemu_argv(
         raise ValueError(f"{len(layers)} layers: at most {MAX_LAYERS}")
     argv = [
         qemu,
-        "-M", "microvm,pit=off,pic=off",
-        "-accel", accel,
-        "-cpu", "host" if accel == "kvm" else "max",
-        "-smp", str(size.vcpus),
-        "-m", str(size.mem_mib),
-        "-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio", "-no-reboot",
-        "-kernel", str(kernel),
-        "-initrd", str(initrd),
-        "-append", cmdline,
-    ]  # fmt: skip
+        "-M",
+        "microvm,pit=off,pic=off",
+        "-accel",
+        accel,
+        "-cpu",
+        "host" if accel == "kvm" else "max",
+        "-smp",
+        str(size.vcpus),
+        "-m",
+        str(size.mem_mib),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-no-reboot",
+        "-kernel",
+        str(kernel),
+        "-initrd",
+        str(initrd),
+        "-append",
+        cmdline,
+    ]
     for index, layer in enumerate(layers):
         argv += [
-            "-drive", f"id=layer{index},file={_option_value(layer)},format=raw,if=none,readonly=on",
-            "-device", f"virtio-blk-device,drive=layer{index},serial=berth-layer-{index}",
-        ]  # fmt: skip
+            "-drive",
+            f"id=layer{index},file={_option_value(layer)},format=raw,if=none,readonly=on",
+            "-device",
+            f"virtio-blk-device,drive=layer{index},serial=berth-layer-{index}",
+        ]
     if upper is not None:
         argv += [
-            "-drive", f"id=upper,file={_option_value(upper)},format=raw,if=none",
-            "-device", "virtio-blk-device,drive=upper,serial=berth-upper",
-        ]  # fmt: skip
+            "-drive",
+            f"id=upper,file={_option_value(upper)},format=raw,if=none",
+            "-device",
+            "virtio-blk-device,drive=upper,serial=berth-upper",
+        ]
     return argv

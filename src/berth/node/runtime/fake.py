@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterable
 
+from berth.defaults import STOP_GRACE_S
 from berth.errors import Invalid
 from berth.node.runtime.port import (
     BootFailed,
@@ -45,7 +46,7 @@ class FakeRuntime:
         failing_commands: Iterable[str] = (),
         *,
         ignoring_term: Iterable[str] = (),
-        stop_grace_s: float = 2.0,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self.failing_commands: set[str] = set(failing_commands)
         self.ignoring_term: set[str] = set(ignoring_term)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from berth.defaults import MICROVM_STOP_GRACE_S
 from berth.errors import BerthError, Invalid
 from berth.node.erofs import pid_alive
 from berth.node.layer_files import LayerFiles
@@ -60,7 +61,6 @@ from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.paths import Accel, GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
-    MIB,
     VmSize,
     host_tsc_khz,
     kernel_cmdline,
@@ -81,13 +81,14 @@ from berth.node.runtime.port import (
     stop_grace,
 )
 from berth.oci import OciImage, read_layout
+from berth.units import MiB
 from berth.validation import shown
 
 __all__ = ["MIN_UPPER_DISK", "AgentSettings", "MicrovmRuntime", "MicrovmWorkload"]
 
 log = logging.getLogger("berth.microvm")
 
-MIN_UPPER_DISK = 16 * MIB
+MIN_UPPER_DISK = 16 * MiB
 """The smallest disk budget given an ext4 upper disk; below it the upper layer is a tmpfs."""
 
 
@@ -249,7 +250,7 @@ class MicrovmRuntime:
         files: GuestFiles | None = None,
         accel: AccelChoice = "auto",
         qemu: str = DEFAULT_QEMU,
-        stop_grace_s: float = 5.0,
+        stop_grace_s: float = MICROVM_STOP_GRACE_S,
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         work_dir: str | Path | None = None,
         log_dir: str | Path | None = None,
@@ -257,8 +258,9 @@ class MicrovmRuntime:
         if not isinstance(layers, LayerFiles):
             raise Invalid(f"expected the node's LayerFiles, got {shown(layers)}", field="layers")
         if isinstance(images, bytes) or not isinstance(images, str | Path) or not str(images):
-            raise Invalid(f"expected an OCI image layout directory, got {shown(images)}",
-                          field="images")  # fmt: skip
+            raise Invalid(
+                f"expected an OCI image layout directory, got {shown(images)}", field="images"
+            )
         if accel not in ("auto", "kvm", "tcg"):
             raise Invalid(f"must be 'auto', 'kvm' or 'tcg', got {shown(accel)}", field="accel")
         if (
@@ -266,8 +268,10 @@ class MicrovmRuntime:
             or not isinstance(boot_timeout_s, int | float)
             or (not boot_timeout_s > 0)
         ):
-            raise Invalid(f"must be a positive number of seconds, got {shown(boot_timeout_s)}",
-                          field="boot_timeout_s")  # fmt: skip
+            raise Invalid(
+                f"must be a positive number of seconds, got {shown(boot_timeout_s)}",
+                field="boot_timeout_s",
+            )
         grace = configured_grace(stop_grace_s)
         self.files = files if files is not None else GuestFiles.at(None)
         self.layer_files = layers
@@ -425,8 +429,12 @@ class MicrovmRuntime:
         """The guest's vCPUs and memory for ``spec`` (logged when memory is floored)."""
         size = vm_size(spec.vcpus, spec.mem_limit)
         if size.floored:
-            log.info("%s: %s of memory asked, the guest gets the kernel's floor of %d MiB",
-                     workload_id, spec.mem_limit, size.mem_mib)  # fmt: skip
+            log.info(
+                "%s: %s of memory asked, the guest gets the kernel's floor of %d MiB",
+                workload_id,
+                spec.mem_limit,
+                size.mem_mib,
+            )
         return size
 
     async def _acquire_layers(self, image: OciImage) -> tuple[Path, ...]:
@@ -496,7 +504,7 @@ class MicrovmRuntime:
             env={**image.config.environment(), **spec.env},
             layers=layers,
             upper_disk=upper is not None,
-            tmpfs_size=spec.disk_limit or (size.mem_mib * MIB) // 2,
+            tmpfs_size=spec.disk_limit or (size.mem_mib * MiB) // 2,
             hostname=_hostname(workload_id),
             workdir=_workdir(image.config.working_dir),
             user=_user(image.config.user),
@@ -572,12 +580,20 @@ class MicrovmRuntime:
         with open(upper, "wb") as file:
             file.truncate(disk_limit)
         process = await asyncio.create_subprocess_exec(
-            mkfs, "-q", "-F", "-O", "^has_journal", "-m", "0",
-            "-E", "lazy_itable_init=1,nodiscard", str(upper),
+            mkfs,
+            "-q",
+            "-F",
+            "-O",
+            "^has_journal",
+            "-m",
+            "0",
+            "-E",
+            "lazy_itable_init=1,nodiscard",
+            str(upper),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+        )
         try:
             said, _ = await process.communicate()
         except BaseException:  # cancelled: the guest will not need it, nor its scratch
@@ -624,8 +640,9 @@ class MicrovmRuntime:
             workload.vm.kill()
             status = WorkloadExit(signal=signal.SIGKILL, stopped=guest.stop_requested)
         if workload.oom_kills:
-            log.warning("microVM %s: the guest's OOM killer ran %d time(s)",
-                        workload.id, workload.oom_kills)  # fmt: skip
+            log.warning(
+                "microVM %s: the guest's OOM killer ran %d time(s)", workload.id, workload.oom_kills
+            )
         self._guests.pop(workload.id, None)
         self._cleanup(guest.scratch, guest.layers)
         if workload._end(status):

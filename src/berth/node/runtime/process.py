@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from berth.defaults import STOP_GRACE_S
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
@@ -75,7 +76,7 @@ class ProcessRuntime:
     def __init__(
         self,
         *,
-        stop_grace_s: float = 2.0,
+        stop_grace_s: float = STOP_GRACE_S,
         base_env: Mapping[str, str] | None = None,
         log_dir: str | Path | None = None,
     ) -> None:

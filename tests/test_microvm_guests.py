@@ -34,9 +34,12 @@ FILES = GuestFiles.at(None)
 MISSING = problems(FILES)
 if os.geteuid() != 0:
     MISSING.append("converting layers to erofs images needs root")
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"microVM guests cannot boot here: {'; '.join(MISSING)}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        bool(MISSING), reason=f"microVM guests cannot boot here: {'; '.join(MISSING)}"
+    ),
+    pytest.mark.slow,  # boots real QEMU guests under emulation
+]
 
 GUEST_TIMEOUT_S = 120.0
 """One test's scenario: a few boots under emulation on a loaded, shared machine."""

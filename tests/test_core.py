@@ -33,10 +33,10 @@ class WatchedRuntime(FakeRuntime):
         self._core = core
         self.seen: list[tuple[frozenset[str], int]] = []
 
-    async def start(self, spec: BootSpec) -> WorkloadHandle:
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
         node = self._core()
         self.seen.append((node.layers.mounted(), len(node.budget.reservations())))
-        return await super().start(spec)
+        return await super().start(spec, workload_id)
 
 
 def make_core(
@@ -254,6 +254,135 @@ def test_bind_by_workload_id_and_release() -> None:
         assert error.value.field == "lease_ttl_s"
         await core.stop_all()
         assert core.budget.headroom().mem_free == 2 * GiB  # both followed the workload
+
+    run(test)
+
+
+# -- idempotent by workload id: a repeated run boots nothing ----------------------------------
+
+
+class GatedRuntime(FakeRuntime):
+    """A fake runtime whose starts wait for ``gate`` (a boot caught in progress), counted."""
+
+    def __init__(self, failing: set[str] | None = None) -> None:
+        super().__init__(failing or ())
+        self.gate = asyncio.Event()
+        self.starts = 0
+
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
+        self.starts += 1
+        await self.gate.wait()
+        return await super().start(spec, workload_id)
+
+
+def test_a_callers_workload_id_is_the_workloads_and_a_repeat_boots_nothing() -> None:
+    async def test() -> None:
+        core, runtime = watched()
+        booted = await core.boot(SPEC, LAYERS, BOOT, workload_id="web-7")
+        assert booted.workload.id == "web-7" and core.status("web-7").state == "running"
+        again = await core.boot(SPEC, LAYERS, BOOT, workload_id="web-7")
+        assert again is booted
+        assert len(runtime.seen) == 1 and len(core.budget.reservations()) == 1
+        plain = await core.boot(SPEC, LAYERS, BOOT)  # no id: the runtime's own, another boot
+        assert plain.workload.id != "web-7" and len(runtime.seen) == 2
+        assert core.problems() == []
+
+    run(test)
+
+
+def test_two_concurrent_runs_of_one_id_boot_once() -> None:
+    async def test() -> None:
+        runtime = GatedRuntime()
+        core = make_core(runtime)
+        first = asyncio.create_task(core.boot(SPEC, LAYERS, BOOT, workload_id="web-1"))
+        second = asyncio.create_task(core.boot(SPEC, LAYERS, BOOT, workload_id="web-1"))
+        await asyncio.sleep(0.01)
+        assert runtime.starts == 1  # the second waits for the first's outcome
+        runtime.gate.set()
+        one, two = await asyncio.gather(first, second)
+        assert one is two and one.workload.id == "web-1"
+        assert runtime.starts == 1 and len(core.budget.reservations()) == 1
+
+    run(test)
+
+
+def test_a_refused_run_is_every_concurrent_callers_and_the_id_may_boot_again() -> None:
+    async def test() -> None:
+        runtime = GatedRuntime(failing={"broken"})
+        core = make_core(runtime)
+        broken = BootSpec(name="w", command=("broken",))
+        calls = [
+            asyncio.create_task(core.boot(SPEC, LAYERS, broken, workload_id="w-1"))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.01)
+        runtime.gate.set()
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        assert [getattr(o, "reason", o) for o in outcomes] == ["boot_failed", "boot_failed"]
+        assert runtime.starts == 1
+        assert core.budget.reservations() == [] and core.layers.mounted() == frozenset()
+        booted = await core.boot(SPEC, LAYERS, BOOT, workload_id="w-1")  # nothing ran: boots
+        assert booted.workload.id == "w-1" and runtime.starts == 2
+
+    run(test)
+
+
+def test_a_cancelled_first_run_lets_the_waiting_one_boot() -> None:
+    async def test() -> None:
+        runtime = GatedRuntime()
+        core = make_core(runtime)
+        first = asyncio.create_task(core.boot(SPEC, LAYERS, BOOT, workload_id="w-9"))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(core.boot(SPEC, LAYERS, BOOT, workload_id="w-9"))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        await asyncio.sleep(0.01)
+        runtime.gate.set()
+        booted = await second
+        assert first.cancelled() and booted.workload.id == "w-9" and runtime.starts == 2
+        assert len(core.budget.reservations()) == 1 and core.problems() == []
+
+    run(test)
+
+
+def test_a_repeated_leased_run_releases_the_new_lease_and_keeps_the_bound_one() -> None:
+    async def test() -> None:
+        core = make_core(FakeRuntime())
+        bound = core.admit(SPEC, 30.0).reservation_id
+        booted = await core.boot(SPEC, LAYERS, BOOT, reservation=bound, workload_id="w-2")
+        await core.boot(SPEC, LAYERS, BOOT, reservation=bound, workload_id="w-2")
+        assert core.budget.holds(bound)  # the repeat named the lease it holds: kept
+        retry = core.admit(Spec(vcpus=0.1, mem=1, disk=0), 30.0).reservation_id
+        again = await core.boot(SPEC, LAYERS, BOOT, reservation=retry, workload_id="w-2")
+        assert again is booted and not core.budget.holds(retry)  # nothing will bind it
+        assert [r.id for r in core.budget.reservations()] == [bound]
+
+    run(test)
+
+
+def test_a_run_of_an_id_that_ended_boots_nothing_and_answers_how_it_ended() -> None:
+    async def test() -> None:
+        runtime = FakeRuntime()
+        core = make_core(runtime)
+        booted = await core.boot(SPEC, LAYERS, BOOT, workload_id="job-1")
+        runtime.finish("job-1", 3)
+        again = await core.boot(SPEC, LAYERS, BOOT, workload_id="job-1")
+        assert again is booted and again.workload.exit_code == 3
+        assert runtime.list() == () and core.budget.reservations() == []
+        assert core.status("job-1").exit_code == 3
+
+    run(test)
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "x" * 300, 7, b"w-1"])
+def test_a_malformed_workload_id_is_invalid_and_touches_nothing(bad: object) -> None:
+    async def test() -> None:
+        core, runtime = watched()
+        with pytest.raises(Invalid) as caught:
+            await core.boot(SPEC, LAYERS, BOOT, workload_id=bad)  # type: ignore[arg-type]
+        assert caught.value.field == "workload_id"
+        assert runtime.seen == [] and core.layers.mounted() == frozenset()
+        assert core.budget.reservations() == []
 
     run(test)
 

@@ -285,6 +285,19 @@ def test_output_goes_to_the_log_dir(tmp_path: Path) -> None:
     run(scenario)
 
 
+def test_a_callers_workload_id_never_names_a_file_outside_the_log_dir(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        logs = tmp_path / "a" / "logs"
+        runtime = ProcessRuntime(log_dir=logs)
+        workload = await runtime.start(python("print('hi')"), workload_id="../../escaped")
+        await workload.wait()
+        assert workload.id == "../../escaped"
+        assert [path.name for path in logs.iterdir()] == ["%2E.%2F..%2Fescaped.log"]
+        assert list(tmp_path.glob("escaped*")) == [] and "hi" in next(logs.iterdir()).read_text()
+
+    run(scenario)
+
+
 def test_aclose_stops_everything() -> None:
     async def scenario() -> None:
         runtime = ProcessRuntime()

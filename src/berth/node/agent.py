@@ -255,11 +255,20 @@ class Agent:
         platforms: Sequence[Platform] = (),
         *,
         reservation: str | None = None,
+        workload_id: str | None = None,
     ) -> WorkloadHandle:
         """Mount, start, admit owned by the workload (or bind ``reservation``, a lease taken
-        before, to it); stop it and refuse if admission fails."""
+        before, to it); stop it and refuse if admission fails.  ``workload_id`` (a ``Name``)
+        is the caller's id for it: a run with the id of a workload this node runs, ran, or is
+        booting boots nothing again and answers that workload (see
+        :meth:`~berth.node.core.NodeCore.boot`)."""
         booted = await self.core.boot(
-            spec, layers, boot, platforms=platforms, reservation=reservation
+            spec,
+            layers,
+            boot,
+            platforms=platforms,
+            reservation=reservation,
+            workload_id=workload_id,
         )
         return booted.workload
 

@@ -46,6 +46,10 @@ snapshot: rare, and cheap next to a leak).  On the leased path, any failure also
 reservation at once: nothing will ever bind it, and waiting for the lease to expire would
 hold memory for nothing.
 
+A boot may name its workload's id (``workload_id``, the id the API or a scheduler chose):
+then it is **idempotent by id** — a retry after a lost answer, or a second caller racing the
+first, boots nothing again; it gets the first boot's outcome (see :meth:`NodeCore.boot`).
+
 It is deliberately not an advertiser, a clock, a monitor or a transport, and it never looks
 at another node.
 
@@ -59,6 +63,7 @@ again (a placement's spec and platforms were checked once, here).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import OrderedDict
@@ -113,6 +118,24 @@ class Booted:
         return sum(mount.pulled_bytes for mount in self.mounts)
 
 
+@dataclass
+class _Running:
+    """A workload this node runs: its handle, the layers it holds, its completed boot (set
+    once it owns its reservation)."""
+
+    workload: WorkloadHandle
+    layer_ids: tuple[str, ...]
+    booted: Booted | None = None
+
+
+@dataclass
+class _Ended:
+    """How a workload ended, and its boot if it completed (a repeat of its id returns it)."""
+
+    status: WorkloadStatus
+    booted: Booted | None
+
+
 class NodeCore:
     """One node's state and lifecycle without I/O (see the module docstring).
 
@@ -155,8 +178,9 @@ class NodeCore:
         self.end_errors: list[str] = []
         """Bookkeeping errors met when a workload ended (a runtime only logs a failing
         callback, so they are kept here for :meth:`problems` to report)."""
-        self._running: dict[str, tuple[WorkloadHandle, tuple[str, ...]]] = {}
-        self._ended_recently: OrderedDict[str, WorkloadStatus] = OrderedDict()
+        self._running: dict[str, _Running] = {}
+        self._booting: dict[str, asyncio.Future[Booted]] = {}
+        self._ended_recently: OrderedDict[str, _Ended] = OrderedDict()
         self._generation = 0
         self._generation_lock = threading.Lock()
 
@@ -174,6 +198,7 @@ class NodeCore:
         *,
         reservation: str | None = None,
         platforms: Sequence[Platform] = (),
+        workload_id: str | None = None,
     ) -> Booted:
         """Mount, start, then admit owned by the workload — or bind ``reservation`` to it.
 
@@ -181,9 +206,72 @@ class NodeCore:
         ``boot_failed``, ``mem_exhausted`` …); nothing is left mounted, running or reserved
         by a refused boot.  ``boot.mem_limit``, ``vcpus`` and ``disk_limit`` default to the
         spec's ``mem``, ``vcpus`` and ``disk``.
+
+        ``workload_id`` (a ``Name``) is the id the caller chose; the runtime generates one
+        without it.  A boot is **idempotent by id**: with the id of a workload this node runs,
+        or ran (and still remembers how it ended), nothing is booted or reserved again — that
+        boot's :class:`Booted` is returned (a ``reservation`` other than the one it holds is
+        released: nothing will bind it); with the id of a boot in progress, the call awaits
+        that boot's outcome (its ``Booted`` or its refusal).  A boot that was refused leaves
+        nothing to be idempotent about: the id may be booted again.
         """
         spec, layers, platforms = _spec(spec), checked_layers(layers), checked_platforms(platforms)
         boot, reservation = _boot_spec(boot), _reservation(reservation)
+        if workload_id is None:
+            return await self._boot(spec, layers, boot, reservation, platforms, None)
+        workload_id = NAME_RULE(workload_id, "workload_id")
+        while True:
+            booting = self._booting.get(workload_id)
+            if booting is None:
+                break
+            await asyncio.wait({booting})  # our own cancellation raises; the boot's does not
+            if not booting.cancelled():  # else the first caller gave up: boot it ourselves
+                return self._again(booting.result(), reservation)
+        done = self._booted(workload_id)
+        if done is not None:
+            return self._again(done, reservation)
+        future: asyncio.Future[Booted] = asyncio.get_running_loop().create_future()
+        self._booting[workload_id] = future
+        try:
+            booted = await self._boot(spec, layers, boot, reservation, platforms, workload_id)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as error:
+            future.set_exception(error)
+            future.exception()  # retrieved: no "never retrieved" warning without waiters
+            raise
+        else:
+            future.set_result(booted)
+        finally:
+            del self._booting[workload_id]
+        return booted
+
+    def _booted(self, workload_id: str) -> Booted | None:
+        """The completed boot of ``workload_id``, running or ended, if this node knows one."""
+        running = self._running.get(workload_id)
+        if running is not None:
+            return running.booted
+        ended = self._ended_recently.get(workload_id)
+        return None if ended is None else ended.booted
+
+    def _again(self, booted: Booted, reservation: str | None) -> Booted:
+        """A repeated boot's answer: ``booted``, with a reservation it does not hold released."""
+        if reservation is not None and reservation != booted.admission.reservation_id:
+            self.budget.release(reservation)
+        log.info("node %s: run of %s repeated, nothing booted", self.name, booted.workload.id)
+        return booted
+
+    async def _boot(
+        self,
+        spec: Spec,
+        layers: tuple[Layer, ...],
+        boot: BootSpec,
+        reservation: str | None,
+        platforms: tuple[Platform, ...],
+        workload_id: str | None,
+    ) -> Booted:
+        """The lifecycle proper, on checked values (see the module docstring)."""
         attributes = {"berth.node": self.name, "berth.leased": reservation is not None}
         with refused_by(self.name), tracing.span("berth.node.boot", attributes=attributes) as span:
             self._check_platforms(platforms)
@@ -193,11 +281,19 @@ class NodeCore:
                 raise Refused.lease_expired(reservation)
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
-            workload = await self._start(_limited(boot, spec), layer_ids, reservation)
+            workload = await self._start(_limited(boot, spec), layer_ids, reservation, workload_id)
             span.set_attribute("berth.workload", workload.id)
             workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
             admission = await self._own_or_stop(spec, workload, reservation, platforms)
-        return Booted(workload, admission, mounts)
+        booted = Booted(workload, admission, mounts)
+        running = self._running.get(workload.id)
+        if running is not None and running.workload is workload:
+            running.booted = booted
+        else:  # it ended already: remember the run, so a repeat of its id boots nothing
+            ended = self._ended_recently.get(workload.id)
+            if ended is not None:
+                ended.booted = booted
+        return booted
 
     def _check_platforms(self, platforms: Sequence[Platform]) -> None:
         if not matches_any(self.platform, platforms):
@@ -215,13 +311,20 @@ class NodeCore:
         return tuple(mounts)
 
     async def _start(
-        self, boot: BootSpec, layer_ids: tuple[str, ...], reservation: str | None
+        self,
+        boot: BootSpec,
+        layer_ids: tuple[str, ...],
+        reservation: str | None,
+        workload_id: str | None,
     ) -> WorkloadHandle:
         """Start the workload and count it running.  A failed start unmounts its layers and
         releases ``reservation`` (nothing will bind it); a ``BootFailed`` is this node's
         refusal, ``boot_failed``."""
         try:
-            workload = await self.runtime.start(boot)
+            if workload_id is None:  # a runtime written before ids were the caller's works too
+                workload = await self.runtime.start(boot)
+            else:
+                workload = await self.runtime.start(boot, workload_id=workload_id)
         except BaseException as error:
             self._unmount(layer_ids)
             if reservation is not None:
@@ -229,7 +332,7 @@ class NodeCore:
             if isinstance(error, BootFailed):
                 raise Refused("boot_failed", error.reason) from None
             raise
-        self._running[workload.id] = (workload, layer_ids)
+        self._running[workload.id] = _Running(workload, layer_ids)
         return workload
 
     async def _own_or_stop(
@@ -270,14 +373,18 @@ class NodeCore:
     def _ended(self, workload: WorkloadHandle, layer_ids: tuple[str, ...]) -> None:
         # The reservation is released by the budget itself (it follows its owner); the layers
         # are ours to unmount.
-        if self._running.pop(workload.id, None) is None:
+        running = self._running.pop(workload.id, None)
+        if running is None:
             self.end_errors.append(f"unknown workload {workload.id} ended")
         ended = workload.exit
-        self._ended_recently[workload.id] = WorkloadStatus(
+        status = WorkloadStatus(
             "ended",
             None if ended is None else ended.code,
             None if ended is None else ended.reason,
             ended is not None and ended.stopped,
+        )
+        self._ended_recently[workload.id] = _Ended(
+            status, None if running is None else running.booted
         )
         while len(self._ended_recently) > ENDED_MEMORY:
             self._ended_recently.popitem(last=False)
@@ -320,7 +427,7 @@ class NodeCore:
                 running = self._running.get(owner)
                 if running is None:
                     raise Refused("unknown_workload", f"no workload {owner!r}")
-                owner = running[0]
+                owner = running.workload
             self.budget.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:
@@ -342,13 +449,14 @@ class NodeCore:
 
     def workloads(self) -> dict[str, WorkloadHandle]:
         """The running workloads by id."""
-        return {workload_id: entry[0] for workload_id, entry in self._running.items()}
+        return {workload_id: entry.workload for workload_id, entry in self._running.items()}
 
     def status(self, workload_id: str) -> WorkloadStatus:
         """Whether ``workload_id`` runs here, ended (and how), or is unknown to this node."""
         if workload_id in self._running:
             return WorkloadStatus("running")
-        return self._ended_recently.get(workload_id, WorkloadStatus("unknown"))
+        ended = self._ended_recently.get(workload_id)
+        return WorkloadStatus("unknown") if ended is None else ended.status
 
     # -- node maintenance ----------------------------------------------------------------------
     @property
@@ -363,7 +471,7 @@ class NodeCore:
 
     def workload_layers(self) -> dict[str, tuple[str, ...]]:
         """The layer ids each running workload holds mounted, by workload id."""
-        return {workload_id: entry[1] for workload_id, entry in self._running.items()}
+        return {workload_id: entry.layer_ids for workload_id, entry in self._running.items()}
 
     # -- the snapshot ------------------------------------------------------------------------
     def snapshot(self, now: float) -> NodeState:
@@ -430,7 +538,7 @@ class NodeCore:
         expected = (limits.mem_max - mem, limits.disk_max - disk)
         if (headroom.mem_free, headroom.disk_free) != expected:
             found.append(f"headroom {headroom} disagrees with reservations")
-        used = {layer_id for _, layer_ids in self._running.values() for layer_id in layer_ids}
+        used = {layer_id for entry in self._running.values() for layer_id in entry.layer_ids}
         if used != set(self.layers.mounted()):
             found.append("mounted layers differ from running workloads'")
         if self.layers.cached_bytes > self.layers.cache_budget_bytes:

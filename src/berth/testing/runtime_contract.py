@@ -5,7 +5,9 @@ hooks (how to build the runtime, a workload that runs until stopped, one whose b
 that exits by itself with a given code); pytest collects the inherited tests.  The guarantees
 checked are the ones the node agent builds on: every workload's end is reported to every
 ``on_exit`` listener exactly once, whatever ended it; ``stop`` is idempotent and harmless on
-unknown ids; a boot failure is a ``BootFailed`` naming the real reason; a stop's own grace is
+unknown ids; a boot failure is a ``BootFailed`` naming the real reason; a caller's workload id
+is the workload's, never two running under one (a generated id skips a caller's); a stop's own
+grace is
 what a workload that ignores the graceful signal gets before it is killed, and a malformed
 grace is ``Invalid`` and stops nothing.
 
@@ -171,6 +173,48 @@ class RuntimeContract:
             await asyncio.gather(*(runtime.stop(workload.id) for workload in workloads))
             assert sorted(kept.ids()) == sorted(workload.id for workload in workloads)
             assert dropped.ended == []
+
+        run(scenario, self.timeout_s)
+
+    def test_a_callers_workload_id_is_the_workloads_and_never_runs_twice(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            spec = self.long_running_spec()
+            chosen = await runtime.start(spec, workload_id=f"{spec.name}-1")
+            assert chosen.id == f"{spec.name}-1"
+            generated = await runtime.start(spec)  # the driver's own id skips the caller's
+            assert generated.id != chosen.id
+            again = runtime.start(spec, workload_id=chosen.id)
+            with pytest.raises(Invalid) as caught:
+                await again
+            assert caught.value.field == "workload_id"
+            for bad in ("", "two words", 7):
+                with pytest.raises(Invalid) as caught:
+                    await runtime.start(spec, workload_id=bad)  # type: ignore[arg-type]
+                assert caught.value.field == "workload_id"
+            assert set(runtime.list()) == {chosen, generated}  # the refused starts ran nothing
+            await runtime.stop(chosen.id)
+            reused = await runtime.start(spec, workload_id=chosen.id)  # ended: the id is free
+            assert reused.id == chosen.id and not reused.done
+            await asyncio.gather(*(runtime.stop(w.id) for w in runtime.list()))
+
+        run(scenario, self.timeout_s)
+
+    def test_concurrent_starts_of_one_workload_id_run_it_once(self) -> None:
+        async def scenario() -> None:
+            runtime = self.make_runtime()
+            spec = self.long_running_spec()
+            outcomes = await asyncio.gather(
+                runtime.start(spec, workload_id="twin"),
+                runtime.start(spec, workload_id="twin"),
+                return_exceptions=True,
+            )
+            started = [o for o in outcomes if isinstance(o, WorkloadHandle)]
+            refused = [o for o in outcomes if isinstance(o, Invalid)]
+            assert len(started) == 1 and len(refused) == 1, outcomes
+            assert refused[0].field == "workload_id"
+            assert runtime.list() == (started[0],)
+            await runtime.stop("twin")
 
         run(scenario, self.timeout_s)
 

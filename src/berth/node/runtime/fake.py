@@ -61,11 +61,12 @@ class FakeRuntime:
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(self._running.values())
 
-    async def start(self, spec: BootSpec) -> WorkloadHandle:
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
+        workload_id = self._ids.choose(spec, workload_id, self._running)
         program = spec.command[0]
         if program in self.failing_commands:
             raise BootFailed(f"simulated boot failure of {program!r}")
-        workload = WorkloadHandle(self._ids.next(spec), spec)
+        workload = WorkloadHandle(workload_id, spec)
         self._running[workload.id] = workload
         return workload
 

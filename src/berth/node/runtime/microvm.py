@@ -78,6 +78,7 @@ from berth.node.runtime.port import (
     WorkloadIds,
     configured_grace,
     end_within_grace,
+    file_stem,
     stop_grace,
 )
 from berth.oci import OciImage, read_layout
@@ -284,6 +285,7 @@ class MicrovmRuntime:
         self.accel, self.accel_detail = self._choose_accel(accel)
         self.cmdline = kernel_cmdline(host_tsc_khz())
         self._guests: dict[str, _Guest] = {}
+        self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
@@ -362,7 +364,7 @@ class MicrovmRuntime:
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(guest.workload for guest in self._guests.values())
 
-    async def start(self, spec: BootSpec) -> WorkloadHandle:
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
         """Boot ``spec`` in a new guest; return once its workload runs (``BootFailed`` if not).
 
         The steps: check the guest can be built (:meth:`_bootable`), size it, acquire its
@@ -375,7 +377,14 @@ class MicrovmRuntime:
         started_at = time.monotonic()
         if not isinstance(spec, BootSpec):
             raise Invalid(f"expected a BootSpec, got {shown(spec)}", field="spec")
-        workload_id = self._ids.next(spec)
+        workload_id = self._ids.choose(spec, workload_id, self._guests.keys() | self._starting)
+        self._starting.add(workload_id)  # a concurrent start of this id is refused meanwhile
+        try:
+            return await self._start(spec, workload_id, started_at)
+        finally:
+            self._starting.discard(workload_id)
+
+    async def _start(self, spec: BootSpec, workload_id: str, started_at: float) -> WorkloadHandle:
         kernel, image = self._bootable(spec)
         size = self._size(workload_id, spec)
         paths = await self._acquire_layers(image)
@@ -482,7 +491,7 @@ class MicrovmRuntime:
         """A new scratch directory for one guest under ``work_dir``, named with this process's
         pid (see :meth:`_remove_orphans`)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        prefix = f"{workload_id[:40]}.{os.getpid()}."
+        prefix = f"{file_stem(workload_id)[:40]}.{os.getpid()}."
         return Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
 
     async def _write_initrd(
@@ -609,7 +618,7 @@ class MicrovmRuntime:
         if self.log_dir is None:
             return None, None
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{workload_id}.log"
+        path = self.log_dir / f"{file_stem(workload_id)}.log"
         return open(path, "a", encoding="utf-8"), path  # the guest closes it
 
     @staticmethod

@@ -20,6 +20,13 @@ process group per workload) and :mod:`~berth.node.runtime.fake` (no processes; t
 simulator).  :class:`ExitListeners` and :class:`WorkloadIds` are the bookkeeping drivers share;
 :mod:`berth.testing.runtime_contract` is the suite every driver passes.
 
+A workload's id is the caller's when it names one (``start(spec, workload_id="web-7")``: the
+node core passes the id a scheduler or the API chose, so a retried run is recognised) and
+else the driver's own (:class:`WorkloadIds`: ``<name>-<n>``, never one already running).
+:func:`checked_workload_id` is the check a driver applies to a caller's id: a ``Name`` not
+already running here, else ``Invalid`` naming ``workload_id`` — a runtime never runs two
+workloads under one id.
+
 A stop may carry its own grace (``stop(id, grace_s=30)``): how long the workload gets between
 the graceful signal (``SIGTERM``, a guest's poweroff) and the kill; ``None`` is the runtime's
 configured default.  :data:`StopGrace` bounds it (finite, 0 to :data:`MAX_STOP_GRACE_S`) and
@@ -34,7 +41,7 @@ import contextlib
 import itertools
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Annotated, Protocol, runtime_checkable
 
@@ -42,6 +49,7 @@ from pydantic import Field, Strict
 
 from berth.boot import BootFailed, BootSpec
 from berth.errors import Invalid
+from berth.model import NAME_RULE
 from berth.validation import Rule
 
 __all__ = [
@@ -56,7 +64,9 @@ __all__ = [
     "WorkloadHandle",
     "WorkloadIds",
     "checked_grace",
+    "checked_workload_id",
     "end_within_grace",
+    "file_stem",
     "stop_grace",
 ]
 
@@ -211,7 +221,9 @@ ExitListener = Callable[[WorkloadHandle], None]
 class Runtime(Protocol):
     """Starts and stops workloads on this node and reports every end to its listeners.
 
-    * ``start(spec)`` boots a workload or raises :class:`BootFailed` with the reason.
+    * ``start(spec, workload_id=None)`` boots a workload or raises :class:`BootFailed` with
+      the reason; its id is ``workload_id`` when given (a ``Name`` that is not running here,
+      else ``Invalid``), else one the driver generates.
     * ``stop(workload_id, grace_s=None)`` ends it and returns once it has ended: the graceful
       signal first, the kill ``grace_s`` seconds later if it still runs (``None``: the
       driver's configured grace; checked with :func:`checked_grace`).  Stopping an unknown or
@@ -221,7 +233,7 @@ class Runtime(Protocol):
       ends after it was registered, whatever ended it; returns a function that unregisters it.
     """
 
-    async def start(self, spec: BootSpec) -> WorkloadHandle: ...
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle: ...
 
     async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None: ...
 
@@ -256,10 +268,38 @@ class ExitListeners:
 
 
 class WorkloadIds:
-    """Workload ids unique within one runtime: ``<name>-<n>``."""
+    """Workload ids unique within one runtime: ``<name>-<n>``, skipping ids in ``taken``
+    (a caller may have chosen one of that form)."""
 
     def __init__(self) -> None:
         self._counter = itertools.count(1)
 
-    def next(self, spec: BootSpec) -> str:
-        return f"{spec.name}-{next(self._counter)}"
+    def next(self, spec: BootSpec, taken: Container[str] = ()) -> str:
+        while True:
+            workload_id = f"{spec.name}-{next(self._counter)}"
+            if workload_id not in taken:
+                return workload_id
+
+    def choose(self, spec: BootSpec, workload_id: object, running: Container[str]) -> str:
+        """The id a start runs under: the caller's ``workload_id`` checked
+        (:func:`checked_workload_id`), else the next free generated one."""
+        if workload_id is None:
+            return self.next(spec, running)
+        return checked_workload_id(workload_id, running)
+
+
+def file_stem(workload_id: str) -> str:
+    """``workload_id`` as one file name's stem: a ``Name`` may hold ``/`` (and start with
+    ``.``), so ``%``, ``/`` and a leading ``.`` are percent-encoded; distinct ids stay
+    distinct."""
+    stem = workload_id.replace("%", "%25").replace("/", "%2F")
+    return "%2E" + stem[1:] if stem.startswith(".") else stem
+
+
+def checked_workload_id(workload_id: object, running: Container[str] = ()) -> str:
+    """A caller's workload id: a ``Name`` (:data:`~berth.model.NAME_RULE`) not in ``running``;
+    ``Invalid`` naming ``workload_id`` otherwise."""
+    checked = NAME_RULE(workload_id, "workload_id")
+    if checked in running:
+        raise Invalid(f"a workload {checked!r} already runs here", field="workload_id")
+    return checked

@@ -35,6 +35,7 @@ from berth.node.runtime.port import (
     WorkloadIds,
     configured_grace,
     end_within_grace,
+    file_stem,
     stop_grace,
 )
 
@@ -86,6 +87,7 @@ class ProcessRuntime:
         )
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self._running: dict[str, _Running] = {}
+        self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
@@ -96,14 +98,25 @@ class ProcessRuntime:
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(entry.workload for entry in self._running.values())
 
-    async def start(self, spec: BootSpec) -> WorkloadHandle:
-        """Spawn ``spec.command``; :class:`BootFailed` when it cannot be executed."""
-        workload_id = self._ids.next(spec)
+    async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
+        """Spawn ``spec.command`` as ``workload_id`` (else a generated id); :class:`BootFailed`
+        when it cannot be executed."""
+        workload_id = self._ids.choose(spec, workload_id, self._taken())
+        self._starting.add(workload_id)  # a concurrent start of this id is refused meanwhile
+        try:
+            return await self._spawn(spec, workload_id)
+        finally:
+            self._starting.discard(workload_id)
+
+    def _taken(self) -> set[str]:
+        return self._running.keys() | self._starting
+
+    async def _spawn(self, spec: BootSpec, workload_id: str) -> WorkloadHandle:
         program = spec.command[0]
         output: IO[bytes] | int = subprocess.DEVNULL
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{workload_id}.log", "ab")  # noqa: SIM115
+            output = open(self.log_dir / f"{file_stem(workload_id)}.log", "ab")  # noqa: SIM115
         try:
             process = await asyncio.create_subprocess_exec(
                 *spec.command,

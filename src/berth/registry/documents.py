@@ -17,12 +17,14 @@ drivers each follow their own store's change feed.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Collection
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from berth.errors import Unavailable
 from berth.registry.port import (
+    LIVE_STATES,
     WORKLOAD_ID,
     Claim,
     Holds,
@@ -81,21 +83,34 @@ class DocumentWorkloads:
     async def record(self, workload: StoredWorkload) -> None:
         await self._documents.put(workload.id, workload)
 
-    async def end(
-        self, workload_id: str, update: dict[str, object]
+    async def transition(
+        self,
+        workload_id: str,
+        update: dict[str, object],
+        *,
+        expect: Collection[str],
     ) -> tuple[StoredWorkload | None, bool]:
-        """See :meth:`~berth.registry.port.WorkloadRegistry.end`: a compare-and-set on the
-        record's revision, looked at again until it holds or the record no longer runs."""
+        """See :meth:`~berth.registry.port.WorkloadRegistry.transition`: a compare-and-set on
+        the record's revision, looked at again until it holds or the state is not expected."""
+        if not WORKLOAD_ID.fullmatch(workload_id):
+            return None, False
         while True:
             found = await self._documents.entry(workload_id)
             current, revision = (None, 0) if found is None else found
             if current is None:
                 return None, False
-            if current.state != "running":
+            if current.state not in expect:
                 return current, False
-            ended = current.model_copy(update=update)
-            if await self._documents.replace(workload_id, ended, revision):
-                return ended, True
+            changed = StoredWorkload.model_validate({**current.model_dump(), **update})
+            if await self._documents.replace(workload_id, changed, revision):
+                return changed, True
+
+    async def end(
+        self, workload_id: str, update: dict[str, object]
+    ) -> tuple[StoredWorkload | None, bool]:
+        """See :meth:`~berth.registry.port.WorkloadRegistry.end`: a transition from any live
+        state."""
+        return await self.transition(workload_id, update, expect=LIVE_STATES)
 
     async def get(self, workload_id: str) -> StoredWorkload | None:
         if not WORKLOAD_ID.fullmatch(workload_id):

@@ -6,19 +6,31 @@ and one contract suite both pass (:mod:`berth.testing.registry_contract`):
 
 * :class:`WorkloadRegistry` — every workload the API placed and booted (a
   :class:`StoredWorkload`), so a restarted scheduler (or another one serving the API) knows
-  what runs.  The state machine is small: ``running`` → ``exited`` (it ended by itself;
-  ``exit_code``), ``stopped`` (the API stopped it, or a drain did) or ``failed`` (killed by a
-  signal, or its node no longer knows it — the agent restarted).  The node is the authority on
-  whether a workload still runs; the registry learns it by being told
-  (:meth:`WorkloadRegistry.end`, a compare-and-set: a change written meanwhile is never
-  overwritten), never by guessing.
+  what runs.  A record is written *before* its node is asked to run it, so nothing boots that
+  the registry has not seen.  The states (:data:`WorkloadState`):
+
+  - live (:data:`LIVE_STATES`, the identity stays claimed): ``pending`` (recorded, the node
+    asked or about to be; the run's answer not yet known), ``running`` (the node said so),
+    ``unknown`` (its node did not answer, or left the schedulers' view: it may well still run;
+    ``unknown_since`` says since when);
+  - ended: ``exited`` (it ended by itself; ``exit_code``), ``stopped`` (the API stopped it, or
+    a drain did), ``failed`` (the node refused it, it was killed by a signal, or its node no
+    longer knows it), ``lost`` (its node stayed unreachable for ``node_gone_after``: declared
+    gone).
+
+  A stop asked of a workload its node cannot be reached for is kept on the record
+  (``stop_requested``, ``stop_grace_s``) and delivered when the node answers again.  The node
+  is the authority on whether a workload still runs; the registry learns it by being told
+  (:meth:`WorkloadRegistry.transition` and :meth:`WorkloadRegistry.end`, compare-and-sets: a
+  change written meanwhile is never overwritten), never by guessing.
 * :class:`IdentityClaims` — **one running workload per identity**.  A workload's identity is
   ``namespace/name/replica`` (what the routing registry and ``berth whereis`` key on).  A
   claim is taken create-if-absent *before* anything is placed — of two concurrent creates
   exactly one stores it, the other is refused (:class:`IdentityTaken`) having changed
-  nothing.  A claim whose holder no longer holds it (ended, stopped, failed, replaced — or a
-  create that died before recording its workload, after :data:`CLAIM_PENDING_S`) is taken
-  over atomically; a release frees a claim only for its own holder.
+  nothing.  A claim whose holder no longer holds it (ended, stopped, failed, lost, replaced —
+  or a create that died before recording its workload, after :data:`CLAIM_PENDING_S`) is
+  taken over atomically; a ``pending`` or ``unknown`` holder still holds it; a release frees
+  a claim only for its own holder.
 * :class:`ImageRegistry` — named images as layer chains with sizes (:class:`Image`), so a
   request can name one; values are checked before they reach it
   (:func:`berth.registry.images.image_of`).
@@ -36,7 +48,7 @@ from __future__ import annotations
 import builtins
 import re
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -47,6 +59,8 @@ from berth.model import Placement, Spec
 
 __all__ = [
     "CLAIM_PENDING_S",
+    "ENDED_STATES",
+    "LIVE_STATES",
     "WORKLOAD_ID",
     "Claim",
     "Holds",
@@ -68,7 +82,11 @@ __all__ = [
 ]
 
 # -- workloads -------------------------------------------------------------------------------
-WorkloadState = Literal["running", "exited", "stopped", "failed"]
+WorkloadState = Literal["pending", "running", "unknown", "exited", "stopped", "failed", "lost"]
+LIVE_STATES: frozenset[WorkloadState] = frozenset({"pending", "running", "unknown"})
+"""The states of a workload that may run: its identity stays claimed, its end is to come."""
+ENDED_STATES: frozenset[WorkloadState] = frozenset({"exited", "stopped", "failed", "lost"})
+"""The states a record ends in; none is left again."""
 WORKLOAD_ID = re.compile(r"w-[0-9a-f]{12}")
 """The ids :func:`new_workload_id` hands out; a registry looks up nothing else."""
 
@@ -81,8 +99,12 @@ def new_workload_id() -> str:
 class Workload(BaseModel):
     """A workload the API placed and booted (its record, and the API's answer).
 
-    ``node_workload_id`` is the node's own id for it; ``detail`` says how it ended or why its
-    state is what it is; ``replaced_by`` names the workload a drain started in its place.
+    ``node_workload_id`` is the node's own id for it (the API's id, for a workload booted
+    under it); ``detail`` says how it ended or why its state is what it is; ``replaced_by``
+    names the workload a drain (or a lost node) started in its place.  ``unknown_since`` is
+    when the API first failed to reach a ``running`` workload's node (it was last seen
+    before that); ``stop_requested`` (with ``stop_grace_s``) is a stop accepted while its node
+    could not be reached, delivered when the node answers again.
     """
 
     id: str
@@ -103,6 +125,9 @@ class Workload(BaseModel):
     created_at: float
     ended_at: float | None = None
     replaced_by: str | None = None
+    unknown_since: float | None = None
+    stop_requested: bool = False
+    stop_grace_s: float | None = None
 
 
 class StoredWorkload(Workload):
@@ -126,14 +151,26 @@ class WorkloadRegistry(Protocol):
         """Store ``workload``'s record (replacing the one of the same id)."""
         ...
 
+    async def transition(
+        self,
+        workload_id: str,
+        update: dict[str, object],
+        *,
+        expect: Collection[str],
+    ) -> tuple[StoredWorkload | None, bool]:
+        """Apply ``update`` to the record as it is now, if its state is one of ``expect``
+        (compare-and-set on the record, looked at again when it changed under it, so a change
+        written meanwhile is never overwritten): ``(record, True)`` when this call changed it,
+        ``(record, False)`` when its state is not one of ``expect`` (someone else moved it
+        first), ``(None, False)`` when it is gone."""
+        ...
+
     async def end(
         self, workload_id: str, update: dict[str, object]
     ) -> tuple[StoredWorkload | None, bool]:
-        """Record that a *running* workload ended, with ``update`` applied to its record as it
-        is now (compare-and-set, so a change written meanwhile — a drain's ``replaced_by``,
-        another reader recording the same end — is never overwritten): ``(record, True)`` when
-        this call recorded the end, ``(record, False)`` when the record no longer says running
-        (someone else recorded an end first), ``(None, False)`` when it is gone."""
+        """Record that a *live* workload (:data:`LIVE_STATES`) ended: :meth:`transition` from
+        any live state — so of concurrent readers that learnt of one end exactly one records
+        it, and a drain's ``replaced_by`` written meanwhile stands."""
         ...
 
     async def get(self, workload_id: str) -> StoredWorkload | None:

@@ -4,11 +4,12 @@ Subclass :class:`RegistryContract` next to a driver's tests and implement
 :meth:`~RegistryContract.open_registries` (fresh, empty registries of the driver: a
 :class:`Registries`); pytest collects the inherited tests.  They state what
 :mod:`berth.registry.port` promises — a workload's end recorded once and never over a change
-written meanwhile, one winner among concurrent claims of an identity, a takeover only from a
-holder that no longer holds it, a release only by the holder, images by name, routes by
-workload and node with their revisions, and a follower that sees the routes stored, then
-every change, in order.  The in-process drivers run it in ``tests/test_registry.py``, the
-NATS drivers on a real nats-server in ``tests/test_registry_nats.py``.
+written meanwhile, a transition only from the states it expects, one winner among concurrent
+claims of an identity, a takeover only from a holder that no longer holds it, a release only
+by the holder, images by name, routes by workload and node with their revisions, and a
+follower that sees the routes stored, then every change, in order.  The in-process drivers
+run it in ``tests/test_registry.py``, the NATS drivers on a real nats-server in
+``tests/test_registry_nats.py``.
 """
 
 from __future__ import annotations
@@ -174,6 +175,47 @@ class RegistryContract:
             assert not mine and ended == drained
             assert await registry.get(other) == drained
             assert await registry.end("w-0000000000ff", {"state": "exited"}) == (None, False)
+
+        self._run(check)
+
+    def test_a_transition_holds_only_from_the_expected_states_and_has_one_winner(
+        self,
+    ) -> None:
+        """``pending`` → ``running`` (the node answered), ``running`` → ``unknown`` (it did
+        not) and back: each a compare-and-set from named states; of concurrent ones exactly
+        one moves the record, and an ended record is moved by none (``end`` included)."""
+
+        async def check(registries: Registries) -> None:
+            registry = registries.workloads
+            wid = "w-000000000001"
+            await registry.record(sample_workload(wid, state="pending"))
+            outcomes = await asyncio.gather(
+                *(
+                    registry.transition(wid, {"state": "running"}, expect=("pending",))
+                    for _ in range(5)
+                )
+            )
+            assert [mine for _, mine in outcomes].count(True) == 1, outcomes
+            moved, mine = await registry.transition(
+                wid, {"state": "unknown", "unknown_since": 5.0}, expect=("running",)
+            )
+            assert mine and moved is not None and moved.unknown_since == 5.0
+            kept, mine = await registry.transition(
+                wid, {"stop_requested": True, "stop_grace_s": 1.5}, expect=("unknown",)
+            )
+            assert mine and kept is not None and kept.stop_requested and kept.state == "unknown"
+            # an unknown workload is live: its end is recorded, once
+            ended, mine = await registry.end(wid, {"state": "lost", "ended_at": 9.0})
+            assert mine and ended is not None and ended.state == "lost"
+            assert ended.stop_requested and ended.stop_grace_s == 1.5  # nothing lost on the way
+            again, mine = await registry.transition(wid, {"state": "running"}, expect=("lost",))
+            assert mine  # the caller names what it expects: the registry checks only that
+            stale, mine = await registry.transition(wid, {"state": "unknown"}, expect=("pending",))
+            assert not mine and stale == again
+            assert await registry.transition(
+                "w-0000000000ff", {"state": "running"}, expect=("pending",)
+            ) == (None, False)
+            assert await registry.transition("nope", {}, expect=("pending",)) == (None, False)
 
         self._run(check)
 

@@ -127,7 +127,16 @@ def test_malformed_requests_are_invalid_named_and_reserve_nothing(
             )
             assert reply["error"]["kind"] == "invalid"
             # the node's own operations: each field named, nothing done
+            run = {
+                "v": 1,
+                "spec": spec,
+                "boot": {"name": "w", "command": ["vm"]},
+                "layers": [],
+            }
             ops = {
+                ("run", encode({**run, "workload_id": 5})): "workload_id",
+                ("run", encode({**run, "workload_id": "a b"})): "workload_id",
+                ("run", encode({**run, "workload_id": ""})): "workload_id",
                 ("status", b'{"v":1}'): "workload_id",
                 ("status", b'{"v":1,"workload_id":5}'): "workload_id",
                 ("stop", b'{"v":1,"grace_s":1}'): "workload_id",
@@ -142,6 +151,7 @@ def test_malformed_requests_are_invalid_named_and_reserve_nothing(
             assert not servers["n1"].agent.cordoned
             assert servers["n1"].rejected == len(cases) + 1 + len(ops)
             assert servers["n1"].agent.budget.admitted == 0
+            assert servers["n1"].agent.workloads() == {}
             # malformed trace context from a peer is ignored: the request is still answered
             for headers in (
                 {"traceparent": "garbage", "tracestate": "=,=,,", "baggage": "%%;=;"},

@@ -63,9 +63,13 @@ class AgentNodes:
         platforms: Sequence[Platform] = (),
         *,
         reservation: str | None = None,
+        workload_id: str | None = None,
     ) -> str:
         agent = self.agent(node)
-        return (await agent.try_run(spec, layers, boot, platforms, reservation=reservation)).id
+        booted = await agent.try_run(
+            spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
+        )
+        return booted.id
 
     async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
         await self.agent(node).stop_workload(workload_id, grace_s=grace_s)

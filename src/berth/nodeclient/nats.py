@@ -141,6 +141,7 @@ class NatsNodes:
         platforms: Sequence[Platform] = (),
         *,
         reservation: str | None = None,
+        workload_id: str | None = None,
     ) -> str:
         document = {
             "spec": spec.model_dump(mode="json"),
@@ -148,6 +149,7 @@ class NatsNodes:
             "boot": boot.model_dump(mode="json"),
             "platforms": [str(platform) for platform in platforms],
             "reservation_id": reservation,
+            "workload_id": workload_id,
         }
         value = await self._call(node, "run", document, timeout_s=self.run_timeout_s)
         if not isinstance(value, str):

@@ -7,10 +7,11 @@ calls, so the network adds transport and nothing else.  Its table of operations 
 protocol: each operation's request fields (``spec``, ``lease_ttl_s``, ``platforms``,
 ``reservation_id``, ``workload_id``, ``layers``, ``boot``; a ``stop`` may carry ``grace_s``,
 seconds from ``SIGTERM`` to ``SIGKILL``, a finite number from 0 to
-:data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's default),
-read by its decoder before its handler calls the agent; the envelope, the replies and the
-malformed-request handling are :mod:`berth.nats.wire`'s.  It owns three things the agent
-deliberately does not:
+:data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's default;
+a ``run`` may carry ``workload_id``, a :data:`~berth.model.Name` the node boots it under —
+idempotently, so a client whose answer was lost asks again), read by its decoder before its
+handler calls the agent; the envelope, the replies and the malformed-request handling are
+:mod:`berth.nats.wire`'s.  It owns three things the agent deliberately does not:
 
 * **idempotent admission.**  A request that times out may still be delivered (docs/design.md §5),
   so a client retries an ``admit`` with the same idempotency key, and the server answers a
@@ -50,7 +51,7 @@ from nats.aio.msg import Msg
 
 from berth.boot import BootSpec
 from berth.errors import Invalid
-from berth.model import Layer, Spec
+from berth.model import NAME_RULE, Layer, Spec
 from berth.nats.connection import settle
 from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
@@ -218,6 +219,7 @@ class NodeServer:
             request.boot,
             request.platforms,
             reservation=request.reservation,
+            workload_id=request.workload_id,
         )
         return workload.id
 
@@ -253,6 +255,7 @@ class _Run(NamedTuple):
     boot: BootSpec
     platforms: tuple[Platform, ...]
     reservation: str | None
+    workload_id: str | None
 
 
 def _read_admit(document: dict[str, Any], msg: Msg) -> _Admit:
@@ -285,7 +288,8 @@ def _read_run(document: dict[str, Any], msg: Msg) -> _Run:
     boot = model_of(BootSpec, document, "boot", source=source)
     platforms = _platforms(document, source)
     reservation = _optional_str(document, "reservation_id", source)
-    return _Run(spec, layers, boot, platforms, reservation)
+    workload_id = _optional_name(document, "workload_id", source)
+    return _Run(spec, layers, boot, platforms, reservation, workload_id)
 
 
 def _read_stop(document: dict[str, Any], msg: Msg) -> tuple[str, float | None]:
@@ -304,6 +308,18 @@ def _optional_str(document: dict[str, Any], name: str, source: str) -> str | Non
             f"must be a string or null, got {value!r}", source=source, field=name
         )
     return value
+
+
+def _optional_name(document: dict[str, Any], name: str, source: str) -> str | None:
+    """``document[name]``: absent, null or a :data:`~berth.model.Name`."""
+    value = document.get(name)
+    if value is None:
+        return None
+    try:
+        checked: str = NAME_RULE(value, name)
+    except Invalid as error:
+        raise MalformedMessage(error.message, source=source, field=name) from None
+    return checked
 
 
 def _platforms(document: dict[str, Any], source: str) -> tuple[Platform, ...]:

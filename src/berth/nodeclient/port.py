@@ -91,11 +91,17 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
         platforms: Sequence[Platform] = (),
         *,
         reservation: str | None = None,
+        workload_id: str | None = None,
     ) -> str:
         """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
 
         With ``reservation`` (a lease taken by ``admit``, e.g. a scheduler's placement) the
         workload is bound to it instead of admitted again; a refused boot releases it.
+
+        With ``workload_id`` (a :data:`~berth.model.Name`: the caller's record of it) the node
+        boots it under that id, and the run is **idempotent by it**: asked again with an id it
+        already runs or is booting, the node answers that id and boots nothing — so a caller
+        whose answer was lost (``Unavailable``: the outcome is unknown) asks again safely.
 
         ``platforms`` as for :meth:`admit`: a node that runs none of them refuses
         (``platform_mismatch``) before it mounts or starts anything.  Raises ``Refused``

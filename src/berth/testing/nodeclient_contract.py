@@ -36,6 +36,9 @@ port alone (room on a node is probed by admitting a spec that fills it):
 * a node the client cannot reach is ``Unavailable`` for ``admit``, ``bind`` and ``release``;
 * a malformed call (``lease_ttl_s`` zero, negative or NaN) is ``Invalid`` naming
   ``lease_ttl_s``, and reserves nothing;
+* (drivers whose nodes run workloads) a ``try_run`` with a ``workload_id`` boots under that
+  id, and is idempotent by it: retried — one after the other, or two at once — it boots once
+  and holds one reservation;
 * (drivers whose nodes run workloads) a stop whose ``grace_s`` is not a finite number from 0
   to an hour is ``Invalid`` naming ``grace_s`` and stops nothing; with a grace it stops;
 * node maintenance (drivers implementing :class:`~berth.nodeclient.port.NodeMaintenance`;
@@ -56,6 +59,7 @@ from typing import ClassVar, cast
 
 import pytest
 
+from berth.boot import BootSpec
 from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
@@ -348,6 +352,70 @@ class NodeClientContract:
             await agents.stop("n1", workload_id, grace_s=1.5)  # ended already: harmless
 
         self._run([NodeShape("n1", mem=256 * MiB)], check)
+
+    async def _run_by_id(
+        self, nodes: NodeClient, node: str, workload_id: str, mem: int, reservation: str | None
+    ) -> str:
+        agents = cast(AgentClient, nodes)  # a driver whose nodes run workloads is one
+        boot = BootSpec(name=workload_id, command=("vm",))
+        return await agents.try_run(
+            node, _spec(mem), [], boot, reservation=reservation, workload_id=workload_id
+        )
+
+    def test_a_run_retried_with_its_workload_id_boots_once(self) -> None:
+        """A caller whose run answer was lost asks again with the same id: the node answers
+        that id, boots nothing more and holds one reservation — with a lease taken before
+        (a scheduler's placement) or admitting by itself."""
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+        shape = NodeShape("n1", mem=256 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            agents = cast(AgentClient, nodes)
+            admission = await self._admit(nodes, "n1", 64 * MiB)
+            leased = "w-00000000000a"
+            for _ in range(3):
+                ran = await self._run_by_id(nodes, "n1", leased, 64 * MiB, admission.reservation_id)
+                assert ran == leased
+            alone = "w-00000000000b"
+            for _ in range(3):
+                assert await self._run_by_id(nodes, "n1", alone, 64 * MiB, None) == alone
+            for workload_id in (leased, alone):
+                assert (await agents.status("n1", workload_id)).state == "running"
+            # two workloads of 64 MiB hold 128 MiB of 256: 128 MiB more fits, one byte more not
+            room = await self._admit(nodes, "n1", 128 * MiB)
+            await self._assert_full(nodes, "n1")
+            assert await nodes.release("n1", room.reservation_id) is True
+            for workload_id in (leased, alone):
+                await agents.stop("n1", workload_id, grace_s=0.0)
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
+
+    def test_two_concurrent_runs_of_one_workload_id_boot_once(self) -> None:
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+        shape = NodeShape("n1", mem=256 * MiB)
+
+        async def check(nodes: NodeClient) -> None:
+            agents = cast(AgentClient, nodes)
+            workload_id = "w-00000000000c"
+            admission = await self._admit(nodes, "n1", 128 * MiB)
+            ran = await asyncio.gather(
+                *(
+                    self._run_by_id(nodes, "n1", workload_id, 128 * MiB, reservation)
+                    for reservation in (admission.reservation_id, admission.reservation_id)
+                )
+            )
+            assert ran == [workload_id, workload_id]
+            room = await self._admit(nodes, "n1", 128 * MiB)  # one reservation held, not two
+            await self._assert_full(nodes, "n1")
+            assert await nodes.release("n1", room.reservation_id) is True
+            await agents.stop("n1", workload_id, grace_s=0.0)
+            assert (await agents.status("n1", workload_id)).state == "ended"
+            await self._assert_free(nodes, shape)
+
+        self._run([shape], check)
 
     # -- failures of the call ----------------------------------------------------------------
     def test_unknown_node_is_unavailable(self) -> None:

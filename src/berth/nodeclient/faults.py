@@ -1,0 +1,111 @@
+"""A node-client driver that wraps another and injects the network's faults, for tests.
+
+What a caller of a node must survive is not a node that says no but one that says nothing:
+a partition, a paused agent, an answer lost on its way back.  :class:`FaultyNodes` forwards
+every call to the wrapped :class:`~berth.nodeclient.port.AgentClient` and, on demand, makes
+a node unreachable (:meth:`FaultyNodes.cut`: every call to it is ``Unavailable`` and reaches
+nothing) or loses the answers of runs (:meth:`FaultyNodes.lose_run_answers`: the run *is*
+delivered and the node boots, then the caller hears ``Unavailable`` — the outcome unknown).
+It counts every run delivered (:attr:`FaultyNodes.runs`), so a test can say how many boots a
+retry caused.
+
+What it is not: a simulation of the node.  The wrapped driver's nodes answer everything
+that is delivered; this only decides what is delivered and what is heard.  It is passed in
+(the API harness, :func:`berth.api.testing.embedded_api`, wraps its cluster's client in one)
+instead of patching a transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from berth.boot import BootSpec, WorkloadStatus
+from berth.errors import Unavailable
+from berth.model import Layer, Spec
+from berth.nodeclient.port import AgentClient
+from berth.ownership import Admission, Owner
+from berth.platform import Platform
+
+__all__ = ["FaultyNodes"]
+
+
+class FaultyNodes:
+    """``AgentClient`` forwarding to ``nodes``, with nodes cut off and run answers lost."""
+
+    def __init__(self, nodes: AgentClient) -> None:
+        self._nodes = nodes
+        self._cut: set[str] = set()
+        self._lose_runs = 0
+        self.runs: list[tuple[str, str | None]] = []
+        """Every run delivered to a node: ``(node, workload_id)``, in order."""
+
+    def cut(self, node: str) -> None:
+        """Make ``node`` unreachable: every call to it is ``Unavailable`` until :meth:`heal`."""
+        self._cut.add(node)
+
+    def heal(self, node: str) -> None:
+        self._cut.discard(node)
+
+    def lose_run_answers(self, count: int = 1) -> None:
+        """The next ``count`` runs are delivered, and their answers lost (``Unavailable``)."""
+        self._lose_runs += count
+
+    def _reach(self, node: str) -> None:
+        if node in self._cut:
+            raise Unavailable(f"node {node!r} is not reachable (cut off)")
+
+    async def admit(
+        self,
+        node: str,
+        spec: Spec,
+        *,
+        lease_ttl_s: float,
+        platforms: Sequence[Platform] = (),
+    ) -> Admission:
+        self._reach(node)
+        return await self._nodes.admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+
+    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
+        self._reach(node)
+        await self._nodes.bind(node, reservation_id, owner)
+
+    async def release(self, node: str, reservation_id: str) -> bool:
+        self._reach(node)
+        return await self._nodes.release(node, reservation_id)
+
+    async def try_run(
+        self,
+        node: str,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
+        workload_id: str | None = None,
+    ) -> str:
+        self._reach(node)
+        self.runs.append((node, workload_id))
+        ran = await self._nodes.try_run(
+            node, spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
+        )
+        if self._lose_runs > 0:
+            self._lose_runs -= 1
+            raise Unavailable(f"node {node!r} did not answer run (the answer was lost)")
+        return ran
+
+    async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
+        self._reach(node)
+        await self._nodes.stop(node, workload_id, grace_s=grace_s)
+
+    async def status(self, node: str, workload_id: str) -> WorkloadStatus:
+        self._reach(node)
+        return await self._nodes.status(node, workload_id)
+
+    async def cordon(self, node: str) -> bool:
+        self._reach(node)
+        return await self._nodes.cordon(node)
+
+    async def uncordon(self, node: str) -> bool:
+        self._reach(node)
+        return await self._nodes.uncordon(node)

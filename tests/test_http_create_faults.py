@@ -1,8 +1,9 @@
-"""The API's create when the workload registry fails between the boot and the record: the
-backend (:class:`~berth.api.backend.ClusterBackend`) in-process over agents and a
+"""The API's create when the workload registry fails between the placement and the record:
+the backend (:class:`~berth.api.backend.ClusterBackend`) in-process over agents and a
 scheduler on a real nats-server, its registry's bucket on a connection that is closed before
-the create — the boot succeeds, the record does not, and nothing is left behind (no running
-workload, no reservation, no route, no claim on the identity)."""
+the create — the intent (the ``pending`` record) is written before any boot, so it fails
+first, nothing is booted, and nothing is left behind (no running workload, no reservation,
+no route, no claim on the identity)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServ
                 await NatsImages(running.client, bucket=bucket).start(),
             )
             body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
-            with pytest.raises(Unavailable, match=r"not recorded .*; it was stopped"):
+            with pytest.raises(Unavailable, match=r"not recorded .*; nothing was booted"):
                 await backend.create(body)
             (agent,) = (service.agent for service in running.node_services.values())
             assert agent.workloads() == {}

@@ -15,6 +15,7 @@ __all__ = [
     "LEASE_TTL_S",
     "LOCAL_HEARTBEAT_S",
     "MICROVM_STOP_GRACE_S",
+    "NODE_GONE_AFTER_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
@@ -46,3 +47,8 @@ stop_grace_s``), when a stop names no grace of its own."""
 
 MICROVM_STOP_GRACE_S = 5.0
 """How long a guest's workload gets after ``SIGTERM`` before QEMU is killed."""
+
+NODE_GONE_AFTER_S = 300.0
+"""How long the API keeps a workload ``unknown`` (its node unreachable and out of the
+schedulers' view) before it declares the node gone and the workload ``lost`` — releasing its
+identity and placing a restartable one again.  Kubernetes' pod eviction waits as long."""

@@ -14,9 +14,9 @@ the service gives.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
 from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -27,7 +27,7 @@ from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
-from berth.registry.port import Image, Workload
+from berth.registry.port import LIVE_STATES, Image, Workload, WorkloadState
 
 __all__ = ["API_VERSION", "create_app", "generated_openapi", "openapi_document"]
 
@@ -68,7 +68,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     async def list_workloads(
         namespace: str | None = None,
         node: str | None = None,
-        state: Literal["running", "exited", "stopped", "failed"] | None = None,
+        state: WorkloadState | None = None,
     ) -> schemas.WorkloadList:
         return schemas.WorkloadList(items=await backend.list_workloads(namespace, node, state))
 
@@ -85,14 +85,25 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.post(
         "/workloads/{workload_id}/stop",
         response_model=Workload,
-        responses=problem_responses(404, 503),
+        responses={
+            202: {
+                "description": "Accepted, not done: the workload's node does not answer "
+                "(unknown) or its boot is unanswered (pending); the stop is kept on the "
+                "record (stop_requested) and delivered when the node answers",
+                "model": Workload,
+            },
+            **problem_responses(404, 503),
+        },
         tags=["workloads"],
-        summary="Stop a workload (idempotent)",
+        summary="Stop a workload (idempotent; 202 when it is kept for an unreachable node)",
     )
     async def stop_workload(
-        workload_id: WorkloadId, body: schemas.StopRequest | None = None
+        workload_id: WorkloadId, response: Response, body: schemas.StopRequest | None = None
     ) -> Workload:
-        return await backend.stop(workload_id, None if body is None else body.grace_s)
+        workload = await backend.stop(workload_id, None if body is None else body.grace_s)
+        if workload.state in LIVE_STATES and workload.stop_requested:
+            response.status_code = 202
+        return workload
 
     # -- placements --------------------------------------------------------------------------
     @api.post(

@@ -52,15 +52,19 @@ from berth.api import schemas
 from berth.api.placements import Placements
 from berth.api.problems import Problem
 from berth.boot import BootSpec
+from berth.defaults import NODE_GONE_AFTER_S, RUN_TIMEOUT_S
 from berth.errors import Invalid, NoCapacity, Unavailable
-from berth.model import Placement, Request
+from berth.model import INTERVAL_RULE, Placement, Request
 from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
 from berth.registry.images import image_from_layout, image_of
 from berth.registry.port import (
     CLAIM_PENDING_S,
+    ENDED_STATES,
+    LIVE_STATES,
     Claim,
+    IdentityTaken,
     Image,
     ImageRegistry,
     StoredWorkload,
@@ -79,6 +83,11 @@ DEFAULT_STOP_GRACE_S = 10.0
 STOP_MARGIN_S = 5.0
 """What a stop waits beyond its grace: the round trip, the kill, the runtime's cleanup."""
 STATUS_TIMEOUT_S = 2.0
+RUN_ATTEMPTS = 3
+"""How often a create asks its node to run a workload whose answer never came (the same id
+each time: the node boots it once), within :data:`~berth.defaults.RUN_TIMEOUT_S`."""
+RUN_RETRY_S = 0.2
+"""The pause before the first retry of an unanswered run; it doubles for each further one."""
 
 
 def not_found(what: str, name: str) -> Problem:
@@ -98,7 +107,9 @@ class ClusterBackend:
         *,
         recent_capacity: int = 1000,
         clock: Callable[[], float] = time.time,
+        node_gone_after_s: float = NODE_GONE_AFTER_S,
     ) -> None:
+        self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "node_gone_after")
         self.scheduler = scheduler
         self.nodes = nodes
         self.placements = placements
@@ -265,29 +276,32 @@ class ClusterBackend:
         image: Image | None,
         restartable: bool,
     ) -> StoredWorkload:
-        """Claim the identity, place, boot on the chosen node, record: a running workload the
-        API knows, or an error having left nothing behind (but a boot of unknown outcome)."""
+        """Claim the identity, place, record the intent (``pending``), boot on the chosen
+        node under the workload's own id, record it ``running``: a running workload the API
+        knows, an ended record with the node's reason, or a pending one whose boot's outcome
+        is unknown (``Unavailable``) — never a workload the registry has not seen."""
         placement = await self._claim_and_place(request, workload_id)
-        node_workload_id = await self._run(request, boot, placement, workload_id)
-        workload = StoredWorkload(
+        pending = StoredWorkload(
             id=workload_id,
             namespace=request.namespace,
             name=request.name,
             replica=request.replica,
             image=None if image is None else image.name,
             node=placement.worker_node,
-            node_workload_id=node_workload_id,
+            node_workload_id=workload_id,  # the node boots it under the API's id
             reservation_id=placement.reservation_id,
             colocated_bytes=placement.colocated_bytes,
             rank=placement.rank,
-            state="running",
+            state="pending",
             command=list(boot.command),
             env=dict(boot.env),
             restartable=restartable,
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
-        await self._record(request, placement, workload)
+        await self._record_intent(request, placement, pending)
+        node_workload_id = await self._run(request, boot, placement, workload_id)
+        workload = await self._started(pending, node_workload_id)
         explanation = (
             f"booted {workload_id} on {placement.worker_node} ({placement.colocated_bytes} B "
             f"colocated, rank {placement.rank}); {self._summary(request)}"
@@ -306,68 +320,135 @@ class ClusterBackend:
             await self._release(request.key, workload_id)
             raise
 
+    async def _record_intent(
+        self, request: Request, placement: Placement, pending: StoredWorkload
+    ) -> None:
+        """Record the workload ``pending`` before its node is asked to run it.  A registry
+        that fails to record it is ``Unavailable`` with nothing booted: the lease is given
+        back and the identity freed."""
+        try:
+            await self.workloads.record(pending)
+        except Unavailable as error:
+            await self._give_back(request, placement, pending.id)
+            detail = f"{pending.id} not recorded ({error}); nothing was booted"
+            self._note(request, "unavailable", detail, placement=placement, workload_id=pending.id)
+            raise Unavailable(detail) from None
+
     async def _run(
         self, request: Request, boot: BootSpec, placement: Placement, workload_id: str
     ) -> str:
-        """Boot on the placement's node under its lease; the node's workload id."""
+        """Boot on the placement's node under its lease and ``workload_id``; the node's
+        workload id.  An answer that never came (``Unavailable``: the outcome is unknown) is
+        asked again under the same id — the node boots an id once — for up to
+        :data:`RUN_ATTEMPTS` attempts within :data:`~berth.defaults.RUN_TIMEOUT_S`; still
+        unknown, the record stays ``pending`` with the reason.  A refusal ends the record
+        ``failed`` with the node's reason."""
         assert request.spec is not None
         node = placement.worker_node
-        try:
-            return await self.nodes.try_run(
-                node,
-                request.spec,
-                request.layers,
-                boot,
-                request.platforms,
-                reservation=placement.reservation_id,
-            )
-        except Unavailable as error:
-            # the boot's outcome is unknown: the claim stays (it lapses after CLAIM_PENDING_S)
-            self._note(
-                request,
-                "unavailable",
-                f"boot on {node}: {error}",
-                placement=placement,
-                workload_id=workload_id,
-            )
-            raise
-        except (Refused, Invalid) as error:
-            # the node's answer: nothing runs (a refusal released the reservation there)
-            await self._give_back(request, placement, workload_id)
-            outcome = "refused" if isinstance(error, Refused) else "invalid"
-            self._note(request, outcome, str(error), placement=placement, workload_id=workload_id)
-            raise
-
-    async def _record(
-        self, request: Request, placement: Placement, workload: StoredWorkload
-    ) -> None:
-        """Record a booted workload.  One the registry fails to record runs unknown to the
-        API (nothing could stop it, or free its identity for good): it is stopped — its
-        reservation goes with it — everything is given back, and the create is
-        ``Unavailable``."""
-        try:
-            await self.workloads.record(workload)
-        except Unavailable as error:
-            stopped = "it was stopped"
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                await self.nodes.stop(workload.node, workload.node_workload_id, grace_s=0.0)
-            except Exception as failure:
-                stopped = f"stopping it failed too: {failure}"
-            await self._give_back(request, placement, workload.id)
-            detail = f"{workload.id} booted on {workload.node}, not recorded ({error}); {stopped}"
-            self._note(request, "unavailable", detail, placement=placement, workload_id=workload.id)
-            raise Unavailable(detail) from None
+                return await self.nodes.try_run(
+                    node,
+                    request.spec,
+                    request.layers,
+                    boot,
+                    request.platforms,
+                    reservation=placement.reservation_id,
+                    workload_id=workload_id,
+                )
+            except Unavailable as error:
+                elapsed = time.monotonic() - started
+                if attempt < RUN_ATTEMPTS and elapsed < RUN_TIMEOUT_S:
+                    log.info(
+                        "run of %s on %s unanswered (%s); asking again", workload_id, node, error
+                    )
+                    await asyncio.sleep(RUN_RETRY_S * 2 ** (attempt - 1))
+                    continue
+                detail = await self._unanswered(request, placement, workload_id, attempt, error)
+                raise Unavailable(
+                    f"{detail}; {workload_id} is recorded pending until its node answers"
+                ) from None
+            except (Refused, Invalid) as error:
+                # the node's answer: nothing runs (a refusal released the reservation there)
+                await self._end_by_id(
+                    workload_id,
+                    {"state": "failed", "detail": f"refused by {node}: {error}"},
+                )
+                await self._give_back(request, placement, workload_id)
+                outcome = "refused" if isinstance(error, Refused) else "invalid"
+                self._note(
+                    request, outcome, str(error), placement=placement, workload_id=workload_id
+                )
+                raise
+
+    async def _unanswered(
+        self,
+        request: Request,
+        placement: Placement,
+        workload_id: str,
+        attempts: int,
+        error: Unavailable,
+    ) -> str:
+        """A run whose answer never came: the record stays ``pending`` (the claim with it),
+        saying why; the node's answer to a later ``status`` settles it."""
+        detail = (
+            f"the boot on {placement.worker_node} was not answered after {attempts} "
+            f"attempt(s) ({error}); its outcome is unknown"
+        )
+        with contextlib.suppress(Exception):
+            await self.workloads.transition(workload_id, {"detail": detail}, expect=("pending",))
+        self._note(
+            request,
+            "unavailable",
+            f"boot on {placement.worker_node}: {error}",
+            placement=placement,
+            workload_id=workload_id,
+        )
+        return detail
+
+    async def _started(self, pending: StoredWorkload, node_workload_id: str) -> StoredWorkload:
+        """The node answered that it runs the workload: its record turns ``running`` (a
+        compare-and-set from ``pending``; a reader that saw it running first did the same).
+        A stop asked meanwhile is delivered now.  A registry that fails here leaves the
+        record ``pending`` — the workload runs and a read that reaches its node confirms it."""
+        update: dict[str, object] = {
+            "state": "running",
+            "node_workload_id": node_workload_id,
+            "detail": None,
+        }
+        try:
+            started, _ = await self.workloads.transition(pending.id, update, expect=("pending",))
+        except Unavailable as error:
+            raise Unavailable(
+                f"{pending.id} booted on {pending.node}; its record still says pending "
+                f"({error}): reading it confirms it"
+            ) from None
+        if started is None:  # the record is gone: report the workload as it runs
+            return pending.model_copy(update=update)
+        if started.stop_requested and started.state == "running":
+            return await self._deliver_stop(started)
+        return started
 
     async def _holds(self, claim: Claim) -> str | None:
-        """How ``claim``'s workload still holds its identity: it runs (asked of its node), or
-        it has no record yet and its create is recent (still placing or booting)."""
+        """How ``claim``'s workload still holds its identity: it runs (asked of its node), it
+        is pending (recorded, its boot under way or of unknown outcome) or unknown (its node
+        does not answer: it may run), or it has no record yet and its create is recent."""
         workload = await self.workloads.get(claim.workload_id)
         if workload is None:
             if self.clock() - claim.claimed_at < CLAIM_PENDING_S:
                 return "being created"
             return None  # its create died before recording it
         workload = await self._refresh(workload)
-        return f"running on {workload.node}" if workload.state == "running" else None
+        if workload.state == "running":
+            return f"running on {workload.node}"
+        if workload.state == "pending":
+            return f"being created on {workload.node}"
+        if workload.state == "unknown":
+            return f"unknown: its node {workload.node} does not answer"
+        return None
 
     async def _give_back(self, request: Request, placement: Placement, workload_id: str) -> None:
         """Undo a create that ends without a workload: the schedulers drop its reservation
@@ -385,15 +466,21 @@ class ClusterBackend:
             log.warning("could not release the claim of %s on %s: %s", workload_id, identity, error)
 
     async def _end(self, workload: StoredWorkload, update: dict[str, object]) -> StoredWorkload:
-        """Record that a running workload ended (``update`` applied to its record as it is
-        now, by compare-and-set: nothing written meanwhile is lost), and free its identity —
-        once, by whichever reader recorded the end."""
-        ended, recorded = await self.workloads.end(workload.id, update)
-        if ended is None:  # the record is gone: report the end, write nothing
-            return workload.model_copy(update=update)
-        if recorded:
+        """Record that a live workload ended (``update`` applied to its record as it is now,
+        by compare-and-set: nothing written meanwhile is lost), and free its identity — once,
+        by whichever reader recorded the end."""
+        ended, _ = await self._end_by_id(workload.id, update)
+        return workload.model_copy(update=update) if ended is None else ended
+
+    async def _end_by_id(
+        self, workload_id: str, update: dict[str, object]
+    ) -> tuple[StoredWorkload | None, bool]:
+        """:meth:`_end` by id: the record and whether this call recorded the end."""
+        update.setdefault("ended_at", self.clock())
+        ended, recorded = await self.workloads.end(workload_id, update)
+        if ended is not None and recorded:
             await self._release(Request.from_dict(ended.request).key, ended.id)
-        return ended
+        return ended, recorded
 
     async def workload(self, workload_id: str) -> StoredWorkload:
         workload = await self.workloads.get(workload_id)
@@ -409,46 +496,162 @@ class ClusterBackend:
         return [workload for workload in refreshed if state is None or workload.state == state]
 
     async def _refresh(self, workload: StoredWorkload) -> StoredWorkload:
-        """Ask the node whether a running workload still runs; record how it ended."""
-        if workload.state != "running":
+        """Ask a live workload's node about it and record what is learnt (each change a
+        compare-and-set): ``pending`` or ``unknown`` → ``running`` when the node runs it (a
+        stop kept meanwhile is delivered then); ``running`` → ``unknown`` when the node does
+        not answer; → ``exited``/``stopped``/``failed`` when it says the workload ended or
+        never heard of it; ``unknown`` → ``lost`` once its node has been out of the
+        schedulers' view for :attr:`node_gone_after_s`."""
+        if workload.state not in LIVE_STATES:
             return workload
+        if workload.state == "unknown" and workload.node not in self.scheduler.states():
+            return await self._maybe_lost(workload)  # not back yet: nothing to ask
         try:
             status = await asyncio.wait_for(
                 self.nodes.status(workload.node, workload.node_workload_id), STATUS_TIMEOUT_S
             )
         except (Unavailable, TimeoutError) as error:
-            if workload.node in self.scheduler.states():
-                return workload  # the node is there but did not answer: nothing learnt
-            update: dict[str, Any] = {
+            return await self._unreachable(workload, error)
+        if status.state == "running":
+            return await self._runs(workload)
+        if status.state == "unknown":
+            if workload.state == "pending":
+                return await self._pending_unknown_to_node(workload)
+            update: dict[str, object] = {
                 "state": "failed",
-                "detail": f"node {workload.node} left the cluster ({error})",
+                "detail": f"node {workload.node} no longer knows it (the agent restarted?)",
             }
         else:
-            if status.state == "running":
-                return workload
-            if status.state == "unknown":
-                update = {
-                    "state": "failed",
-                    "detail": f"node {workload.node} no longer knows it (the agent restarted?)",
-                }
-            else:
-                kind = (
-                    "stopped"
-                    if status.stopped
-                    else ("exited" if status.exit_code is not None else "failed")
-                )
-                update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
-        update["ended_at"] = self.clock()
+            kind = (
+                "stopped"
+                if status.stopped
+                else ("exited" if status.exit_code is not None else "failed")
+            )
+            update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
         return await self._end(workload, update)
+
+    async def _runs(self, workload: StoredWorkload) -> StoredWorkload:
+        """The node says the workload runs: a ``pending`` or ``unknown`` record turns
+        ``running``; a stop kept on it is delivered now."""
+        if workload.state != "running":
+            update: dict[str, object] = {"state": "running", "unknown_since": None, "detail": None}
+            moved, _ = await self.workloads.transition(
+                workload.id, update, expect=("pending", "unknown")
+            )
+            if moved is None:
+                return workload
+            workload = moved
+            if workload.state == "running":
+                log.info("%s runs on %s again", workload.id, workload.node)
+        if workload.state == "running" and workload.stop_requested:
+            return await self._deliver_stop(workload)
+        return workload
+
+    async def _unreachable(self, workload: StoredWorkload, error: Exception) -> StoredWorkload:
+        """The node did not answer: a ``running`` workload becomes ``unknown`` (it may well
+        still run: its identity stays claimed); a ``pending`` one stays pending; an unknown
+        one may have been unknown long enough to be lost."""
+        if workload.state == "pending":
+            return workload
+        if workload.state == "unknown":
+            return await self._maybe_lost(workload)
+        update: dict[str, object] = {
+            "state": "unknown",
+            "unknown_since": self.clock(),
+            "detail": f"node {workload.node} does not answer ({error or type(error).__name__})",
+        }
+        moved, mine = await self.workloads.transition(workload.id, update, expect=("running",))
+        if mine:
+            log.warning("%s is unknown: %s", workload.id, update["detail"])
+        return workload if moved is None else moved
+
+    async def _maybe_lost(self, workload: StoredWorkload) -> StoredWorkload:
+        """An ``unknown`` workload whose node has stayed out of the schedulers' view for
+        :attr:`node_gone_after_s` since it was first unreachable is ``lost``: its identity is
+        freed and a restartable one is placed again elsewhere (``replaced_by``)."""
+        since = (
+            workload.unknown_since if workload.unknown_since is not None else workload.created_at
+        )
+        if workload.node in self.scheduler.states():
+            return workload  # the node publishes: it lives, only its answers are missing
+        if self.clock() - since < self.node_gone_after_s:
+            return workload
+        update: dict[str, object] = {
+            "state": "lost",
+            "detail": (
+                f"node {workload.node} gone: unreachable since {since:.0f} and out of the "
+                f"cluster for {self.node_gone_after_s:g}s (node_gone_after)"
+            ),
+        }
+        lost, recorded = await self._end_by_id(workload.id, update)
+        if lost is None or not recorded:
+            return workload if lost is None else lost
+        log.warning("%s lost: %s", workload.id, update["detail"])
+        if not workload.restartable:
+            return lost
+        try:
+            replacement = await self._replace(lost)
+        except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
+            log.warning("%s lost and not placed again: %s", workload.id, error)
+            detail = f"{update['detail']}; not placed again: {error}"
+            return (await self.workloads.transition(lost.id, {"detail": detail}, expect=("lost",)))[
+                0
+            ] or lost
+        replaced, _ = await self.workloads.transition(
+            lost.id, {"replaced_by": replacement.id}, expect=("lost",)
+        )
+        return replaced or lost
+
+    async def _pending_unknown_to_node(self, workload: StoredWorkload) -> StoredWorkload:
+        """A ``pending`` workload its node has never heard of: its boot is still on its way
+        (or being retried) — unless its create is older than :data:`CLAIM_PENDING_S`, when
+        no boot can still be coming and the record ends ``failed``."""
+        if self.clock() - workload.created_at < CLAIM_PENDING_S:
+            return workload
+        update: dict[str, object] = {
+            "state": "failed",
+            "detail": f"never ran: node {workload.node} has no such workload "
+            f"{CLAIM_PENDING_S:g}s after its create",
+        }
+        return await self._end(workload, update)
+
+    async def _deliver_stop(self, workload: StoredWorkload) -> StoredWorkload:
+        """Deliver a stop kept on the record of a workload whose node answers again."""
+        try:
+            stopped = await self._stop_on_node(workload, workload.stop_grace_s)
+        except (Unavailable, Refused) as error:
+            log.warning("the kept stop of %s is not delivered yet: %s", workload.id, error)
+            return workload
+        log.info("delivered the kept stop of %s on %s", workload.id, workload.node)
+        return stopped
 
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
         """Stop a workload (idempotent): the node's runtime sends the graceful signal and
         kills it ``grace_s`` later (``None``: the node's configured grace); this waits that
-        long plus :data:`STOP_MARGIN_S` (``None``: :data:`DEFAULT_STOP_GRACE_S` plus it)."""
+        long plus :data:`STOP_MARGIN_S` (``None``: :data:`DEFAULT_STOP_GRACE_S` plus it).
+
+        A workload whose node cannot be reached now (``unknown``), or whose boot has not
+        been answered (``pending``), keeps the stop on its record (``stop_requested``): it is
+        delivered when the node answers again, and the record answered as it is (the HTTP
+        API's ``202``: accepted, not done)."""
         grace_s = checked_grace(grace_s)
         workload = await self.workload(workload_id)
+        if workload.state in ("pending", "unknown"):
+            kept, _ = await self.workloads.transition(
+                workload.id,
+                {"stop_requested": True, "stop_grace_s": grace_s},
+                expect=("pending", "unknown"),
+            )
+            if kept is not None and kept.state == "running":  # it came back meanwhile
+                return await self._stop_on_node(kept, grace_s)
+            return workload if kept is None else kept
         if workload.state != "running":
             return workload
+        return await self._stop_on_node(workload, grace_s)
+
+    async def _stop_on_node(
+        self, workload: StoredWorkload, grace_s: float | None
+    ) -> StoredWorkload:
         deadline = DEFAULT_STOP_GRACE_S if grace_s is None else grace_s
         try:
             await asyncio.wait_for(
@@ -457,11 +660,11 @@ class ClusterBackend:
             )
         except TimeoutError:
             raise Unavailable(
-                f"{workload_id} did not stop within {deadline:g}s on {workload.node}"
+                f"{workload.id} did not stop within {deadline:g}s on {workload.node}"
             ) from None
         stopped = await self._refresh(workload)  # records the end the node reports
-        if stopped.state == "running":  # the node's status lags its stop by nothing, but be sure
-            update = {"state": "stopped", "ended_at": self.clock(), "detail": "stopped by the API"}
+        if stopped.state in LIVE_STATES:  # the node's status lags its stop by nothing, but be sure
+            update: dict[str, object] = {"state": "stopped", "detail": "stopped by the API"}
             stopped = await self._end(workload, update)
         return stopped
 
@@ -495,9 +698,11 @@ class ClusterBackend:
         )
 
     async def _running_by_node(self) -> dict[str, int]:
+        """Each node's live workloads (running, pending or unknown: all hold their place)."""
         counts: dict[str, int] = {}
-        for workload in await self.workloads.list(state="running"):
-            counts[workload.node] = counts.get(workload.node, 0) + 1
+        for workload in await self.workloads.list():
+            if workload.state in LIVE_STATES:
+                counts[workload.node] = counts.get(workload.node, 0) + 1
         return counts
 
     async def node_list(self) -> list[schemas.NodeInfo]:
@@ -541,28 +746,28 @@ class ClusterBackend:
             return schemas.DrainItem(
                 workload_id=workload.id, outcome="failed", detail=f"could not stop it: {error}"
             )
+        if stopped.state in LIVE_STATES:  # its node did not answer: the stop is kept
+            return schemas.DrainItem(
+                workload_id=workload.id,
+                outcome="failed",
+                detail=f"not stopped yet ({stopped.detail}); the stop is delivered when "
+                "its node answers",
+            )
         if not workload.restartable:
             return schemas.DrainItem(
                 workload_id=workload.id, outcome="stopped", detail=stopped.detail or "stopped"
             )
         try:
-            request = Request.from_dict(workload.request)
-            image = None if workload.image is None else await self.images.get(workload.image)
-            new_id = new_workload_id()
-            boot = BootSpec(
-                name=new_id,
-                command=tuple(workload.command),
-                env=workload.env,
-                image=None if image is None else image.name,
-            )
-            replacement = await self._boot(request, boot, new_id, image, True)
-        except (Invalid, NoCapacity, Unavailable, Refused) as error:
+            replacement = await self._replace(workload)
+        except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
             return schemas.DrainItem(
                 workload_id=workload.id,
                 outcome="failed",
                 detail=f"stopped; not placed again: {error}",
             )
-        await self.workloads.record(stopped.model_copy(update={"replaced_by": replacement.id}))
+        await self.workloads.transition(
+            stopped.id, {"replaced_by": replacement.id}, expect=ENDED_STATES
+        )
         return schemas.DrainItem(
             workload_id=workload.id,
             outcome="replaced",
@@ -570,6 +775,19 @@ class ClusterBackend:
             new_workload_id=replacement.id,
             new_node=replacement.node,
         )
+
+    async def _replace(self, workload: StoredWorkload) -> StoredWorkload:
+        """Place and boot ``workload`` again from its recorded request, under a new id."""
+        request = Request.from_dict(workload.request)
+        image = None if workload.image is None else await self.images.get(workload.image)
+        new_id = new_workload_id()
+        boot = BootSpec(
+            name=new_id,
+            command=tuple(workload.command),
+            env=workload.env,
+            image=None if image is None else image.name,
+        )
+        return await self._boot(request, boot, new_id, image, True)
 
     # -- images ------------------------------------------------------------------------------
     async def add_image(self, body: schemas.ImageCreate) -> Image:

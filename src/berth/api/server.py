@@ -35,6 +35,7 @@ from nats.aio.client import Client
 from berth.api.app import create_app
 from berth.api.backend import ClusterBackend
 from berth.api.client import api_file
+from berth.defaults import NODE_GONE_AFTER_S
 from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
 from berth.registry.nats import NatsImages, NatsWorkloads
@@ -193,17 +194,32 @@ class ApiServer:
 
 @contextlib.asynccontextmanager
 async def scheduler_api(
-    client: Client, service: SchedulerService, *, host: str, port: int, token: str
+    client: Client,
+    service: SchedulerService,
+    *,
+    host: str,
+    port: int,
+    token: str,
+    node_gone_after_s: float = NODE_GONE_AFTER_S,
 ) -> AsyncIterator[ApiServer]:
     """The API served beside ``service`` (a running scheduler), on its connection: its
-    replica and node client, the queue group for placements, the API's registries."""
+    replica and node client, the queue group for placements, the API's registries.
+    ``node_gone_after_s``: how long a workload's node stays unreachable before its
+    workloads are ``lost`` (``Invalid`` naming ``node_gone_after`` unless positive)."""
     nodes = service.scheduler.nodes
     if not isinstance(nodes, NatsNodes):
         raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
     workloads = await NatsWorkloads(client).start()
     images = await NatsImages(client).start()
     placements = NatsScheduler(client, prefix=service.prefix)
-    backend = ClusterBackend(service.scheduler, nodes, placements, workloads, images)
+    backend = ClusterBackend(
+        service.scheduler,
+        nodes,
+        placements,
+        workloads,
+        images,
+        node_gone_after_s=node_gone_after_s,
+    )
     api = await ApiServer(create_app(backend, token=token), host, port).start()
     try:
         yield api

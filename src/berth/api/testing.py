@@ -10,7 +10,9 @@ get one, so the same tests run both ways:
   (:class:`~berth.embedded.EmbeddedCluster`: its scheduler, its agents, placements through
   :class:`~berth.api.placements.LocalPlacements`) and the in-memory registries
   (:mod:`berth.registry.memory`), reached through httpx's ASGI transport: no server, no
-  socket, no NATS — seconds faster, and every part of the API but uvicorn exercised;
+  socket, no NATS — seconds faster, and every part of the API but uvicorn exercised.  The
+  backend reaches the agents through a :class:`~berth.nodeclient.faults.FaultyNodes`
+  (:attr:`ApiUnderTest.faults`), so a test cuts a node off or loses a run's answer;
 * :func:`remote_api` — a served API at ``url`` (``berth up``'s, say), with the claims it keeps
   given by the caller (its bucket on NATS).
 
@@ -32,7 +34,9 @@ import httpx
 from berth.api.app import create_app
 from berth.api.backend import ClusterBackend
 from berth.api.placements import LocalPlacements
+from berth.defaults import NODE_GONE_AFTER_S
 from berth.embedded import EmbeddedCluster, embedded_configs
+from berth.nodeclient.faults import FaultyNodes
 from berth.registry.memory import MemoryImages, MemoryWorkloads
 from berth.registry.port import IdentityClaims
 
@@ -56,6 +60,9 @@ class ApiUnderTest:
     """The backend, when the API runs in this process."""
     cluster: EmbeddedCluster | None = None
     """The embedded cluster behind it, when the API runs in this process."""
+    faults: FaultyNodes | None = None
+    """The backend's way to its nodes, when the API runs in this process: cut one off, lose
+    a run's answer."""
 
     def client(self, *, token: bool = True, **options: Any) -> httpx.AsyncClient:
         """A client of the API (``async with``), the bearer token set unless ``token`` is
@@ -74,18 +81,21 @@ async def embedded_api(
     token: str = TOKEN,
     runtime: Literal["process", "fake"] = "process",
     heartbeat_s: float = 0.5,
+    node_gone_after_s: float = NODE_GONE_AFTER_S,
 ) -> AsyncIterator[ApiUnderTest]:
     """The API in this process over ``nodes`` embedded agents (sizes and platforms as
     :func:`~berth.embedded.embedded_configs` gives them) and in-memory registries."""
     configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
     async with EmbeddedCluster(configs) as cluster:
         workloads = MemoryWorkloads()
+        faults = FaultyNodes(cluster.client)
         backend = ClusterBackend(
             cluster.scheduler,
-            cluster.client,
+            faults,
             LocalPlacements(cluster.scheduler),
             workloads,
             MemoryImages(),
+            node_gone_after_s=node_gone_after_s,
         )
         app = create_app(backend, token=token)
         yield ApiUnderTest(
@@ -95,6 +105,7 @@ async def embedded_api(
             transport=httpx.ASGITransport(app=app),
             backend=backend,
             cluster=cluster,
+            faults=faults,
         )
 
 

@@ -44,6 +44,7 @@ from berth.cli.cluster import parse_layer_flag
 from berth.errors import Invalid
 from berth.model import NAME_RULE
 from berth.node.runtime.port import StopGrace
+from berth.registry.port import LIVE_STATES
 from berth.units import format_bandwidth, format_information
 from berth.validation import Rule, fields_as, shown
 
@@ -312,7 +313,10 @@ def ps(
     namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
     node: Annotated[str | None, typer.Option(help="Only workloads on this node.")] = None,
     state: Annotated[
-        str | None, typer.Option(help="Only this state: running, exited, stopped or failed.")
+        str | None,
+        typer.Option(
+            help="Only this state: pending, running, unknown, exited, stopped, failed or lost."
+        ),
     ] = None,
     api: ApiOption = None,
     token: TokenOption = None,
@@ -333,6 +337,10 @@ def ps(
         state_text: str = workload.state
         if workload.exit_code is not None:
             state_text += f" ({workload.exit_code})"
+        if workload.state == "unknown" and workload.unknown_since is not None:
+            state_text += f" ({_age(now - workload.unknown_since)})"
+        if workload.stop_requested and workload.state in LIVE_STATES:
+            state_text += ", stop kept"
         if workload.replaced_by:
             state_text += f" → {workload.replaced_by}"
         table.add_row(
@@ -375,9 +383,14 @@ def stop(
     if as_json:
         _print_json(workload)
         return
+    kept = (
+        "; the stop is kept and delivered when its node answers"
+        if workload.stop_requested and workload.state in LIVE_STATES
+        else ""
+    )
     _say(
         f"{workload.id} {workload.state}: {workload.namespace}/{workload.name}/"
-        f"{workload.replica} on {workload.node}"
+        f"{workload.replica} on {workload.node}{kept}"
     )
 
 

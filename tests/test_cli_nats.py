@@ -72,6 +72,8 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
         (("up", "--schedulers", "0"), "--schedulers"),
         (("scheduler", "--grace", "-1"), "--grace"),
         (("scheduler", "--heartbeat", "inf"), "--heartbeat"),
+        (("scheduler", "--node-gone-after", "0"), "--node-gone-after"),
+        (("scheduler", "--node-gone-after", "nan"), "--node-gone-after"),
         (("place", "--instance", "nope"), "--instance"),
         (("place", "--platform", "linux/amd64/v99"), "--platform"),
         (("place", "--name", "a b"), "--name"),

@@ -37,7 +37,13 @@ from pydantic import Field, Strict
 from rich.console import Console
 from rich.table import Table
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, LOCAL_HEARTBEAT_S, SHUTDOWN_GRACE_S
+from berth.defaults import (
+    HEARTBEAT_S,
+    LEASE_TTL_S,
+    LOCAL_HEARTBEAT_S,
+    NODE_GONE_AFTER_S,
+    SHUTDOWN_GRACE_S,
+)
 from berth.errors import Invalid
 from berth.model import INTERVAL_RULE, MAX_REPLICA, NAME_RULE, Layer, Request
 from berth.nats.connection import Credentials, connect
@@ -317,6 +323,14 @@ def scheduler(
     token: TokenOption = None,
     token_file: TokenFileOption = None,
     policy: PolicyOption = "seed",
+    node_gone_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a workload's node may stay unreachable and out of the cluster "
+            "before the API declares it gone: its workloads lost, restartable ones placed "
+            "again (with --http)."
+        ),
+    ] = NODE_GONE_AFTER_S,
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
@@ -325,7 +339,13 @@ def scheduler(
     from berth.scheduler.nats_server import scheduler_service
     from berth.scheduler.policy.registry import policy as policy_of
 
-    for flag, value in (("--heartbeat", heartbeat), ("--lease-ttl", lease_ttl), ("--grace", grace)):
+    intervals = (
+        ("--heartbeat", heartbeat),
+        ("--lease-ttl", lease_ttl),
+        ("--grace", grace),
+        ("--node-gone-after", node_gone_after),
+    )
+    for flag, value in intervals:
         INTERVAL_RULE(value, flag)
     _checked_duration(duration)
     _checked_policy(policy)
@@ -357,7 +377,15 @@ def scheduler(
                 )
                 async with contextlib.AsyncExitStack() as api_stack:
                     if address is not None:
-                        await _serve_api(api_stack, client, service, address, api_token, generated)
+                        await _serve_api(
+                            api_stack,
+                            client,
+                            service,
+                            address,
+                            api_token,
+                            generated,
+                            node_gone_after_s=node_gone_after,
+                        )
                     await stop.wait()
                     console.print("stopping: finishing in-flight requests", highlight=False)
         finally:
@@ -373,13 +401,22 @@ async def _serve_api(
     address: tuple[str, int],
     token: str,
     generated: bool,
+    *,
+    node_gone_after_s: float = NODE_GONE_AFTER_S,
 ) -> None:
     """The HTTP API beside a running scheduler; a generated token goes to api.json."""
     from berth.api.server import remove_api_file, scheduler_api, write_api_file
 
     host, port = address
     api = await stack.enter_async_context(
-        scheduler_api(client, service, host=host, port=port, token=token)
+        scheduler_api(
+            client,
+            service,
+            host=host,
+            port=port,
+            token=token,
+            node_gone_after_s=node_gone_after_s,
+        )
     )
     where = ""
     if generated:

@@ -168,7 +168,7 @@ async def test_a_create_never_answered_stays_pending_and_holds_its_identity() ->
         assert "recorded pending" in unanswered["detail"]
         (record,) = await under_test.backend.workloads.list()
         assert record.state == "pending" and record.id in unanswered["detail"]
-        assert "not answered after 3 attempt(s)" in (record.detail or "")
+        assert f"not answered after {RUN_ATTEMPTS} attempt(s)" in (record.detail or "")
         assert len(faults.runs) == RUN_ATTEMPTS and {wid for _, wid in faults.runs} == {record.id}
         # the node did boot it, once; a read that reaches the node confirms it
         confirmed = await read(api, record.id)

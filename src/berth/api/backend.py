@@ -12,27 +12,33 @@ embedded cluster's and the in-memory registries — the same API, tested both wa
 
 **Create** (``POST /v1/workloads``) validates everything first (the request with berth's
 types, the boot spec, the image), so bad input reserves nothing; then places through the
-queue group — the scheduler confirms on the node under a lease — and boots on that node with
-the lease (``try_run(…, reservation=…)``: the node binds the reservation to the workload it
-started).  Before placing, it claims the workload's identity (``namespace/name/replica``,
-:class:`~berth.registry.port.IdentityClaims`): an identity a running workload holds — or
-one a concurrent create is placing — is ``409`` naming the holder, with nothing placed.  The
-claim is given up when the create fails (except a boot whose outcome is unknown) and when the
-workload is seen to end, stop or fail; a drain's replacement takes it over from the stopped
-workload.  A boot the node refuses has already released the reservation there; the backend
-also tells the schedulers (``release``) so their assume caches drop it, and reports the
-refusal (``409``).  A boot whose answer never came (``503``) is not released: the outcome is
-unknown, and an unbound lease expires by itself.  A boot the registry then fails to record
-is stopped and everything given back (``503``): no workload runs that the API cannot see.
+queue group — the scheduler confirms on the node under a lease.  Before placing, it claims
+the workload's identity (``namespace/name/replica``,
+:class:`~berth.registry.port.IdentityClaims`): an identity a live workload holds — or one a
+concurrent create is placing — is ``409`` naming the holder, with nothing placed.
 
-**State** follows the node: reading a running workload asks its node (``status``) and records
-``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Stop** is
-idempotent (a workload that is not running is returned as it is).  **Drain** cordons the
-node, then stops its running workloads (concurrently, each with ``grace_s`` between its
-``SIGTERM`` and its ``SIGKILL``), reporting each;
-``restartable`` ones are placed and booted again from their recorded request — the cordoned
-node refuses them at its own admission, so they land elsewhere — and the old record gets
-``replaced_by``.
+**Intent before boot**: the placed workload is recorded ``pending`` before its node is asked
+anything, then booted with the lease and *the API's id* (``try_run(…, reservation=…,
+workload_id=…)``: the node binds the reservation to it and boots an id once).  A run whose
+answer never came is asked again under the same id (:data:`RUN_ATTEMPTS`); the node's answer
+turns the record ``running`` by compare-and-set; still unanswered, the record stays
+``pending`` with the reason (``503``: the outcome is unknown, the claim is kept).  A refusal
+(the node released the reservation already) ends the record ``failed`` with the node's
+reason, tells the schedulers (``release``) so their assume caches drop it, frees the claim
+and is ``409``.  A registry that fails to record the intent is ``503`` with nothing booted.
+
+**State** follows the node: reading a live workload asks its node (``status``) and records
+``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Unknown is
+not an end**: a node that does not answer makes its workloads ``unknown`` (claim kept); a
+stop then is kept on the record and delivered when the node answers, which also turns the
+record ``running`` again; only a node out of the schedulers' view for
+:attr:`ClusterBackend.node_gone_after_s` is gone — its workloads ``lost``, their claims freed,
+restartable ones placed again (``replaced_by``).  **Stop** is idempotent (a workload that
+has ended is returned as it is).  **Drain** cordons the node, then stops its running
+workloads (concurrently, each with ``grace_s`` between its ``SIGTERM`` and its ``SIGKILL``),
+reporting each; ``restartable`` ones are placed and booted again from their recorded request
+— the cordoned node refuses them at its own admission, so they land elsewhere — and the old
+record gets ``replaced_by``.
 
 **Recent placements** are a bounded ring (the newest ``recent_capacity``) of the decisions
 this process made, each with the explanation's summary, for the dashboard.
@@ -83,11 +89,12 @@ DEFAULT_STOP_GRACE_S = 10.0
 STOP_MARGIN_S = 5.0
 """What a stop waits beyond its grace: the round trip, the kill, the runtime's cleanup."""
 STATUS_TIMEOUT_S = 2.0
-RUN_ATTEMPTS = 3
+RUN_ATTEMPTS = 4
 """How often a create asks its node to run a workload whose answer never came (the same id
 each time: the node boots it once), within :data:`~berth.defaults.RUN_TIMEOUT_S`."""
-RUN_RETRY_S = 0.2
-"""The pause before the first retry of an unanswered run; it doubles for each further one."""
+RUN_RETRY_S = 0.5
+"""The pause before the first retry of an unanswered run; it doubles for each further one
+(0.5 + 1 + 2 s: about as long as NATS takes to reconnect after a server restart, twice)."""
 
 
 def not_found(what: str, name: str) -> Problem:
@@ -373,10 +380,11 @@ class ClusterBackend:
                 ) from None
             except (Refused, Invalid) as error:
                 # the node's answer: nothing runs (a refusal released the reservation there)
-                await self._end_by_id(
-                    workload_id,
-                    {"state": "failed", "detail": f"refused by {node}: {error}"},
-                )
+                with contextlib.suppress(Unavailable):  # the record then waits for a read
+                    await self._end_by_id(
+                        workload_id,
+                        {"state": "failed", "detail": f"refused by {node}: {error}"},
+                    )
                 await self._give_back(request, placement, workload_id)
                 outcome = "refused" if isinstance(error, Refused) else "invalid"
                 self._note(
@@ -697,7 +705,7 @@ class ClusterBackend:
             published_at=state.published_at,
         )
 
-    async def _running_by_node(self) -> dict[str, int]:
+    async def _live_by_node(self) -> dict[str, int]:
         """Each node's live workloads (running, pending or unknown: all hold their place)."""
         counts: dict[str, int] = {}
         for workload in await self.workloads.list():
@@ -707,12 +715,12 @@ class ClusterBackend:
 
     async def node_list(self) -> list[schemas.NodeInfo]:
         states = self.scheduler.states()
-        counts = await self._running_by_node()
+        counts = await self._live_by_node()
         return [self._info(states[name], counts.get(name, 0)) for name in sorted(states)]
 
     async def node(self, name: str) -> schemas.NodeInfo:
         state = self._state(name)
-        return self._info(state, (await self._running_by_node()).get(name, 0))
+        return self._info(state, (await self._live_by_node()).get(name, 0))
 
     async def cordon(self, name: str, cordoned: bool) -> schemas.NodeInfo:
         """Cordon or uncordon ``name`` on the node itself (authoritative), then wait briefly
@@ -728,7 +736,7 @@ class ClusterBackend:
                 break
             await asyncio.sleep(0.05)
         state = self._state(name)
-        return self._info(state, (await self._running_by_node()).get(name, 0), cordoned)
+        return self._info(state, (await self._live_by_node()).get(name, 0), cordoned)
 
     async def drain(self, name: str, grace_s: float) -> schemas.DrainReport:
         """Cordon, stop every running workload (``grace_s`` each), place restartable ones again."""

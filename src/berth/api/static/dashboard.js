@@ -126,7 +126,10 @@
     return row;
   }
 
-  const STATES = { running: "ok", exited: "muted", stopped: "muted", failed: "bad" };
+  const STATES = {
+    pending: "warn", running: "ok", unknown: "warn",
+    exited: "muted", stopped: "muted", failed: "bad", lost: "bad",
+  };
 
   function workloadRow(item) {
     const key = item.namespace + "/" + item.name + "/" + item.replica;

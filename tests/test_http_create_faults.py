@@ -15,6 +15,7 @@ from berth.api.backend import ClusterBackend
 from berth.api.schemas import WorkloadCreate
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
+from berth.nodeclient.faults import FaultyNodes
 from berth.registry.nats import NatsClaims, NatsImages, NatsWorkloads
 from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
@@ -46,5 +47,37 @@ def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServ
             assert await running.routes.whereis("default/job/0") is None
             assert await workloads.claims.holder("default/job/0") is None
             assert backend.recent(1)[0].outcome == "unavailable"
+
+    asyncio.run(scenario())
+
+
+def test_a_create_whose_run_answer_is_lost_over_nats_boots_once(nats_server: NatsServer) -> None:
+    """The run reaches the agent's node server over a real nats-server and boots; its answer
+    is lost (:class:`~berth.nodeclient.faults.FaultyNodes`): the API asks again under the
+    same id, and the node answers it without booting a second copy."""
+
+    async def scenario() -> None:
+        configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
+        names = Names.namespaced(unique_name("c"))
+        async with nats_cluster(nats_server.url, configs, names=names) as running:
+            bucket = unique_name("api")
+            faults = FaultyNodes(running.nodes)
+            backend = ClusterBackend(
+                running.scheduler_services[0].scheduler,
+                faults,
+                running.scheduler,
+                await NatsWorkloads(running.client, bucket=bucket).start(),
+                await NatsImages(running.client, bucket=bucket).start(),
+            )
+            faults.lose_run_answers(1)
+            body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
+            workload = await backend.create(body)
+            assert workload.state == "running" and workload.node_workload_id == workload.id
+            assert faults.runs == [(workload.node, workload.id)] * 2
+            (agent,) = (service.agent for service in running.node_services.values())
+            assert list(agent.workloads()) == [workload.id]
+            assert len(agent.core.budget.reservations()) == 1
+            stored = await backend.workloads.get(workload.id)
+            assert stored is not None and stored.state == "running"
 
     asyncio.run(scenario())

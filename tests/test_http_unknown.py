@@ -10,6 +10,8 @@ the same id and boots once; one never answered stays ``pending``, never ``failed
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -193,3 +195,33 @@ async def test_node_gone_after_must_be_a_positive_number_of_seconds() -> None:
             async with embedded_api(1, runtime="fake", node_gone_after_s=value):
                 pass
         assert caught.value.field == "node_gone_after"
+
+
+async def test_the_sweep_notices_and_delivers_with_nobody_reading() -> None:
+    """What reads do, the served API's sweep does by itself: a cut-off node's workload is
+    recorded ``unknown``, and a kept stop is delivered once the node answers again — every
+    check here reads the registry itself, never through the API (which would refresh)."""
+    async with api_with_faults() as (under_test, api, faults):
+        backend = under_test.backend
+        assert backend is not None
+        workload = await create(api)
+        faults.cut(workload.node)
+        sweeper = asyncio.create_task(backend.sweep_forever(0.05))
+        try:
+
+            async def recorded(state: str) -> bool:
+                stored = await backend.workloads.get(workload.id)
+                return stored is not None and stored.state == state
+
+            await eventually(lambda: recorded("unknown"))
+            response = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 0})
+            assert response.status_code == 202
+            assert runs_on_its_node(under_test, workload) == "running"
+            faults.heal(workload.node)
+            await eventually(lambda: recorded("stopped"))
+            assert runs_on_its_node(under_test, workload) == "ended"
+            assert await backend.sweep() == 0  # nothing live is left to look at
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper

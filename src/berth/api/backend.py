@@ -89,6 +89,9 @@ DEFAULT_STOP_GRACE_S = 10.0
 STOP_MARGIN_S = 5.0
 """What a stop waits beyond its grace: the round trip, the kill, the runtime's cleanup."""
 STATUS_TIMEOUT_S = 2.0
+SWEEP_EVERY_S = 5.0
+"""How often a served API refreshes its live workloads when nobody reads them
+(:meth:`ClusterBackend.sweep_forever`)."""
 RUN_ATTEMPTS = 4
 """How often a create asks its node to run a workload whose answer never came (the same id
 each time: the node boots it once), within :data:`~berth.defaults.RUN_TIMEOUT_S`."""
@@ -502,6 +505,26 @@ class ClusterBackend:
         found = await self.workloads.list(namespace=namespace, node=node)
         refreshed = await asyncio.gather(*(self._refresh(workload) for workload in found))
         return [workload for workload in refreshed if state is None or workload.state == state]
+
+    async def sweep(self) -> int:
+        """Refresh every live workload (:meth:`_refresh`), as a read would: unknown ones are
+        noticed, kept stops delivered and gone nodes' workloads lost without anyone reading
+        them.  How many live records were looked at."""
+        live = [w for w in await self.workloads.list() if w.state in LIVE_STATES]
+        await asyncio.gather(*(self._refresh(workload) for workload in live))
+        return len(live)
+
+    async def sweep_forever(self, every_s: float = SWEEP_EVERY_S) -> None:
+        """:meth:`sweep` every ``every_s`` seconds until cancelled; a sweep that fails (the
+        registry unreachable) is logged and the next one tries again.  An interim for the
+        reconciler: every API process sweeps, and the compare-and-sets keep them apart."""
+        every_s = INTERVAL_RULE(every_s, "every_s")
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("a sweep of the live workloads failed")
 
     async def _refresh(self, workload: StoredWorkload) -> StoredWorkload:
         """Ask a live workload's node about it and record what is learnt (each change a

@@ -203,9 +203,11 @@ async def scheduler_api(
     node_gone_after_s: float = NODE_GONE_AFTER_S,
 ) -> AsyncIterator[ApiServer]:
     """The API served beside ``service`` (a running scheduler), on its connection: its
-    replica and node client, the queue group for placements, the API's registries.
-    ``node_gone_after_s``: how long a workload's node stays unreachable before its
-    workloads are ``lost`` (``Invalid`` naming ``node_gone_after`` unless positive)."""
+    replica and node client, the queue group for placements, the API's registries; the live
+    workloads swept every :data:`~berth.api.backend.SWEEP_EVERY_S` (kept stops delivered,
+    gone nodes noticed, with nobody reading).  ``node_gone_after_s``: how long a workload's
+    node stays unreachable before its workloads are ``lost`` (``Invalid`` naming
+    ``node_gone_after`` unless positive)."""
     nodes = service.scheduler.nodes
     if not isinstance(nodes, NatsNodes):
         raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
@@ -221,7 +223,11 @@ async def scheduler_api(
         node_gone_after_s=node_gone_after_s,
     )
     api = await ApiServer(create_app(backend, token=token), host, port).start()
+    sweeper = asyncio.create_task(backend.sweep_forever(), name="berth api sweep")
     try:
         yield api
     finally:
+        sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
         await api.stop()

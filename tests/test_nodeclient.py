@@ -13,6 +13,7 @@ from berth.model import Spec
 from berth.node.agent import Agent
 from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.agents import AgentNodes
+from berth.nodeclient.faults import FaultyNodes
 from berth.nodeclient.local import LocalNodes
 from berth.nodeclient.port import NodeClient
 from berth.nodeclient.recording import RecordingNodes
@@ -93,6 +94,71 @@ class TestStartedAgentNodesContract(TestAgentNodesContract):
                     await agent.stop()
 
         return opened()
+
+
+class TestFaultyNodesContract(NodeClientContract):
+    """The fault-injecting wrapper, with no fault injected, is the driver it wraps."""
+
+    runs_workloads = True
+
+    def open_nodes(self, shapes: Sequence[NodeShape]) -> AbstractAsyncContextManager[NodeClient]:
+        @asynccontextmanager
+        async def opened() -> AsyncIterator[NodeClient]:
+            store = MemoryStore()
+            agents = [
+                Agent(shape.name, shape.platform, shape.budget(), store, FakeRuntime())
+                for shape in shapes
+            ]
+            yield FaultyNodes(AgentNodes({agent.name: agent for agent in agents}))
+
+        return opened()
+
+    async def start_workload(self, nodes: NodeClient, node: str) -> str:
+        assert isinstance(nodes, FaultyNodes)
+        return await nodes.try_run(node, WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+
+    async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
+        assert isinstance(nodes, FaultyNodes)
+        await nodes.stop(node, workload_id)
+
+
+def test_a_cut_node_is_unavailable_and_reached_again_once_healed() -> None:
+    async def scenario() -> None:
+        agent = Agent(
+            "n1",
+            Platform.parse("linux/amd64"),
+            NodeShape("n1").budget(),
+            MemoryStore(),
+            FakeRuntime(),
+        )
+        nodes = FaultyNodes(AgentNodes({"n1": agent}))
+        workload_id = await nodes.try_run(
+            "n1", WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",))
+        )
+        nodes.cut("n1")
+        for call in (
+            nodes.status("n1", workload_id),
+            nodes.stop("n1", workload_id),
+            nodes.cordon("n1"),
+        ):
+            with pytest.raises(Unavailable, match="cut off"):
+                await call
+        assert agent.status(workload_id).state == "running"  # a cut reaches nothing
+        nodes.heal("n1")
+        assert (await nodes.status("n1", workload_id)).state == "running"
+        nodes.lose_run_answers(1)
+        with pytest.raises(Unavailable, match="answer was lost"):
+            await nodes.try_run(
+                "n1",
+                WORKLOAD_SPEC,
+                [],
+                BootSpec(name="x", command=("vm",)),
+                workload_id="w-00000000000x",
+            )
+        assert agent.status("w-00000000000x").state == "running"  # delivered, only unheard
+        assert nodes.runs == [("n1", None), ("n1", "w-00000000000x")]
+
+    asyncio.run(scenario())
 
 
 # --- driver specifics ------------------------------------------------------------------------

@@ -81,3 +81,46 @@ def test_a_create_whose_run_answer_is_lost_over_nats_boots_once(nats_server: Nat
             assert stored is not None and stored.state == "running"
 
     asyncio.run(scenario())
+
+
+def test_a_node_gone_over_nats_loses_its_workload_and_places_it_again(
+    nats_server: NatsServer,
+) -> None:
+    """An agent on a real nats-server leaves for good: the API (``node_gone_after`` 0.5 s)
+    records its workload ``unknown``, then ``lost``, and boots the restartable one again on
+    the node that is left — the identity kept for the replacement."""
+
+    async def scenario() -> None:
+        configs = embedded_configs(2, runtime="fake", heartbeat_s=0.5)
+        names = Names.namespaced(unique_name("c"))
+        async with nats_cluster(nats_server.url, configs, names=names) as running:
+            bucket = unique_name("api")
+            backend = ClusterBackend(
+                running.scheduler_services[0].scheduler,
+                running.nodes,
+                running.scheduler,
+                await NatsWorkloads(running.client, bucket=bucket).start(),
+                await NatsImages(running.client, bucket=bucket).start(),
+                node_gone_after_s=0.5,
+            )
+            doomed, other = sorted(running.node_services)
+            await backend.cordon(other, True)
+            body = WorkloadCreate(
+                name="svc", type="micro", command=["sleep", "60"], restartable=True
+            )
+            workload = await backend.create(body)
+            assert workload.node == doomed
+            await backend.cordon(other, False)
+            await running.node_services[doomed].stop()
+            assert (await backend.workload(workload.id)).state == "unknown"
+            deadline = asyncio.get_running_loop().time() + 10.0
+            while (lost := await backend.workload(workload.id)).state != "lost":
+                assert asyncio.get_running_loop().time() < deadline, lost
+                await asyncio.sleep(0.1)
+            assert lost.replaced_by is not None
+            replacement = await backend.workload(lost.replaced_by)
+            assert (replacement.state, replacement.node) == ("running", other)
+            claims = backend.workloads.claims
+            assert await claims.holder("default/svc/0") == replacement.id
+
+    asyncio.run(scenario())

@@ -25,6 +25,8 @@ from berth.api.schemas import Workload
 from berth.api.testing import ApiUnderTest, embedded_api
 from berth.errors import Invalid
 from berth.nodeclient.faults import FaultyNodes
+from berth.registry.port import CLAIM_PENDING_S
+from berth.testing.clock import FakeClock
 
 pytestmark = pytest.mark.anyio
 
@@ -176,6 +178,32 @@ async def test_a_create_never_answered_stays_pending_and_holds_its_identity() ->
         confirmed = await read(api, record.id)
         assert confirmed.state == "running" and confirmed.detail is None
         problem(await api.post("/v1/workloads", json=body), 409)
+
+
+async def test_a_pending_workload_of_a_gone_node_is_lost_only_after_the_claims_grace() -> None:
+    """A create never answered, then its node gone: the record stays ``pending`` (its create
+    might still be asking) until both ``node_gone_after`` and :data:`CLAIM_PENDING_S` have
+    passed since the create, then ends ``lost`` and frees its identity."""
+    clock = FakeClock(now=5000.0)
+    async with api_with_faults(1, node_gone_after_s=10.0, clock=clock) as (
+        under_test,
+        api,
+        faults,
+    ):
+        assert under_test.backend is not None and under_test.cluster is not None
+        faults.lose_run_answers(RUN_ATTEMPTS)
+        body = {"name": "job", "type": "micro", "command": ["sleep", "60"]}
+        problem(await api.post("/v1/workloads", json=body), 503)
+        (record,) = await under_test.backend.workloads.list()
+        (node,) = under_test.cluster.agents
+        faults.cut(node)
+        await under_test.cluster.agents[node].stop()
+        clock.advance(CLAIM_PENDING_S - 1.0)  # past node_gone_after, not past the claim's grace
+        assert (await read(api, record.id)).state == "pending"
+        clock.advance(2.0)
+        lost = await read(api, record.id)
+        assert lost.state == "lost" and "gone" in (lost.detail or ""), lost
+        assert await under_test.backend.workloads.claims.holder("default/job/0") is None
 
 
 async def test_a_refused_boot_ends_its_record_failed_with_the_nodes_reason() -> None:

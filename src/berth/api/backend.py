@@ -535,7 +535,7 @@ class ClusterBackend:
         schedulers' view for :attr:`node_gone_after_s`."""
         if workload.state not in LIVE_STATES:
             return workload
-        if workload.state == "unknown" and workload.node not in self.scheduler.states():
+        if workload.state != "running" and workload.node not in self.scheduler.states():
             return await self._maybe_lost(workload)  # not back yet: nothing to ask
         try:
             status = await asyncio.wait_for(
@@ -580,11 +580,9 @@ class ClusterBackend:
 
     async def _unreachable(self, workload: StoredWorkload, error: Exception) -> StoredWorkload:
         """The node did not answer: a ``running`` workload becomes ``unknown`` (it may well
-        still run: its identity stays claimed); a ``pending`` one stays pending; an unknown
-        one may have been unknown long enough to be lost."""
-        if workload.state == "pending":
-            return workload
-        if workload.state == "unknown":
+        still run: its identity stays claimed); a ``pending`` or ``unknown`` one stays as it
+        is, unless its node has been gone long enough for it to be lost."""
+        if workload.state != "running":
             return await self._maybe_lost(workload)
         update: dict[str, object] = {
             "state": "unknown",
@@ -597,21 +595,25 @@ class ClusterBackend:
         return workload if moved is None else moved
 
     async def _maybe_lost(self, workload: StoredWorkload) -> StoredWorkload:
-        """An ``unknown`` workload whose node has stayed out of the schedulers' view for
-        :attr:`node_gone_after_s` since it was first unreachable is ``lost``: its identity is
-        freed and a restartable one is placed again elsewhere (``replaced_by``)."""
-        since = (
-            workload.unknown_since if workload.unknown_since is not None else workload.created_at
-        )
+        """An ``unknown`` workload whose node is out of the schedulers' view, and has not
+        answered for :attr:`node_gone_after_s` since it was first unreachable, is ``lost``:
+        its identity is freed and a restartable one is placed again elsewhere
+        (``replaced_by``).  A ``pending`` one likewise, counted from its create and never
+        before :data:`CLAIM_PENDING_S` (its create may still be asking the node)."""
         if workload.node in self.scheduler.states():
             return workload  # the node publishes: it lives, only its answers are missing
-        if self.clock() - since < self.node_gone_after_s:
+        if workload.state == "unknown" and workload.unknown_since is not None:
+            since, wait_s = workload.unknown_since, self.node_gone_after_s
+        else:
+            since, wait_s = workload.created_at, max(self.node_gone_after_s, CLAIM_PENDING_S)
+        silent_s = self.clock() - since
+        if silent_s < wait_s:
             return workload
         update: dict[str, object] = {
             "state": "lost",
             "detail": (
-                f"node {workload.node} gone: unreachable since {since:.0f} and out of the "
-                f"cluster for {self.node_gone_after_s:g}s (node_gone_after)"
+                f"node {workload.node} gone: out of the cluster, no answer for "
+                f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
             ),
         }
         lost, recorded = await self._end_by_id(workload.id, update)

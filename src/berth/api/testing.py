@@ -25,7 +25,8 @@ embedded cluster — both above :mod:`berth.testing` in the layers.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,9 +83,11 @@ async def embedded_api(
     runtime: Literal["process", "fake"] = "process",
     heartbeat_s: float = 0.5,
     node_gone_after_s: float = NODE_GONE_AFTER_S,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[ApiUnderTest]:
     """The API in this process over ``nodes`` embedded agents (sizes and platforms as
-    :func:`~berth.embedded.embedded_configs` gives them) and in-memory registries."""
+    :func:`~berth.embedded.embedded_configs` gives them) and in-memory registries; ``clock``
+    is the backend's (its records' times, the claims' ages, ``node_gone_after``)."""
     configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
     async with EmbeddedCluster(configs) as cluster:
         workloads = MemoryWorkloads()
@@ -96,6 +99,7 @@ async def embedded_api(
             workloads,
             MemoryImages(),
             node_gone_after_s=node_gone_after_s,
+            clock=clock,
         )
         app = create_app(backend, token=token)
         yield ApiUnderTest(

@@ -198,10 +198,12 @@ NODE_LAYERS: Layers = (
         "berth.node.layers",
         "berth.node.erofs",
         "berth.node.runtime.port",
+        "berth.node.runtime.supervisor",
         "berth.node.microvm",
     ),
-    # the load monitor, layers as files, the two light runtime drivers
+    # the load monitor, layers as files, the two light runtime drivers, the journal
     (
+        "berth.node.journal",
         "berth.node.monitor",
         "berth.node.layer_files",
         "berth.node.runtime.fake",

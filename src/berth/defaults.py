@@ -14,8 +14,10 @@ __all__ = [
     "HEARTBEAT_S",
     "LEASE_TTL_S",
     "LOCAL_HEARTBEAT_S",
+    "MAX_ORPHAN_GRACE_S",
     "MICROVM_STOP_GRACE_S",
     "NODE_GONE_AFTER_S",
+    "ORPHAN_GRACE_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
@@ -52,3 +54,12 @@ NODE_GONE_AFTER_S = 300.0
 """How long the API keeps a workload ``unknown`` (its node unreachable and out of the
 schedulers' view) before it declares the node gone and the workload ``lost`` — releasing its
 identity and placing a restartable one again.  Kubernetes' pod eviction waits as long."""
+
+ORPHAN_GRACE_S = 10.0
+"""How long a process workload outlives its agent: when no live agent has owned the node's
+state directory for this long, the workload's supervisor kills it (``[agent]
+orphan_grace_s``, ``berth agent --orphan-grace``).  An agent that restarts within it adopts its
+workloads."""
+
+MAX_ORPHAN_GRACE_S = 3600.0
+"""The longest orphan grace: an hour; a workload must not outlive its node unnoticed."""

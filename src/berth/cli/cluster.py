@@ -219,7 +219,15 @@ def _extend_agent(app: typer.Typer) -> None:
         state_dir: Annotated[
             Path | None,
             typer.Option(
-                help="Keep what must survive a restart (a cordon) in DIR/<node> (with --nats)."
+                help="Keep what must survive a restart (a cordon, the workload journal) in "
+                "DIR/<node> (with --nats)."
+            ),
+        ] = None,
+        orphan_grace: Annotated[
+            float | None,
+            typer.Option(
+                help="Seconds a process workload outlives this agent before it is killed "
+                "(default: the config's [agent] orphan_grace_s, 10)."
             ),
         ] = None,
     ) -> None:
@@ -233,7 +241,9 @@ def _extend_agent(app: typer.Typer) -> None:
                 raise Invalid("the embedded agent command is not available", field="--nats")
             embedded(config=config[0], check=check, duration=duration)
             return
-        _serve_agents(config, nats, creds, creds_dir, idle_load, duration, otlp, state_dir)
+        _serve_agents(
+            config, nats, creds, creds_dir, idle_load, duration, otlp, state_dir, orphan_grace
+        )
 
 
 def _serve_agents(
@@ -245,14 +255,24 @@ def _serve_agents(
     duration: float | None,
     otlp: str | None = None,
     state_dir: Path | None = None,
+    orphan_grace: float | None = None,
 ) -> None:
     from berth.nats.wire import node_token
     from berth.node.budget import IDLE
     from berth.node.config import load_config
+    from berth.node.runtime.process import checked_orphan_grace
     from berth.nodeclient.nats_node import NodeService
     from berth.registry.nats_routes import NatsRoutes
 
     configs = [load_config(path) for path in paths]
+    if orphan_grace is not None:
+        grace = checked_orphan_grace(orphan_grace, "--orphan-grace")
+        configs = [
+            config.model_copy(
+                update={"agent": config.agent.model_copy(update={"orphan_grace_s": grace})}
+            )
+            for config in configs
+        ]
     names = [config.node.name for config in configs]
     if len(set(names)) != len(names):
         raise Invalid(f"node names must be unique, got {names}", field="--config")

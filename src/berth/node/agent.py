@@ -16,6 +16,24 @@ the simulator runs the very same code.  The agent owns what touches the outside 
   acknowledged, removed on uncordon, read when the agent is built — so a cordon survives an
   agent restart (the node never advertises itself uncordoned in between).
 
+**Surviving its own restart** (issue 20) — with a ``state_dir`` the agent keeps the node's
+journal there (:mod:`berth.node.journal`) and, on :meth:`Agent.start`, before it admits
+anything or publishes its state:
+
+1. *takes the state directory*: an exclusive lock on ``<state_dir>/agent.lock`` (a second
+   agent on one directory is an error naming it), then writes ``<state_dir>/agent.pid`` (its
+   pid and start time), which every workload's supervisor watches;
+2. *reconciles the journal with the host* (:meth:`~berth.node.core.NodeCore.recover`): each
+   workload still running is adopted and re-reserved (over-committed if the limits shrank
+   meanwhile: reported, and nothing more is admitted), each one that ended while the agent
+   was down has its end recorded;
+3. only then publishes its snapshot.
+
+Until then ``try_run``, ``admit`` and ``bind`` are refused ``node_starting`` (the node's
+subjects may already be answered), so an admission sent during a restart is refused or fits —
+never an over-commit.  Without a state directory nothing of this happens: there is no journal,
+and the process runtime's workloads die ``orphan_grace_s`` after their agent.
+
 ``try_run``, ``admit``, ``bind``, ``release``, ``stop_workload``, ``workloads`` and
 ``snapshot`` are the core's (see :mod:`berth.node.core` for the try-run order: mount, start,
 admit owned by the workload, stop on refusal).  The agent is deliberately not a scheduler (it
@@ -31,7 +49,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,11 +64,13 @@ from berth.errors import Invalid
 from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
-from berth.node.core import NodeCore
+from berth.node.core import NodeCore, Recovery
+from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
-from berth.ownership import Admission, Owner
+from berth.node.runtime.supervisor import OWNER_FILE, write_owner
+from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
 from berth.state import NodeState
 from berth.store.port import StateStore
@@ -90,8 +112,15 @@ class Agent:
             )
         if state_dir is not None and not isinstance(state_dir, Path):
             raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
-        self.core = NodeCore(name, platform, budget, runtime, layers=layers, labels=labels)
+        journal = None if state_dir is None else Journal(state_dir)
+        self.core = NodeCore(
+            name, platform, budget, runtime, layers=layers, labels=labels, journal=journal
+        )
         self.state_dir = state_dir
+        self.recovery: Recovery | None = None
+        """What the last start found in the journal (``None`` before a start)."""
+        self._ready = state_dir is None  # with a journal: only once it has been reconciled
+        self._lock_fd: int | None = None
         if state_dir is not None and self._cordon_file(state_dir).exists():
             self.core.cordon(True)
             log.info("node %s starts cordoned (%s)", self.core.name, self._cordon_file(state_dir))
@@ -156,7 +185,11 @@ class Agent:
 
                 runtime = MicrovmRuntime.from_config(config)
             elif options.runtime == "process":
-                runtime = ProcessRuntime(stop_grace_s=options.stop_grace_s)
+                runtime = ProcessRuntime(
+                    stop_grace_s=options.stop_grace_s,
+                    state_dir=state_dir,
+                    orphan_grace_s=options.orphan_grace_s,
+                )
             else:
                 runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)
         layers = LayerRegistry(options.layer_cache)
@@ -179,9 +212,18 @@ class Agent:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start sampling load and advertising (publishes once before returning)."""
+        """Take the state directory and reconcile its journal (with a ``state_dir``), then
+        start sampling load and advertising (publishes once before returning)."""
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        if self.state_dir is not None and self._lock_fd is None:
+            self._take(self.state_dir)
+            try:
+                self.recovery = await self.core.recover()
+            except BaseException:
+                self._let_go()
+                raise
+            self._ready = True
         if self.monitor is not None:
             self.monitor.start()
         await self.advertise()
@@ -201,7 +243,43 @@ class Agent:
             self._advertiser = None
         if self.monitor is not None:
             await self.monitor.stop()
-        await self.store.remove(self.name)
+        try:
+            await self.store.remove(self.name)
+        finally:
+            self._let_go()
+
+    def _take(self, state_dir: Path) -> None:
+        """Lock ``state_dir`` for this agent (``Invalid`` naming it if another holds it) and
+        record this process as its owner, for the supervisors that watch it."""
+        state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(state_dir / "agent.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise Invalid(
+                f"another agent runs on state directory {state_dir}: one agent per directory",
+                field="state_dir",
+            ) from None
+        self._lock_fd = fd
+        write_owner(state_dir / OWNER_FILE)
+
+    def _let_go(self) -> None:
+        """Give the state directory up (a clean stop: its workloads have been stopped)."""
+        if self._lock_fd is None:
+            return
+        assert self.state_dir is not None
+        with contextlib.suppress(OSError):
+            (self.state_dir / OWNER_FILE).unlink()
+        os.close(self._lock_fd)
+        self._lock_fd = None
+        self._ready = False
+
+    def _admitting(self) -> None:
+        """Refuse ``node_starting`` until the journal has been reconciled."""
+        if not self._ready:
+            with refused_by(self.name):
+                raise Refused("node_starting", "the agent is reconciling its journal")
 
     async def __aenter__(self) -> Agent:
         await self.start()
@@ -262,6 +340,7 @@ class Agent:
         is the caller's id for it: a run with the id of a workload this node runs, ran, or is
         booting boots nothing again and answers that workload (see
         :meth:`~berth.node.core.NodeCore.boot`)."""
+        self._admitting()
         booted = await self.core.boot(
             spec,
             layers,
@@ -276,10 +355,12 @@ class Agent:
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
+        self._admitting()
         return self.core.admit(spec, lease_ttl_s, platforms)
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object)."""
+        self._admitting()
         self.core.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:

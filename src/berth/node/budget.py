@@ -3,8 +3,11 @@
 Schedulers decide from stale snapshots; this module is where a decision becomes true or is
 refused.  Two kinds of budget per workload (docs/design.md §1.3):
 
-* **hard** (``mem``, ``disk``) — never over-committed, because overfilling memory or disk
-  crashes workloads.  A reservation is taken atomically (check and add under one lock) and is
+* **hard** (``mem``, ``disk``) — never over-committed by an admission, because overfilling
+  memory or disk crashes workloads (workloads re-adopted after an agent restart are reserved
+  unchecked — :meth:`NodeBudget.readopt` — since they run whatever the limits say; a budget
+  whose limits shrank meanwhile then says so, and admits nothing until it fits again).
+  A reservation is taken atomically (check and add under one lock) and is
   held for the lifetime of its *owner*; when the owner ends, exactly what it held is released.
   Under any interleaving of admits, releases and owner deaths, the sum of reservations never
   exceeds ``mem_max`` / ``disk_max``.
@@ -283,6 +286,48 @@ class NodeBudget:
             raise
         self._changed()
         return reservation
+
+    def readopt(self, spec: Spec, owner: Owner, reservation_id: str | None = None) -> Reservation:
+        """Reserve ``spec`` for a workload that already runs (adopted after an agent restart),
+        **without any check**: its memory and disk are in use whatever the limits say now, so
+        refusing would only hide them.  It keeps ``reservation_id`` (the id it held before the
+        restart) unless that is taken or malformed.  When the sum now exceeds the hard limits
+        (they shrank meanwhile) the budget is over-committed: :meth:`overcommitted` says by how
+        much, and every admission is refused until enough ends.
+        """
+        spec, owner = _spec(spec), _owner(owner)
+        with self._lock:
+            self._admitted += 1
+            if (
+                not isinstance(reservation_id, str)
+                or not reservation_id
+                or reservation_id in self._reservations
+            ):
+                reservation_id = f"r{self._admitted}.{self.incarnation}"
+            reservation = Reservation(reservation_id, spec, owner, seq=self._admitted)
+            self._reservations[reservation.id] = reservation
+            self._mem_reserved += spec.mem
+            self._disk_reserved += spec.disk
+            self._vcpus_reserved += spec.vcpus
+            self._disk_bw_reserved += spec.disk_bw
+            self._net_bw_reserved += spec.net_bw
+        try:
+            owner.add_done_callback(lambda _: self.release(reservation.id))
+        except BaseException:
+            self.release(reservation.id)
+            raise
+        self._changed()
+        return reservation
+
+    def overcommitted(self) -> str | None:
+        """What exceeds the hard limits (only readopted workloads can make it so); ``None``
+        when the budget holds."""
+        with self._lock:
+            mem, disk = self._mem_reserved, self._disk_reserved
+        limits = self.limits
+        if mem <= limits.mem_max and disk <= limits.disk_max:
+            return None
+        return f"reserved {mem} B mem / {disk} B disk exceeds {limits.mem_max} / {limits.disk_max}"
 
     def lease(self, ttl_s: float) -> Lease:
         """A new lease on this budget's clock, to admit under before the workload exists."""

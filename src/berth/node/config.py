@@ -27,6 +27,7 @@ table::
     lease_ttl_s = 30.0
     runtime = "process"             # or "fake", or "microvm" (then [microvm] applies)
     stop_grace_s = 2.0
+    orphan_grace_s = 10.0           # a workload outlives a dead agent this long, then is killed
 
     [microvm]                       # optional; defaults shown (berth microvm setup fills data_dir)
     data_dir = "~/.local/share/berth/microvm"
@@ -64,12 +65,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, STOP_GRACE_S
+from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, ORPHAN_GRACE_S, STOP_GRACE_S
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
 from berth.node.microvm.config import MicrovmSection
 from berth.node.runtime.port import StopGrace
+from berth.node.runtime.process import OrphanGrace
 from berth.platform import Platform, host
 from berth.validation import BerthModel, shown
 
@@ -142,6 +144,7 @@ class AgentSection(BerthModel):
     lease_ttl_s: Interval = LEASE_TTL_S
     runtime: Literal["process", "fake", "microvm"] = "process"
     stop_grace_s: StopGrace = STOP_GRACE_S  # the runtimes' rule: 0 to an hour
+    orphan_grace_s: OrphanGrace = ORPHAN_GRACE_S
 
 
 class AgentConfig(BerthModel):

@@ -64,11 +64,14 @@ again (a placement's spec and platforms were checked once, here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from berth.boot import BootFailed, BootSpec, WorkloadStatus
 from berth.checks import CORDONED, CORDONED_DETAIL
@@ -84,15 +87,24 @@ from berth.model import (
     checked_spec,
 )
 from berth.node.budget import NodeBudget
+from berth.node.journal import Journal, JournalEntry
 from berth.node.layers import LayerRegistry, MountResult
-from berth.node.runtime.port import Runtime, WorkloadHandle, checked_grace
+from berth.node.runtime.port import (
+    AdoptingRuntime,
+    Runtime,
+    WorkloadExit,
+    WorkloadHandle,
+    WorkloadIds,
+    checked_grace,
+)
+from berth.node.runtime.supervisor import alive
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
 from berth.state import NodeState
 from berth.validation import Rule, shown
 
-__all__ = ["ENDED_MEMORY", "Booted", "NodeCore"]
+__all__ = ["ENDED_MEMORY", "Booted", "NodeCore", "Recovery"]
 
 log = logging.getLogger("berth.node")
 
@@ -116,6 +128,23 @@ class Booted:
     def pulled_bytes(self) -> int:
         """Bytes of the layers that had to be pulled."""
         return sum(mount.pulled_bytes for mount in self.mounts)
+
+
+@dataclass
+class Recovery:
+    """What :meth:`NodeCore.recover` found: the workloads adopted, those whose end it
+    recorded, the journal files it could not read, and the over-commit, if any."""
+
+    adopted: list[str] = field(default_factory=list)
+    ended: list[str] = field(default_factory=list)
+    unreadable: tuple[str, ...] = ()
+    overcommitted: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{len(self.adopted)} adopted, {len(self.ended)} ended"
+        if self.unreadable:
+            text += f", {len(self.unreadable)} unreadable"
+        return text + (f", over-committed: {self.overcommitted}" if self.overcommitted else "")
 
 
 @dataclass
@@ -152,8 +181,11 @@ class NodeCore:
         *,
         layers: LayerRegistry | None = None,
         labels: dict[str, str] | None = None,
+        journal: Journal | None = None,
     ) -> None:
         name = NAME_RULE(name, "name")
+        if journal is not None and not isinstance(journal, Journal):
+            raise Invalid(f"expected a Journal, got {shown(journal)}", field="journal")
         labels = _LABELS(labels or {}, "labels")
         if not isinstance(budget, NodeBudget):
             raise Invalid(f"expected a NodeBudget, got {shown(budget)}", field="budget")
@@ -183,6 +215,8 @@ class NodeCore:
         self._ended_recently: OrderedDict[str, _Ended] = OrderedDict()
         self._generation = 0
         self._generation_lock = threading.Lock()
+        self.journal = journal
+        self._ids = WorkloadIds()  # with a journal, ids are chosen here, before the start
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change of reservations or of mounted/cached layers."""
@@ -281,10 +315,16 @@ class NodeCore:
                 raise Refused.lease_expired(reservation)
             mounts = self._mount(layers)
             layer_ids = tuple(mount.layer_id for mount in mounts)
-            workload = await self._start(_limited(boot, spec), layer_ids, reservation, workload_id)
+            boot = _limited(boot, spec)
+            entry = self._journal_before_start(spec, layers, boot, reservation, workload_id)
+            if entry is not None:
+                workload_id = entry.workload_id
+            workload = await self._start(boot, layer_ids, reservation, workload_id)
             span.set_attribute("berth.workload", workload.id)
             workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
             admission = await self._own_or_stop(spec, workload, reservation, platforms)
+        if entry is not None:
+            self._journal_started(entry, workload, admission)
         booted = Booted(workload, admission, mounts)
         running = self._running.get(workload.id)
         if running is not None and running.workload is workload:
@@ -294,6 +334,66 @@ class NodeCore:
             if ended is not None:
                 ended.booted = booted
         return booted
+
+    # -- the journal: written before a start, removed after the end is recorded -------------
+    def _journal_before_start(
+        self,
+        spec: Spec,
+        layers: tuple[Layer, ...],
+        boot: BootSpec,
+        reservation: str | None,
+        workload_id: str | None,
+    ) -> JournalEntry | None:
+        """Record the workload in the journal (if any) before it starts, choosing its id when
+        the caller did not; a journal that cannot be written refuses the boot
+        (``journal_failed``), after unmounting and releasing ``reservation``."""
+        if self.journal is None:
+            return None
+        if workload_id is None:
+            workload_id = self._ids.next(boot, self._known_ids())
+        entry = JournalEntry(
+            workload_id=workload_id,
+            spec=spec,
+            layers=layers,
+            boot=boot,
+            runtime=_runtime_kind(self.runtime),
+            reservation=reservation,
+        )
+        try:
+            self.journal.record(entry)
+        except OSError as error:
+            self._unmount(tuple(layer.id for layer in layers))
+            if reservation is not None:
+                self.budget.release(reservation)
+            raise Refused("journal_failed", f"cannot write the journal: {error}") from None
+        return entry
+
+    def _journal_started(
+        self, entry: JournalEntry, workload: WorkloadHandle, admission: Admission
+    ) -> None:
+        """Add how to find the started workload again, and the reservation it owns."""
+        assert self.journal is not None
+        if workload.done:
+            return  # its end has been recorded and its entry removed
+        update = {"locator": workload.locator, "reservation": admission.reservation_id}
+        try:
+            self.journal.record(entry.model_copy(update=update))
+        except OSError as error:  # the entry written before the start still names it
+            log.error("node %s: journal update of %s failed: %s", self.name, workload.id, error)
+
+    def _unjournal(self, workload_id: str) -> None:
+        assert self.journal is not None
+        try:
+            self.journal.remove(workload_id)
+        except OSError as error:
+            self.end_errors.append(f"workload {workload_id}: journal entry not removed: {error}")
+            log.error(
+                "node %s: removing the journal entry of %s: %s", self.name, workload_id, error
+            )
+
+    def _known_ids(self) -> set[str]:
+        """Every id a new workload must not take: running, booting, remembered as ended."""
+        return self._running.keys() | self._booting.keys() | self._ended_recently.keys()
 
     def _check_platforms(self, platforms: Sequence[Platform]) -> None:
         if not matches_any(self.platform, platforms):
@@ -326,6 +426,8 @@ class NodeCore:
             else:
                 workload = await self.runtime.start(boot, workload_id=workload_id)
         except BaseException as error:
+            if self.journal is not None and workload_id is not None:
+                self._unjournal(workload_id)
             self._unmount(layer_ids)
             if reservation is not None:
                 self.budget.release(reservation)
@@ -388,6 +490,8 @@ class NodeCore:
         )
         while len(self._ended_recently) > ENDED_MEMORY:
             self._ended_recently.popitem(last=False)
+        if self.journal is not None:
+            self._unjournal(workload.id)
         try:
             self._unmount(layer_ids)
         except BerthError as error:
@@ -398,6 +502,77 @@ class NodeCore:
     def _unmount(self, layer_ids: Sequence[str]) -> None:
         for layer_id in layer_ids:
             self.layers.unmount(layer_id)
+
+    # -- a restart: the journal reconciled with the host ------------------------------------
+    async def recover(self) -> Recovery:
+        """Reconcile the journal with the host, before this node admits anything: each entry's
+        workload is **adopted** if it still runs (the runtime watches it again, its layers are
+        mounted, its spec re-reserved under its old reservation id — unchecked, even past
+        limits that shrank: :meth:`~berth.node.budget.NodeBudget.readopt`), else its **end is
+        recorded** (the supervisor's exit status when it wrote one, else "ended while the
+        agent was down, status unknown"; a runtime that cannot adopt — microVM, fake — has its
+        workloads killed and ended as "not adoptable") and its entry removed.  Without a
+        journal there is nothing to do."""
+        if self.journal is None:
+            return Recovery()
+        entries, unreadable = self.journal.read()
+        recovery = Recovery(unreadable=tuple(str(problem) for problem in unreadable))
+        for entry in entries:
+            if self._readopt(entry):
+                recovery.adopted.append(entry.workload_id)
+            else:
+                recovery.ended.append(entry.workload_id)
+        self._ids.skip_past(entry.workload_id for entry in entries)
+        over = self.budget.overcommitted()
+        if over is not None:
+            recovery.overcommitted = over
+            log.warning("node %s is over-committed after its restart: %s", self.name, over)
+        log.info("node %s recovered its journal: %s", self.name, recovery)
+        return recovery
+
+    def _readopt(self, entry: JournalEntry) -> bool:
+        """Adopt ``entry``'s workload if it runs; else record its end.  Whether adopted."""
+        runtime, workload_id = self.runtime, entry.workload_id
+        adoptable = isinstance(runtime, AdoptingRuntime) and entry.runtime == _runtime_kind(runtime)
+        handle = None
+        if adoptable and isinstance(runtime, AdoptingRuntime):
+            handle = runtime.adopt(workload_id, entry.boot, entry.locator)
+        if handle is None:
+            self._record_lost(entry, adoptable)
+            return False
+        mounts = tuple(self.layers.mount(layer.id, layer.size) for layer in entry.layers)
+        layer_ids = tuple(mount.layer_id for mount in mounts)
+        running = self._running[workload_id] = _Running(handle, layer_ids)
+        handle.add_done_callback(lambda ended: self._ended(ended, layer_ids))
+        held = self.budget.readopt(entry.spec, handle, entry.reservation)
+        running.booted = Booted(handle, held.admission, mounts)
+        if not handle.done:
+            self._journal_started(entry, handle, held.admission)
+        log.info("node %s adopted %s (reservation %s)", self.name, workload_id, held.id)
+        return True
+
+    def _record_lost(self, entry: JournalEntry, adoptable: bool) -> None:
+        """Record how a journaled workload that is not adopted ended, and forget its entry."""
+        assert self.journal is not None
+        runtime, workload_id = self.runtime, entry.workload_id
+        if adoptable and isinstance(runtime, AdoptingRuntime):
+            record = runtime.ended(workload_id)
+            status = _lost_status(record)
+        else:
+            status = WorkloadStatus(
+                "ended",
+                None,
+                f"not adoptable: the {entry.runtime} runtime does not outlive "
+                "its agent; it was killed at the agent's restart",
+            )
+            if isinstance(runtime, AdoptingRuntime):
+                runtime.abandon(workload_id, entry.locator)
+            _kill_by_locator(entry.locator)
+        self._ended_recently[workload_id] = _Ended(status, None)
+        self._unjournal(workload_id)
+        log.info(
+            "node %s: %s ended while its agent was down: %s", self.name, workload_id, status.reason
+        )
 
     # -- admission without a boot (the node client port) -------------------------------------
     def admit(
@@ -492,8 +667,8 @@ class NodeCore:
             admitted=self.budget.admitted,
             published_at=now,
             labels=self.labels,
-            mem_free=headroom.mem_free,
-            disk_free=headroom.disk_free,
+            mem_free=max(headroom.mem_free, 0),  # over-committed by readopted workloads: full
+            disk_free=max(headroom.disk_free, 0),
             mem_max=limits.mem_max,
             disk_max=limits.disk_max,
             cpu_load=min(max(load.cpu_load, 0.0), 1.0),
@@ -578,3 +753,40 @@ def _limited(boot: BootSpec, spec: Spec) -> BootSpec:
     limits = {"mem_limit": spec.mem, "vcpus": spec.vcpus, "disk_limit": spec.disk}
     unset = {key: value for key, value in limits.items() if value and getattr(boot, key) is None}
     return boot.model_copy(update=unset) if unset else boot
+
+
+def _runtime_kind(runtime: object) -> str:
+    """The name a journal entry records for the runtime that ran it (its class's)."""
+    return type(runtime).__name__
+
+
+def _lost_status(record: dict[str, object] | None) -> WorkloadStatus:
+    """The status of a workload that ended while its agent was down, from its supervisor's
+    exit record when there is one."""
+    unknown = "ended while the agent was down, status unknown"
+    if record is None:
+        return WorkloadStatus("ended", None, unknown)
+    code, signum = record.get("code"), record.get("signal")
+    ended = WorkloadExit(
+        code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        signal=signum if isinstance(signum, int) and not isinstance(signum, bool) else None,
+    )
+    reason = ended.reason if ended.reason != "ended" else unknown
+    why = record.get("orphaned") or record.get("lost")
+    if isinstance(why, str):
+        reason = f"{reason}: {why}"
+    return WorkloadStatus("ended", ended.code, f"{reason} (while the agent was down)")
+
+
+def _kill_by_locator(locator: dict[str, object] | None) -> None:
+    """Kill the processes a locator names (``qemu``, ``workload``…: ``[pid, start ticks]``),
+    each only if it is still the process that was started then."""
+    for value in (locator or {}).values():
+        if (
+            isinstance(value, list)
+            and len(value) == 2
+            and all(isinstance(part, int) and not isinstance(part, bool) for part in value)
+            and alive(value[0], value[1])
+        ):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(value[0], signal.SIGKILL)

@@ -78,9 +78,9 @@ from berth.node.runtime.port import (
     WorkloadIds,
     configured_grace,
     end_within_grace,
-    file_stem,
     stop_grace,
 )
+from berth.node.runtime.supervisor import file_stem
 from berth.oci import OciImage, read_layout
 from berth.units import MiB
 from berth.validation import shown

@@ -41,9 +41,9 @@ import contextlib
 import itertools
 import logging
 import signal
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Protocol, runtime_checkable
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import Field, Strict
 
@@ -54,6 +54,7 @@ from berth.validation import Rule
 
 __all__ = [
     "MAX_STOP_GRACE_S",
+    "AdoptingRuntime",
     "BootFailed",
     "BootSpec",
     "ExitListener",
@@ -66,7 +67,6 @@ __all__ = [
     "checked_grace",
     "checked_workload_id",
     "end_within_grace",
-    "file_stem",
     "stop_grace",
 ]
 
@@ -156,6 +156,9 @@ class WorkloadHandle:
         self.id = workload_id
         self.spec = spec
         self.pid = pid
+        self.locator: dict[str, Any] | None = None
+        """How a restarted agent finds this workload again (the driver's own record, kept in
+        the node's journal); ``None`` for a driver whose workloads cannot outlive it."""
         self._exit: WorkloadExit | None = None
         self._ended = asyncio.Event()
         self._done_callbacks: list[Callable[[WorkloadHandle], object]] = []
@@ -242,6 +245,27 @@ class Runtime(Protocol):
     def on_exit(self, listener: ExitListener) -> Callable[[], None]: ...
 
 
+@runtime_checkable
+class AdoptingRuntime(Runtime, Protocol):
+    """A runtime whose workloads outlive the agent, so a restarted one can take them back.
+
+    * ``adopt(workload_id, spec, locator)`` — a handle watching (and able to stop) a workload
+      a previous agent on this state directory started, found by ``locator`` (the handle's
+      :attr:`WorkloadHandle.locator` it recorded); ``None`` when it no longer runs;
+    * ``ended(workload_id)`` — how one that no longer runs ended, if the driver recorded it
+      (``code`` or ``signal``; ``orphaned``: why it was killed);
+    * ``abandon(workload_id, locator)`` — kill one that will not be adopted, if it runs.
+    """
+
+    def adopt(
+        self, workload_id: str, spec: BootSpec, locator: dict[str, Any] | None
+    ) -> WorkloadHandle | None: ...
+
+    def ended(self, workload_id: str) -> dict[str, Any] | None: ...
+
+    def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None: ...
+
+
 class ExitListeners:
     """The ``on_exit`` bookkeeping both drivers share."""
 
@@ -280,20 +304,23 @@ class WorkloadIds:
             if workload_id not in taken:
                 return workload_id
 
+    def skip_past(self, workload_ids: Iterable[str]) -> None:
+        """Generate only numbers above those of ``workload_ids`` of the form ``<name>-<n>``
+        (ids a previous agent generated: a restarted node must not hand them out again)."""
+        highest = 0
+        for workload_id in workload_ids:
+            _, _, number = workload_id.rpartition("-")
+            if number.isdigit() and len(number) < 19:
+                highest = max(highest, int(number))
+        current = next(self._counter)
+        self._counter = itertools.count(max(current, highest + 1))
+
     def choose(self, spec: BootSpec, workload_id: object, running: Container[str]) -> str:
         """The id a start runs under: the caller's ``workload_id`` checked
         (:func:`checked_workload_id`), else the next free generated one."""
         if workload_id is None:
             return self.next(spec, running)
         return checked_workload_id(workload_id, running)
-
-
-def file_stem(workload_id: str) -> str:
-    """``workload_id`` as one file name's stem: a ``Name`` may hold ``/`` (and start with
-    ``.``), so ``%``, ``/`` and a leading ``.`` are percent-encoded; distinct ids stay
-    distinct."""
-    stem = workload_id.replace("%", "%25").replace("/", "%2F")
-    return "%2E" + stem[1:] if stem.startswith(".") else stem
 
 
 def checked_workload_id(workload_id: object, running: Container[str] = ()) -> str:

@@ -1,30 +1,49 @@
-"""The process runtime driver: one OS process group per workload.
+"""The process runtime driver: one OS process group per workload, under its own supervisor.
 
-Stopping a workload reaches every process it spawned: ``SIGTERM`` to the group, ``SIGKILL``
-after a grace period (the stop's own ``grace_s``, else ``stop_grace_s``).  When the group leader
-ends, any process left in its group is killed too, so nothing outlives the workload's
-reservation.  Workloads do not inherit the agent's environment (it may hold credentials); they
-get ``base_env`` (default: ``PATH`` only) overlaid with the spec's ``env``.  ``mem_limit`` is
-enforced as ``RLIMIT_AS`` (address space) set between fork and exec: a coarse ceiling that needs
-no privileges.  A cgroup v2 ``memory.max`` would bound resident memory exactly, but needs a
-delegated cgroup.
+Each workload is started by a small supervisor process of its own
+(:mod:`berth.node.runtime.supervisor`, a bare interpreter), which starts the command as the
+leader of its own process group, with these limits: workloads do not inherit the agent's
+environment (it may hold credentials) but get ``base_env`` (default: ``PATH`` only) overlaid
+with the spec's ``env``; ``mem_limit`` is enforced as ``RLIMIT_AS`` (address space), a coarse
+ceiling that needs no privileges (a cgroup v2 ``memory.max`` would bound resident memory
+exactly, but needs a delegated cgroup).
+
+Stopping a workload reaches every process it spawned: ``SIGTERM`` to its group, and once the
+grace has run out (the stop's own ``grace_s``, else ``stop_grace_s``) ``SIGKILL`` to its whole
+tree.  When the group leader ends, whatever it left behind — its group, and anything it
+daemonised, which the supervisor (a child subreaper) inherits — is killed, so nothing
+outlives the workload's reservation.  The runtime signals only its supervisor: the child it
+has not reaped, or, for an adopted workload, through a pidfd — never a pid that may have
+been recycled.
+
+Across the agent's death (issue 20): with a ``state_dir`` each supervisor watches the agent
+named in ``<state_dir>/agent.pid`` and its workload's journal entry, and kills the workload
+when no live agent has owned the directory for ``orphan_grace_s`` (or the entry is gone);
+without one it watches the agent that started it.  A restarted agent finds a workload again
+with :meth:`ProcessRuntime.adopt` from the supervisor's ``.run`` record (pid and start time of
+both), and reads how one ended from its ``.exit`` record (:meth:`ProcessRuntime.ended`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
-import resource
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import Annotated, Any
 
-from berth.defaults import STOP_GRACE_S
+from pydantic import Field, Strict
+
+from berth.defaults import MAX_ORPHAN_GRACE_S, ORPHAN_GRACE_S, STOP_GRACE_S
+from berth.errors import Invalid
+from berth.node.runtime import supervisor
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
@@ -35,43 +54,63 @@ from berth.node.runtime.port import (
     WorkloadIds,
     configured_grace,
     end_within_grace,
-    file_stem,
     stop_grace,
 )
+from berth.node.runtime.supervisor import OWNER_FILE, WORKLOADS_DIR, WorkloadFiles, file_stem
+from berth.validation import Rule, shown
 
-__all__ = ["ProcessRuntime"]
+__all__ = ["OrphanGrace", "ProcessRuntime", "checked_orphan_grace"]
 
 logger = logging.getLogger(__name__)
 
 
-def _limit_address_space(limit_bytes: int) -> Callable[[], None]:
-    # Runs in the child between fork and exec, where little is safe: keep it to one call.
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+OrphanGrace = Annotated[float, Strict(), Field(gt=0, le=MAX_ORPHAN_GRACE_S, allow_inf_nan=False)]
+"""Seconds a workload outlives its agent before its supervisor kills it: above 0, at most an
+hour (:data:`~berth.defaults.MAX_ORPHAN_GRACE_S`)."""
 
-    return apply
+_ORPHAN_GRACE: Rule[float] = Rule(OrphanGrace)
 
 
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
+def checked_orphan_grace(value: object, field: str = "orphan_grace_s") -> float:
+    """``value`` as an :data:`OrphanGrace`; ``Invalid`` naming ``field`` otherwise."""
+    return _ORPHAN_GRACE(value, field)
+
+
+_SUPERVISOR = supervisor.__file__
 
 
 @dataclass
 class _Running:
+    """A workload and its supervisor: the child process it started (``process``), or, once
+    adopted by an agent that did not start it, a pidfd on it (``pidfd``)."""
+
     workload: WorkloadHandle
-    process: asyncio.subprocess.Process
+    process: asyncio.subprocess.Process | None = None
+    pidfd: int | None = None
     stop_requested: bool = False
+    ended: dict[str, Any] = field(default_factory=dict)
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if self.process is not None:
+                if self.process.returncode is None:
+                    self.process.send_signal(signum)
+            elif self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signum)
 
 
 class ProcessRuntime:
-    """Each workload is a real OS process, leader of its own process group.
+    """Each workload is a real OS process, leader of its own process group, under a supervisor.
 
     ``stop_grace_s`` is how long ``stop`` waits after ``SIGTERM`` before ``SIGKILL`` when the
     stop names no ``grace_s`` of its own.
     ``base_env`` is the environment every workload starts from (default: this process's
     ``PATH`` only).  ``log_dir``, when given, receives each workload's stdout and stderr in
     ``<workload id>.log``; otherwise output is discarded.
+    ``state_dir`` is the node's state directory (its journal is in ``<state_dir>/workloads``):
+    with it, workloads outlive this process by up to ``orphan_grace_s`` and a new agent on the
+    directory may adopt them; without it, they are killed ``orphan_grace_s`` after this
+    process dies.
     """
 
     def __init__(
@@ -80,12 +119,18 @@ class ProcessRuntime:
         stop_grace_s: float = STOP_GRACE_S,
         base_env: Mapping[str, str] | None = None,
         log_dir: str | Path | None = None,
+        state_dir: Path | None = None,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
     ) -> None:
         self.stop_grace_s = configured_grace(stop_grace_s)
+        self.orphan_grace_s = _ORPHAN_GRACE(orphan_grace_s, "orphan_grace_s")
+        if state_dir is not None and not isinstance(state_dir, Path):
+            raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
         self.base_env = (
             dict(base_env) if base_env is not None else {"PATH": os.environ.get("PATH", os.defpath)}
         )
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.state_dir = state_dir
         self._running: dict[str, _Running] = {}
         self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
@@ -99,8 +144,8 @@ class ProcessRuntime:
         return tuple(entry.workload for entry in self._running.values())
 
     async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
-        """Spawn ``spec.command`` as ``workload_id`` (else a generated id); :class:`BootFailed`
-        when it cannot be executed."""
+        """Spawn ``spec.command`` as ``workload_id`` (else a generated id) under a supervisor;
+        :class:`BootFailed` when it cannot be executed."""
         workload_id = self._ids.choose(spec, workload_id, self._taken())
         self._starting.add(workload_id)  # a concurrent start of this id is refused meanwhile
         try:
@@ -111,67 +156,177 @@ class ProcessRuntime:
     def _taken(self) -> set[str]:
         return self._running.keys() | self._starting
 
-    async def _spawn(self, spec: BootSpec, workload_id: str) -> WorkloadHandle:
-        program = spec.command[0]
-        output: IO[bytes] | int = subprocess.DEVNULL
+    def files(self, workload_id: str) -> WorkloadFiles | None:
+        """Where ``workload_id``'s journal entry and supervisor records are (with a state dir)."""
+        if self.state_dir is None:
+            return None
+        return WorkloadFiles.of(self.state_dir / WORKLOADS_DIR, workload_id)
+
+    def _order(self, spec: BootSpec, workload_id: str) -> dict[str, Any]:
+        """What the supervisor is told: the command and its limits, whom to watch, where to
+        write."""
+        files = self.files(workload_id)
+        log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            output = open(self.log_dir / f"{file_stem(workload_id)}.log", "ab")  # noqa: SIM115
+            log = str(self.log_dir / f"{file_stem(workload_id)}.log")
+        me = os.getpid()
+        return {
+            "workload_id": workload_id,
+            "command": list(spec.command),
+            "env": {**self.base_env, **spec.env},
+            "mem_limit": spec.mem_limit,
+            "log": log,
+            "orphan_grace_s": self.orphan_grace_s,
+            "owner": None if files is not None else [me, supervisor.start_ticks(me)],
+            "owner_file": None if self.state_dir is None else str(self.state_dir / OWNER_FILE),
+            "entry": None if files is None else str(files.entry),
+            "run_file": None if files is None else str(files.run),
+            "exit_file": None if files is None else str(files.exit),
+        }
+
+    async def _spawn(self, spec: BootSpec, workload_id: str) -> WorkloadHandle:
+        order = self._order(spec, workload_id)
         try:
             process = await asyncio.create_subprocess_exec(
-                *spec.command,
-                env={**self.base_env, **spec.env},
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=output,
+                sys.executable,
+                "-I",
+                _SUPERVISOR,
+                workload_id,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={},
                 start_new_session=True,
-                preexec_fn=_limit_address_space(spec.mem_limit) if spec.mem_limit else None,
             )
-        except FileNotFoundError:
-            raise BootFailed(f"command not found: {program!r}") from None
-        except PermissionError:
-            raise BootFailed(f"permission denied executing {program!r}") from None
         except OSError as error:
-            raise BootFailed(f"cannot execute {program!r}: {error.strerror or error}") from None
-        except subprocess.SubprocessError as error:  # the memory limit could not be applied
-            raise BootFailed(f"cannot prepare {program!r}: {error}") from None
-        finally:
-            if not isinstance(output, int):
-                output.close()
-        workload = WorkloadHandle(workload_id, spec, pid=process.pid)
-        entry = _Running(workload, process)
-        self._running[workload_id] = entry
+            raise BootFailed(f"cannot start a supervisor: {error.strerror or error}") from None
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(json.dumps(order).encode())
+            await process.stdin.drain()
+            process.stdin.close()
+            answer = _message(await process.stdout.readline())
+        except BaseException:  # cancelled, or the supervisor died: it must not go on
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGUSR1)
+            await process.wait()
+            raise
+        if "started" not in answer:
+            await process.wait()
+            reason = answer.get("failed") or "its supervisor ended before starting it"
+            raise BootFailed(str(reason))
+        workload = WorkloadHandle(workload_id, spec, pid=int(answer["started"][0]))
+        workload.locator = {"supervisor": answer["supervisor"], "workload": answer["started"]}
+        self._watch(_Running(workload, process=process))
+        return workload
+
+    def _watch(self, entry: _Running) -> None:
+        self._running[entry.workload.id] = entry
         watcher = asyncio.get_running_loop().create_task(
-            self._watch(entry), name=f"berth-workload-{workload_id}"
+            self._wait(entry), name=f"berth-workload-{entry.workload.id}"
         )
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
-        return workload
 
-    async def _watch(self, entry: _Running) -> None:
-        returncode = await entry.process.wait()
-        # The leader is gone; take any straggler it left in its group with it.
-        _signal_group(entry.process.pid, signal.SIGKILL)
-        status = WorkloadExit(
-            code=returncode if returncode >= 0 else None,
-            signal=-returncode if returncode < 0 else None,
-            stopped=entry.stop_requested,
-        )
+    async def _wait(self, entry: _Running) -> None:
+        if entry.process is not None:
+            await self._wait_child(entry, entry.process)
+        else:
+            await self._wait_adopted(entry)
         self._running.pop(entry.workload.id, None)
-        if entry.workload._end(status):
+        if entry.workload._end(_exit(entry.ended, entry.stop_requested)):
             self._listeners.notify(entry.workload)
 
+    async def _wait_child(self, entry: _Running, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        while True:
+            line = await process.stdout.readline()
+            if not line:
+                break
+            ended = _message(line).get("ended")
+            if isinstance(ended, dict):
+                entry.ended = ended
+        await process.wait()
+        if not entry.ended:  # the supervisor was killed: its workload must not run on unseen
+            _kill_group(entry.workload)
+            entry.ended = {"signal": signal.SIGKILL, "lost": "its supervisor was killed"}
+
+    async def _wait_adopted(self, entry: _Running) -> None:
+        assert entry.pidfd is not None
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def exited() -> None:
+            if not ended.done():
+                ended.set_result(None)
+
+        loop.add_reader(entry.pidfd, exited)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(entry.pidfd)
+            os.close(entry.pidfd)
+            entry.pidfd = None
+        entry.ended = self.ended(entry.workload.id) or {}
+        if not entry.ended:
+            _kill_group(entry.workload)
+            entry.ended = {"signal": signal.SIGKILL, "lost": "its supervisor was killed"}
+
     async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
-        """``SIGTERM`` the workload's group, ``SIGKILL`` after the grace period (``grace_s``,
-        else ``stop_grace_s``); wait for it.  Concurrent stops: the shortest grace kills."""
+        """``SIGTERM`` the workload's group, ``SIGKILL`` its tree after the grace period
+        (``grace_s``, else ``stop_grace_s``); wait for it.  Concurrent stops: the shortest
+        grace kills."""
         grace = stop_grace(grace_s, self.stop_grace_s)
         entry = self._running.get(workload_id)
         if entry is None or entry.workload.done:
             return
         entry.stop_requested = True
-        pgid = entry.process.pid
-        _signal_group(pgid, signal.SIGTERM)
-        await end_within_grace(entry.workload, grace, lambda: _signal_group(pgid, signal.SIGKILL))
+        entry.signal(signal.SIGTERM)  # the supervisor passes it on to the workload's group
+        await end_within_grace(entry.workload, grace, lambda: entry.signal(signal.SIGUSR1))
+
+    # -- finding workloads again after a restart ------------------------------------------------
+    def adopt(
+        self, workload_id: str, spec: BootSpec, locator: dict[str, Any] | None
+    ) -> WorkloadHandle | None:
+        """Watch (and be able to stop) a workload another agent on this state directory
+        started, found by ``locator`` (its ``.run`` record, else the one given); ``None`` when
+        its supervisor no longer runs — then :meth:`ended` says how it ended, if known."""
+        files = self.files(workload_id)
+        record = (supervisor.read_record(files.run) if files is not None else None) or locator
+        found = _identity(record, "supervisor") if record else None
+        if found is None or workload_id in self._taken():
+            return None
+        pid, ticks = found
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        # the pidfd is on whatever process had the pid; it is ours only if it still started
+        # at the recorded time (checked after opening, so the pid cannot be recycled between)
+        if not supervisor.alive(pid, ticks) or (files is not None and files.exit.exists()):
+            os.close(pidfd)
+            return None
+        started = _identity(record, "workload") if record else None
+        workload = WorkloadHandle(workload_id, spec, pid=None if started is None else started[0])
+        workload.locator = dict(record or {})
+        self._watch(_Running(workload, pidfd=pidfd))
+        logger.info("adopted workload %s (supervisor %d)", workload_id, pid)
+        return workload
+
+    def ended(self, workload_id: str) -> dict[str, Any] | None:
+        """The supervisor's record of how ``workload_id`` ended (``code`` or ``signal``, and
+        ``orphaned`` with why it killed it); ``None`` if none was written."""
+        files = self.files(workload_id)
+        return None if files is None else supervisor.read_record(files.exit)
+
+    def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None:
+        """Kill a workload of this state directory that will not be adopted, if it runs."""
+        files = self.files(workload_id)
+        record = (supervisor.read_record(files.run) if files is not None else None) or locator
+        found = _identity(record, "supervisor") if record else None
+        if found is not None and supervisor.alive(*found):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(found[0], signal.SIGUSR1)
 
     async def aclose(self) -> None:
         """Stop every running workload."""
@@ -179,3 +334,41 @@ class ProcessRuntime:
 
     def __repr__(self) -> str:
         return f"ProcessRuntime(running={len(self._running)}, stop_grace_s={self.stop_grace_s})"
+
+
+def _message(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _identity(record: Mapping[str, Any], key: str) -> tuple[int, int] | None:
+    """``(pid, start ticks)`` from a record's ``key``; ``None`` unless two integers."""
+    value = record.get(key)
+    if (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(part, int) and not isinstance(part, bool) for part in value)
+    ):
+        return value[0], value[1]
+    return None
+
+
+def _kill_group(workload: WorkloadHandle) -> None:
+    """Kill the group of a workload whose supervisor died, if its leader is still the process
+    that was started (pid and start time)."""
+    started = _identity(workload.locator or {}, "workload")
+    if started is not None and supervisor.alive(*started):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(started[0], signal.SIGKILL)
+
+
+def _exit(ended: Mapping[str, Any], stopped: bool) -> WorkloadExit:
+    code, signum = ended.get("code"), ended.get("signal")
+    return WorkloadExit(
+        code=code if isinstance(code, int) else None,
+        signal=signum if isinstance(signum, int) else None,
+        stopped=stopped,
+    )

@@ -28,7 +28,10 @@ workload killed by signal N is reported as that signal — and the console outpu
 stop's ``grace_s`` (else ``stop_grace_s``) for the guest to power off, then kills QEMU.  A
 guest's scratch directory (its initramfs copy and upper disk) is removed when it ends, and its
 layers are released to the node's cache; QEMU dies with the process that started it
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``).  So a guest does not survive its agent's restart: with a state
+directory the node journals it like any workload (QEMU's pid and start time as its locator),
+and a restarted agent ends its entry as *not adoptable* and kills that QEMU if it somehow
+still runs (adopting guests — reattaching to their consoles — is not done yet).
 
 Acceleration: ``kvm`` only when a probe guest booted under it (``berth microvm setup``
 records the probe; ``auto`` reads it, or probes once), ``tcg`` otherwise; :attr:`labels`
@@ -80,7 +83,7 @@ from berth.node.runtime.port import (
     end_within_grace,
     stop_grace,
 )
-from berth.node.runtime.supervisor import file_stem
+from berth.node.runtime.supervisor import file_stem, start_ticks
 from berth.oci import OciImage, read_layout
 from berth.units import MiB
 from berth.validation import shown
@@ -147,6 +150,9 @@ class MicrovmWorkload(WorkloadHandle):
         console_log: Path | None,
     ) -> None:
         super().__init__(workload_id, spec, pid=vm.pid)
+        # not to adopt it (a guest dies with its agent), but so that a restarted agent can
+        # make sure of that: the journal keeps QEMU's pid and start time
+        self.locator = {"qemu": [vm.pid, start_ticks(vm.pid)]}
         self.vm = vm
         self.accel = accel
         self.size = size

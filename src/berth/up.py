@@ -7,7 +7,10 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   (:mod:`berth.nats.auth`) unless ``auth=False``;
 * N agents as separate processes (``berth agent --config … --nats …``), each node's TOML
   configuration written from the embedded cluster's node classes; above ``per_process_from``
-  nodes, several agents share a process (each still connects as its own user);
+  nodes, several agents share a process (each still connects as its own user); every agent
+  gets a state directory, ``<directory>/state/<node>`` (``--state-dir``), where it keeps its
+  cordon and its workload journal, so an agent killed and started again on it adopts its
+  workloads (docs/lifecycle.md);
 * with ``runtime="microvm"``, agents that boot QEMU guests (:mod:`berth.node.runtime.microvm`)
   from the kernel, initramfs and OCI image layout ``berth microvm setup`` made, all on
   ``linux/amd64``, each node keeping its layer files in its own ``node_dir`` inside the
@@ -21,7 +24,9 @@ waits until every scheduler process is up and sees every node, and tells how to 
 (:meth:`LocalCluster.describe`).  :meth:`LocalCluster.stop` stops schedulers first (they finish
 in-flight requests), then agents (each deletes its key), then the server, and removes the
 directory: nothing is left behind.  Children are asked to die with this process too
-(``PR_SET_PDEATHSIG`` on Linux), so even a ``kill -9`` of ``berth up`` leaves no agent behind.
+(``PR_SET_PDEATHSIG`` on Linux), so even a ``kill -9`` of ``berth up`` leaves no agent behind —
+and no process workload beyond its ``orphan_grace_s``: its supervisor kills it once no agent
+owns the node's state directory.
 """
 
 from __future__ import annotations

@@ -779,14 +779,20 @@ def _lost_status(record: dict[str, object] | None) -> WorkloadStatus:
 
 
 def _kill_by_locator(locator: dict[str, object] | None) -> None:
-    """Kill the processes a locator names (``qemu``, ``workload``…: ``[pid, start ticks]``),
-    each only if it is still the process that was started then."""
-    for value in (locator or {}).values():
-        if (
-            isinstance(value, list)
-            and len(value) == 2
-            and all(isinstance(part, int) and not isinstance(part, bool) for part in value)
-            and alive(value[0], value[1])
-        ):
+    """End what a locator of a workload that will not be adopted names, each process only if
+    it is still the one that was started then (``[pid, start ticks]``): a process runtime's
+    ``supervisor`` is asked to kill its workload's tree (``SIGUSR1``: killing the supervisor
+    itself would leave the tree to init); anything else (``qemu``) is killed."""
+    found = {
+        key: value
+        for key, value in (locator or {}).items()
+        if isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(part, int) and not isinstance(part, bool) for part in value)
+    }
+    if "supervisor" in found:
+        found = {"supervisor": found["supervisor"]}
+    for key, (pid, ticks) in found.items():
+        if alive(pid, ticks):
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(value[0], signal.SIGKILL)
+                os.kill(pid, signal.SIGUSR1 if key == "supervisor" else signal.SIGKILL)

@@ -127,7 +127,7 @@ class Agents:
 @pytest.fixture
 def agents(tmp_path: Path) -> Iterator[Agents]:
     with NatsServer() as server:
-        made = Agents(tmp_path, server.url, orphan_grace_s=2.0)
+        made = Agents(tmp_path, server.url, orphan_grace_s=20.0)  # a restart fits in it
         try:
             yield made
         finally:
@@ -232,6 +232,8 @@ def test_an_agent_killed_for_good_takes_its_workloads_with_it_within_the_grace(
         command=("sh", "-c", "sleep 600 & setsid sleep 600 & echo started; wait"),
     )
 
+    agents.orphan_grace_s = 2.0
+
     async def scenario() -> None:
         async with connected(agents.url) as (nodes, store):
             agent = agents.start()
@@ -260,7 +262,6 @@ def test_an_agent_killed_for_good_takes_its_workloads_with_it_within_the_grace(
 def test_a_workload_that_exits_while_the_agent_is_down_is_reported_with_its_status(
     agents: Agents,
 ) -> None:
-    agents.orphan_grace_s = 30.0
     quitter = BootSpec(name="quitter", command=("sh", "-c", "sleep 1; exit 7"))
 
     async def scenario() -> None:

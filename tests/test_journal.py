@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from berth.cli.main import app
 from berth.errors import Invalid
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
 from berth.node.budget import BudgetLimits, NodeBudget
+from berth.node.config import load_config
 from berth.node.core import NodeCore
 from berth.node.journal import Journal, JournalEntry
 from berth.node.layers import LayerRegistry
@@ -341,3 +344,40 @@ def test_read_record_is_none_for_anything_but_a_json_object(tmp_path: Path) -> N
     assert read_record(path) is None
     path.write_text('{"code": 1}')
     assert read_record(path) == {"code": 1}
+
+
+# -- the orphan grace: a config key and a flag, bounded --------------------------------------
+
+CONFIG = (
+    '[node]\nname = "n1"\n\n[budget]\nmem_max = "1GiB"\ndisk_max = "1GiB"\ncpu_max_load = 1.0\n'
+    'disk_bw_cap = "1GiBps"\ndisk_bw_max_load = 1.0\nnet_bw_cap = "1GiBps"\n'
+    "net_bw_max_load = 1.0\n"
+)
+
+
+@pytest.mark.parametrize("grace", ["0", "-1", "nan", "inf", "3601", "soon"])
+def test_a_bad_orphan_grace_flag_is_one_line_naming_it(tmp_path: Path, grace: str) -> None:
+    config = tmp_path / "n.toml"
+    config.write_text(CONFIG)
+    args = ["agent", "--config", str(config), "--nats", "nats://127.0.0.1:1"]
+    result = CliRunner().invoke(app, [*args, "--orphan-grace", grace])
+    assert result.exit_code == 2, result.output
+    assert "--orphan-grace" in result.output, result.output
+
+
+def test_the_orphan_grace_flag_goes_with_nats(tmp_path: Path) -> None:
+    config = tmp_path / "n.toml"
+    config.write_text(CONFIG)
+    result = CliRunner().invoke(app, ["agent", "--config", str(config), "--orphan-grace", "5"])
+    assert result.exit_code == 2 and "--orphan-grace goes with --nats" in result.output
+
+
+@pytest.mark.parametrize("grace", ["0", "-1", "true", "7200"])
+def test_a_bad_orphan_grace_key_is_invalid_naming_it(tmp_path: Path, grace: str) -> None:
+    config = tmp_path / "n.toml"
+    config.write_text(CONFIG + f"\n[agent]\norphan_grace_s = {grace}\n")
+    with pytest.raises(Invalid) as caught:
+        load_config(config)
+    assert caught.value.field == "agent.orphan_grace_s"
+    config.write_text(CONFIG + "\n[agent]\norphan_grace_s = 2.5\n")
+    assert load_config(config).agent.orphan_grace_s == 2.5

@@ -235,6 +235,11 @@ def _extend_agent(app: typer.Typer) -> None:
         if nats is None or check:
             if state_dir is not None and not check:
                 raise Invalid("--state-dir goes with --nats", field="--state-dir")
+            if orphan_grace is not None and not check:
+                raise Invalid(
+                    "--orphan-grace goes with --nats (or [agent] orphan_grace_s)",
+                    field="--orphan-grace",
+                )
             if len(config) != 1:
                 raise Invalid("give exactly one --config without --nats", field="--config")
             if embedded is None:  # pragma: no cover - berth's app always has one

@@ -297,8 +297,11 @@ class ProcessRuntime:
         if found is None or workload_id in self._taken():
             return None
         pid, ticks = found
+        open_pidfd = getattr(os, "pidfd_open", None)
+        if open_pidfd is None:  # not Linux 5.3+: not adopted; its entry goes, so it ends
+            return None
         try:
-            pidfd = os.pidfd_open(pid)
+            pidfd: int = open_pidfd(pid)
         except OSError:
             return None
         # the pidfd is on whatever process had the pid; it is ours only if it still started

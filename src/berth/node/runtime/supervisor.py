@@ -141,7 +141,18 @@ def start_ticks(pid: int) -> int | None:
 
 
 def alive(pid: int, ticks: int) -> bool:
-    """Whether process ``pid`` runs and is the one that started at ``ticks`` (not a zombie)."""
+    """Whether process ``pid`` runs and is the one that started at ``ticks`` (not a zombie).
+
+    Without ``/proc`` (not Linux) there are no start times (``ticks`` is 0): the bare pid is
+    all there is, and a recycled one would pass — the robust identity is Linux's."""
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
     if start_ticks(pid) != ticks:
         return False
     try:
@@ -177,9 +188,9 @@ def write_owner(path: Path, pid: int | None = None) -> None:
     """Record process ``pid`` (default: this one) as the owner of a state directory."""
     pid = os.getpid() if pid is None else pid
     ticks = start_ticks(pid)
-    if ticks is None:
+    if ticks is None and os.path.isdir("/proc/self"):
         raise OSError(f"process {pid} has no start time in /proc")
-    atomic_write(path, f"{pid} {ticks}\n")
+    atomic_write(path, f"{pid} {ticks or 0}\n")
 
 
 def read_owner(path: Path) -> tuple[int, int] | None:
@@ -225,9 +236,12 @@ class _Supervisor:
 
     def answer(self, message: dict[str, Any]) -> None:
         # The agent may be gone (a broken pipe): the files are what a new one reads.
-        with contextlib.suppress(OSError, ValueError):
+        try:
             sys.stdout.write(json.dumps(message) + "\n")
             sys.stdout.flush()
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):  # no more writes to the dead pipe, nor at exit
+                sys.stdout = open(os.devnull, "w")  # noqa: SIM115
 
     def record(self, path: Path | None, message: dict[str, Any]) -> None:
         if path is None:
@@ -395,8 +409,10 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     supervisor = _Supervisor(order)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:  # not Linux: what the workload daemonises escapes (its group does not)
+        supervisor.say("no prctl here: not a child subreaper")
+    elif prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         supervisor.say(f"cannot become a child subreaper (errno {ctypes.get_errno()})")
     if not supervisor.start():
         return 1

@@ -27,7 +27,7 @@ from berth.node.core import NodeCore
 from berth.node.journal import Journal, JournalEntry
 from berth.node.layers import LayerRegistry
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime, Runtime
-from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record
+from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record, write_owner
 from berth.ownership import Refused
 from berth.store.memory import MemoryStore
 from berth.units import GiB, MiB
@@ -381,3 +381,41 @@ def test_a_bad_orphan_grace_key_is_invalid_naming_it(tmp_path: Path, grace: str)
     assert caught.value.field == "agent.orphan_grace_s"
     config.write_text(CONFIG + "\n[agent]\norphan_grace_s = 2.5\n")
     assert load_config(config).agent.orphan_grace_s == 2.5
+
+
+def test_a_supervisor_whose_journal_entry_is_gone_kills_its_workload(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    async def test() -> None:
+        write_owner(tmp_path / "agent.pid")  # a live agent owns the directory: this process
+        node = core(ProcessRuntime(state_dir=tmp_path, orphan_grace_s=60.0), tmp_path)
+        spawner = BootSpec(name="t", command=("sh", "-c", "setsid sleep 600 & wait"))
+        booted = await node.boot(SPEC, LAYERS, spawner)
+        assert node.journal is not None
+        files = node.journal.files(booted.workload.id)
+        files.entry.unlink()  # as a restarted agent that gave it up would have
+        status = await asyncio.wait_for(booted.workload.wait(), 5)
+        assert status.signal == signal.SIGKILL
+        await asyncio.sleep(0.1)
+        assert _sleepers() == []  # the daemonised one went too
+
+    run(test)
+    said = capfd.readouterr().err
+    assert "its journal entry" in said and "is gone: killing the workload" in said
+
+
+def _sleepers() -> list[int]:
+    """``sleep 600`` processes whose parent is init (what an escaped daemon would be)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            text = Path(f"/proc/{name}/stat").read_bytes()
+        except OSError:
+            continue
+        state = text[text.rfind(b")") + 2 :].split()
+        if cmdline == b"sleep\x00600\x00" and state[0] != b"Z" and state[1] == b"1":
+            found.append(int(name))
+    return found

@@ -23,7 +23,9 @@ from berth.node.runtime import (
     WorkloadExit,
     WorkloadHandle,
 )
-from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
+from berth.node.runtime.port import AdoptingRuntime
+from berth.node.runtime.supervisor import write_owner
+from berth.testing.runtime_contract import AdoptingRuntimeContract, ExitLog, RuntimeContract, run
 from berth.units import MiB
 
 T = TypeVar("T")
@@ -61,6 +63,18 @@ class TestProcessRuntimeContract(RuntimeContract):
 
     async def exit_by_itself(self, runtime: Runtime, code: int) -> WorkloadHandle:
         return await runtime.start(python(f"raise SystemExit({code})"))
+
+
+class TestProcessRuntimeAdoptionContract(AdoptingRuntimeContract):
+    def make_runtime(self, state_dir: Path) -> AdoptingRuntime:
+        write_owner(state_dir / "agent.pid")  # this process owns the directory
+        return ProcessRuntime(state_dir=state_dir, stop_grace_s=0.5)
+
+    def long_running_spec(self) -> BootSpec:
+        return BootSpec(name="sleeper", command=("sleep", "30"))
+
+    def exiting_spec(self, code: int) -> BootSpec:
+        return BootSpec(name="quitter", command=("sh", "-c", f"exit {code}"))
 
 
 class TestFakeRuntimeContract(RuntimeContract):

@@ -16,6 +16,10 @@ The grace case needs a workload that ignores the graceful signal
 why.  Its timing checks are one-sided or loose (a kill never comes *before* the grace; the
 shorter grace kills first; the kill comes within :attr:`RuntimeContract.kill_slack_s` of it),
 so a loaded machine does not fail them.
+
+:class:`AdoptingRuntimeContract` is the suite of a driver whose workloads outlive their agent
+(:class:`~berth.node.runtime.port.AdoptingRuntime`): a restarted agent's runtime adopts a
+running workload, never one that ended or a process that merely has its pid.
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ import asyncio
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
 from berth.errors import BerthError, Invalid
 from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadExit, WorkloadHandle
+from berth.node.runtime.port import AdoptingRuntime
 
-__all__ = ["ExitLog", "RuntimeContract", "run"]
+__all__ = ["AdoptingRuntimeContract", "ExitLog", "RuntimeContract", "run"]
 
 T = TypeVar("T")
 
@@ -265,3 +271,81 @@ class RuntimeContract:
             assert runtime.list() == ()
 
         run(scenario, self.timeout_s + long + self.kill_slack_s)
+
+
+# --- adoption: the contract of a runtime whose workloads outlive their agent -----------------
+
+
+class AdoptingRuntimeContract:
+    """What an :class:`~berth.node.runtime.port.AdoptingRuntime` guarantees: a second runtime
+    on the same state directory (the restarted agent's) adopts a running workload from its
+    locator — a handle that is not done, whose end it reports, that it can stop — and returns
+    ``None`` for one that ended, whose end it can tell (``ended``), or for a locator naming a
+    process that is not the one started (a recycled pid).  Subclasses provide the runtimes.
+    """
+
+    timeout_s: float = 10.0
+
+    def make_runtime(self, state_dir: Path) -> AdoptingRuntime:
+        """A fresh runtime on ``state_dir`` (with a live owner, so nothing is orphaned)."""
+        raise NotImplementedError
+
+    def long_running_spec(self) -> BootSpec:
+        raise NotImplementedError
+
+    def exiting_spec(self, code: int) -> BootSpec:
+        """A workload that exits by itself with status ``code``."""
+        raise NotImplementedError
+
+    def test_a_second_runtime_adopts_a_running_workload_and_can_stop_it(
+        self, tmp_path: Path
+    ) -> None:
+        async def scenario() -> None:
+            first = self.make_runtime(tmp_path)
+            started = await first.start(self.long_running_spec(), workload_id="kept-1")
+            assert started.locator is not None
+            second = self.make_runtime(tmp_path)
+            log = ExitLog()
+            second.on_exit(log)
+            adopted = second.adopt("kept-1", started.spec, started.locator)
+            assert adopted is not None and adopted.id == "kept-1" and not adopted.done
+            assert second.list() == (adopted,)
+            assert second.adopt("kept-1", started.spec, started.locator) is None  # once
+            await second.stop("kept-1", grace_s=1.0)
+            status = await adopted.wait()
+            assert status.stopped and log.ids() == ["kept-1"]
+            await asyncio.wait_for(started.wait(), self.timeout_s)  # the first sees it end too
+
+        run(scenario, self.timeout_s)
+
+    def test_an_ended_workload_is_not_adopted_and_its_end_is_known(self, tmp_path: Path) -> None:
+        async def scenario() -> None:
+            first = self.make_runtime(tmp_path)
+            started = await first.start(self.exiting_spec(5), workload_id="done-1")
+            await started.wait()
+            second = self.make_runtime(tmp_path)
+            assert second.adopt("done-1", started.spec, started.locator) is None
+            assert (second.ended("done-1") or {}).get("code") == 5
+            assert second.list() == ()
+
+        run(scenario, self.timeout_s)
+
+    def test_a_locator_naming_another_process_is_not_adopted(self, tmp_path: Path) -> None:
+        async def scenario() -> None:
+            first = self.make_runtime(tmp_path)
+            started = await first.start(self.long_running_spec(), workload_id="moved-1")
+            assert started.locator is not None
+            # the same pids, other start times: what a recycled pid looks like
+            forged = {
+                key: [value[0], value[1] + 1] if isinstance(value, list) else value
+                for key, value in started.locator.items()
+            }
+            second = self.make_runtime(tmp_path)
+            run_record = Path(tmp_path)  # a driver may keep its own record: hide it
+            for path in run_record.rglob("*.run"):
+                path.unlink()
+            assert second.adopt("moved-1", started.spec, forged) is None
+            assert not started.done  # and the workload it did not adopt is untouched
+            await first.stop("moved-1", grace_s=1.0)
+
+        run(scenario, self.timeout_s)

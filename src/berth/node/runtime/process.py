@@ -17,7 +17,8 @@ has not reaped, or, for an adopted workload, through a pidfd — never a pid tha
 been recycled.
 
 Across the agent's death (issue 20): with a ``state_dir`` each supervisor watches the agent
-named in ``<state_dir>/agent.pid`` and its workload's journal entry, and kills the workload
+named in ``<state_dir>/agent.pid`` and its workload's journal entry (if a journal wrote one
+before the start), and kills the workload
 when no live agent has owned the directory for ``orphan_grace_s`` (or the entry is gone);
 without one it watches the agent that started it.  A restarted agent finds a workload again
 with :meth:`ProcessRuntime.adopt` from the supervisor's ``.run`` record (pid and start time of
@@ -166,6 +167,10 @@ class ProcessRuntime:
         """What the supervisor is told: the command and its limits, whom to watch, where to
         write."""
         files = self.files(workload_id)
+        if files is not None:
+            files.entry.parent.mkdir(parents=True, exist_ok=True)
+        # the entry is watched when there is one (a journal wrote it before this start)
+        watched = files is not None and files.entry.exists()
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -180,7 +185,7 @@ class ProcessRuntime:
             "orphan_grace_s": self.orphan_grace_s,
             "owner": None if files is not None else [me, supervisor.start_ticks(me)],
             "owner_file": None if self.state_dir is None else str(self.state_dir / OWNER_FILE),
-            "entry": None if files is None else str(files.entry),
+            "entry": str(files.entry) if files is not None and watched else None,
             "run_file": None if files is None else str(files.run),
             "exit_file": None if files is None else str(files.exit),
         }

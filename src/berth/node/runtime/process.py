@@ -18,8 +18,8 @@ been recycled.
 
 Across the agent's death (issue 20): with a ``state_dir`` each supervisor watches the agent
 named in ``<state_dir>/agent.pid`` and its workload's journal entry (if a journal wrote one
-before the start), and kills the workload
-when no live agent has owned the directory for ``orphan_grace_s`` (or the entry is gone);
+before the start), and kills the workload when no live agent has owned the directory for
+``orphan_grace_s`` (or the entry is gone);
 without one it watches the agent that started it.  A restarted agent finds a workload again
 with :meth:`ProcessRuntime.adopt` from the supervisor's ``.run`` record (pid and start time of
 both), and reads how one ended from its ``.exit`` record (:meth:`ProcessRuntime.ended`).

@@ -18,6 +18,9 @@ __all__ = [
     "MICROVM_STOP_GRACE_S",
     "NODE_GONE_AFTER_S",
     "ORPHAN_GRACE_S",
+    "RECONCILE_EVERY_S",
+    "RECONCILE_LEASE_TTL_S",
+    "RECONCILE_PENDING_AFTER_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
@@ -63,3 +66,16 @@ workloads."""
 
 MAX_ORPHAN_GRACE_S = 3600.0
 """The longest orphan grace: an hour; a workload must not outlive its node unnoticed."""
+
+RECONCILE_EVERY_S = 5.0
+"""How often the reconciler compares the API's records with the nodes' reports
+(``berth scheduler --reconcile-every``): a ghost is stopped, and a node's report acted on,
+within two of these."""
+
+RECONCILE_LEASE_TTL_S = 15.0
+"""How long a reconciler's lease lasts unrenewed: the longest a dead reconciler keeps another
+from taking over (it renews every third of it)."""
+
+RECONCILE_PENDING_AFTER_S = 2 * RUN_TIMEOUT_S + 10.0
+"""How old a ``pending`` record whose node does not run it must be before the reconciler asks
+the node to run it again (same id: idempotent): by then its create's own attempts are over."""

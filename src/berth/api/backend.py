@@ -517,7 +517,8 @@ class ClusterBackend:
     async def sweep_forever(self, every_s: float = SWEEP_EVERY_S) -> None:
         """:meth:`sweep` every ``every_s`` seconds until cancelled; a sweep that fails (the
         registry unreachable) is logged and the next one tries again.  An interim for the
-        reconciler: every API process sweeps, and the compare-and-sets keep them apart."""
+        reconciler (:mod:`berth.api.reconciler`, which the served API runs instead): every
+        process that runs it sweeps, and the compare-and-sets keep them apart."""
         every_s = INTERVAL_RULE(every_s, "every_s")
         while True:
             await asyncio.sleep(every_s)
@@ -525,6 +526,20 @@ class ClusterBackend:
                 await self.sweep()
             except Exception:
                 log.exception("a sweep of the live workloads failed")
+
+    # -- what the reconciler (berth.api.reconciler) moves records with: the reads' own rules --
+    async def refresh(self, workload: StoredWorkload) -> StoredWorkload:
+        """:meth:`_refresh`: ask the node about a live workload and record what is learnt."""
+        return await self._refresh(workload)
+
+    async def runs(self, workload: StoredWorkload) -> StoredWorkload:
+        """The node reports that it runs ``workload``: :meth:`_runs` (``pending``/``unknown``
+        → ``running`` by compare-and-set; a kept stop delivered)."""
+        return await self._runs(workload)
+
+    async def end(self, workload: StoredWorkload, update: dict[str, object]) -> StoredWorkload:
+        """:meth:`_end`: record a live workload's end and free its identity."""
+        return await self._end(workload, update)
 
     async def _refresh(self, workload: StoredWorkload) -> StoredWorkload:
         """Ask a live workload's node about it and record what is learnt (each change a

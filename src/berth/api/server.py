@@ -35,10 +35,12 @@ from nats.aio.client import Client
 from berth.api.app import create_app
 from berth.api.backend import ClusterBackend
 from berth.api.client import api_file
-from berth.defaults import NODE_GONE_AFTER_S
+from berth.api.reconciler import Reconciler
+from berth.defaults import NODE_GONE_AFTER_S, RECONCILE_EVERY_S, RECONCILE_LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
 from berth.nodeclient.nats import NatsNodes
 from berth.registry.nats import NatsImages, NatsWorkloads
+from berth.registry.nats_lease import NatsLease
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
 from berth.validation import shown
@@ -201,13 +203,16 @@ async def scheduler_api(
     port: int,
     token: str,
     node_gone_after_s: float = NODE_GONE_AFTER_S,
+    reconcile_every_s: float = RECONCILE_EVERY_S,
+    lease_ttl_s: float = RECONCILE_LEASE_TTL_S,
 ) -> AsyncIterator[ApiServer]:
     """The API served beside ``service`` (a running scheduler), on its connection: its
-    replica and node client, the queue group for placements, the API's registries; the live
-    workloads swept every :data:`~berth.api.backend.SWEEP_EVERY_S` (kept stops delivered,
-    gone nodes noticed, with nobody reading).  ``node_gone_after_s``: how long a workload's
-    node stays unreachable before its workloads are ``lost`` (``Invalid`` naming
-    ``node_gone_after`` unless positive)."""
+    replica and node client, the queue group for placements, the API's registries; and the
+    reconciler (:mod:`berth.api.reconciler`) every ``reconcile_every_s``, while this process
+    holds its lease (``berth_leases``, ``lease_ttl_s``): one scheduler service of the cluster
+    reconciles at a time — kept stops delivered, gone nodes noticed, ghosts stopped, with
+    nobody reading.  ``node_gone_after_s``: how long a workload's node stays unreachable
+    before its workloads are ``lost``.  Each interval ``Invalid`` naming it unless positive."""
     nodes = service.scheduler.nodes
     if not isinstance(nodes, NatsNodes):
         raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
@@ -222,8 +227,11 @@ async def scheduler_api(
         images,
         node_gone_after_s=node_gone_after_s,
     )
+    reconciler = Reconciler(backend, every_s=reconcile_every_s)
+    lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
     api = await ApiServer(create_app(backend, token=token), host, port).start()
-    sweeper = asyncio.create_task(backend.sweep_forever(), name="berth api sweep")
+    holder = f"scheduler-{service.id}"
+    sweeper = asyncio.create_task(reconciler.run(lease, holder), name="berth reconciler")
     try:
         yield api
     finally:

@@ -42,6 +42,7 @@ from berth.defaults import (
     LEASE_TTL_S,
     LOCAL_HEARTBEAT_S,
     NODE_GONE_AFTER_S,
+    RECONCILE_EVERY_S,
     SHUTDOWN_GRACE_S,
 )
 from berth.errors import Invalid
@@ -356,6 +357,13 @@ def scheduler(
             "again (with --http)."
         ),
     ] = NODE_GONE_AFTER_S,
+    reconcile_every: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between the reconciler's passes (with --http; one scheduler of "
+            "the cluster reconciles at a time): ghosts are stopped within two of them."
+        ),
+    ] = RECONCILE_EVERY_S,
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
@@ -369,6 +377,7 @@ def scheduler(
         ("--lease-ttl", lease_ttl),
         ("--grace", grace),
         ("--node-gone-after", node_gone_after),
+        ("--reconcile-every", reconcile_every),
     )
     for flag, value in intervals:
         INTERVAL_RULE(value, flag)
@@ -410,6 +419,7 @@ def scheduler(
                             api_token,
                             generated,
                             node_gone_after_s=node_gone_after,
+                            reconcile_every_s=reconcile_every,
                         )
                     await stop.wait()
                     console.print("stopping: finishing in-flight requests", highlight=False)
@@ -428,6 +438,7 @@ async def _serve_api(
     generated: bool,
     *,
     node_gone_after_s: float = NODE_GONE_AFTER_S,
+    reconcile_every_s: float = RECONCILE_EVERY_S,
 ) -> None:
     """The HTTP API beside a running scheduler; a generated token goes to api.json."""
     from berth.api.server import remove_api_file, scheduler_api, write_api_file
@@ -441,6 +452,7 @@ async def _serve_api(
             port=port,
             token=token,
             node_gone_after_s=node_gone_after_s,
+            reconcile_every_s=reconcile_every_s,
         )
     )
     where = ""

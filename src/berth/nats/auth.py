@@ -12,7 +12,8 @@ subscribe allow lists):
 * **a scheduler** may read the node states (JetStream consumers on the nodes bucket, never a
   publish to it), send requests to any node, serve the scheduler subjects and keep the routing
   registry — and, for the HTTP API it may serve, ask the scheduler queue group and keep the
-  API's bucket of workloads and images (``berth_api``);
+  API's bucket of workloads and images (``berth_api``) and the reconciler's lease
+  (``berth_leases``);
 * **a client** (the caller of the placement port, ``berth place``, ``berth routes``) may ask
   the schedulers, bind or release on nodes, and read the routes.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.nats.connection import Credentials
-from berth.nats.names import API_BUCKET, Names
+from berth.nats.names import API_BUCKET, LEASE_BUCKET, Names
 from berth.nats.wire import node_token
 
 __all__ = ["ClusterAuth", "generate"]
@@ -114,6 +115,9 @@ class ClusterAuth:
             f"{s.scheduler_prefix}.*",
             f"$KV.{API_BUCKET}.>",
             *self._js(API_BUCKET, read=True),
+            # the one reconciler at a time: its lease (berth.registry.nats_lease)
+            f"$KV.{LEASE_BUCKET}.>",
+            *self._js(LEASE_BUCKET, read=True),
         ]
         subscribe = [f"{s.scheduler_prefix}.*", f"{self.scheduler.inbox_prefix}.>"]
         return {"publish": publish, "subscribe": subscribe, "allow_responses": True}

@@ -1,6 +1,7 @@
 """Where a berth cluster lives on a NATS server: its two buckets and its subject prefixes.
 
-One value names them all, so the services, the permissions ``berth up`` writes
+One value names them all (the API's two buckets, ``berth_api`` and ``berth_leases``, are
+not namespaced: one API per server), so the services, the permissions ``berth up`` writes
 (:mod:`berth.nats.auth`) and the tests agree; :meth:`Names.namespaced` gives a cluster
 names of its own, so several share one server (tests, the benchmark).
 """
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "API_BUCKET",
+    "LEASE_BUCKET",
     "NODES_BUCKET",
     "NODE_PREFIX",
     "ROUTES_BUCKET",
@@ -21,6 +23,9 @@ __all__ = [
 NODES_BUCKET = "berth_nodes"  # every node's NodeState (berth.store.nats)
 ROUTES_BUCKET = "berth_routes"  # which node holds each workload (berth.registry.nats_routes)
 API_BUCKET = "berth_api"  # the API's workloads, images and identity claims (berth.registry)
+LEASE_BUCKET = (
+    "berth_leases"  # who does a cluster-wide job now, e.g. reconcile (registry.nats_lease)
+)
 NODE_PREFIX = "berth.node"  # berth.node.<node>.<operation> (berth.nodeclient.nats_server)
 SCHEDULER_PREFIX = "berth.scheduler"  # the placement port's queue group (scheduler.nats_server)
 

@@ -77,6 +77,9 @@ class AgentNodes:
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         return self.agent(node).status(workload_id)
 
+    async def running(self, node: str) -> tuple[str, ...]:
+        return tuple(sorted(self.agent(node).workloads()))
+
     async def cordon(self, node: str) -> bool:
         return self.agent(node).cordon(True)
 

@@ -102,6 +102,10 @@ class FaultyNodes:
         self._reach(node)
         return await self._nodes.status(node, workload_id)
 
+    async def running(self, node: str) -> tuple[str, ...]:
+        self._reach(node)
+        return await self._nodes.running(node)
+
     async def cordon(self, node: str) -> bool:
         self._reach(node)
         return await self._nodes.cordon(node)

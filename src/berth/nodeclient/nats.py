@@ -58,6 +58,7 @@ from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
+from berth.validation import shown
 
 __all__ = ["NatsNodes"]
 
@@ -172,6 +173,12 @@ class NatsNodes:
             return WorkloadStatus.from_dict(value)
         except Invalid as error:
             raise BadReply(f"node {node} answered status with {value!r}: {error}") from None
+
+    async def running(self, node: str) -> tuple[str, ...]:
+        value = await self._call(node, "running", {})
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise BadReply(f"node {node} answered running with {shown(value)}: expected ids")
+        return tuple(sorted(value))
 
     async def cordon(self, node: str) -> bool:
         return bool(await self._call(node, "cordon", {}))

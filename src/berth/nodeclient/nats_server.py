@@ -1,7 +1,7 @@
 """The node's side of admission over NATS: one agent's responder on its own subjects.
 
 A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop`` (and
-``status``, ``cordon``, ``uncordon``) by calling the agent's own methods — ``admit``,
+``status``, ``running``, ``cordon``, ``uncordon``) by calling the agent's own methods — ``admit``,
 ``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the in-process driver
 calls, so the network adds transport and nothing else.  Its table of operations is the node
 protocol: each operation's request fields (``spec``, ``lease_ttl_s``, ``platforms``,
@@ -119,6 +119,7 @@ class NodeServer:
             "run": Operation(_read_run, self._run),
             "stop": Operation(_read_stop, self._stop),
             "status": Operation(_workload_id, self._status),
+            "running": Operation(no_fields, self._running),
             "cordon": Operation(no_fields, self._cordon),
             "uncordon": Operation(no_fields, self._uncordon),
         }
@@ -229,6 +230,9 @@ class NodeServer:
 
     async def _status(self, workload_id: str) -> dict[str, Any]:
         return self.agent.status(workload_id).to_dict()
+
+    async def _running(self, _: None) -> list[str]:
+        return sorted(self.agent.workloads())
 
     async def _cordon(self, _: None) -> bool:
         return self.agent.cordon(True)

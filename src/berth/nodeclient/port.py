@@ -4,7 +4,8 @@ A scheduler that has ranked the candidates confirms on the chosen node.  Over a 
 cannot hand the node a live owner object, so confirmation is two steps: ``admit`` reserves
 under a *lease* that expires unless it is ``bind``-ed to the workload (or ``release``-d) in
 time; an unbound lease simply runs out and frees what it held.  ``try_run``, ``stop`` and
-``status`` (the node agent's part) extend this port as :class:`AgentClient`.  Node
+``status`` (the node agent's part), and ``running`` (the ids of every workload the node runs:
+what a reconciler compares the API's records with) extend this port as :class:`AgentClient`.  Node
 maintenance — ``cordon`` and ``uncordon`` — is :class:`NodeMaintenance`, which every driver
 in this repository implements (an agent client always does): a cordoned node refuses every
 new admission (``cordoned``, the check of :data:`berth.checks.CHECKS`), advertises
@@ -119,4 +120,11 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         """Whether ``workload_id`` runs on ``node``, ended there (and how), or is unknown."""
+        ...
+
+    async def running(self, node: str) -> tuple[str, ...]:
+        """The ids of every workload ``node`` runs now (booted and not yet ended), sorted: the
+        node's own report, which a reconciler compares the API's records with.  A workload
+        whose boot is still under way is not in it.  ``Unavailable`` when the node cannot be
+        reached (the report is then unknown, never empty)."""
         ...

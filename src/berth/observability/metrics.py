@@ -25,6 +25,19 @@ embedded cluster) never share or collide — and the instruments the scheduler's
                                              whole queue group behind it: ``unavailable`` when no
                                              scheduler answered, ``refused`` when the node
                                              refused the boot)
+``berth_reconciler_transitions_total`` counter the reconciler's compare-and-sets on workload
+                                             records by ``transition`` (``pending_running``,
+                                             ``running_unknown``, ``running_exited`` …, and
+                                             ``pending_retried``) and ``outcome``: ``applied``,
+                                             or ``raced`` (another writer moved it first)
+``berth_reconciler_ghosts_stopped_total`` counter workloads a node ran that no live record
+                                             names, stopped by the reconciler, by ``why``:
+                                             ``unrecorded`` (no record at all) or ``ended``
+                                             (the record says it ended)
+``berth_reconciler_adoptions_total`` counter a ``pending`` record whose node reports it running,
+                                             taken as ``running`` by the reconciler
+``berth_reconciler_passes_total``  counter   reconciler passes by ``outcome`` (``done``,
+                                             ``failed``); only the lease holder's count
 ``berth_nodes``                    gauge     nodes in the scheduler's view by ``state``:
                                              ``ready``, ``cordoned``, ``stale`` (see below)
 ``berth_reservations``             gauge     ``state="assumed"``: reservations this scheduler
@@ -184,6 +197,29 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
+        self.reconciler_transitions = Counter(
+            "berth_reconciler_transitions",
+            "The reconciler's compare-and-sets on workload records, by transition and outcome.",
+            ["transition", "outcome"],
+            registry=registry,
+        )
+        self.reconciler_ghosts = Counter(
+            "berth_reconciler_ghosts_stopped",
+            "Workloads a node ran that no live record names, stopped by the reconciler.",
+            ["why"],
+            registry=registry,
+        )
+        self.reconciler_adoptions = Counter(
+            "berth_reconciler_adoptions",
+            "Pending records whose node reports them running, taken as running.",
+            registry=registry,
+        )
+        self.reconciler_passes = Counter(
+            "berth_reconciler_passes",
+            "Reconciler passes of the lease holder, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
         self._outcomes = {outcome: self.placements.labels(outcome) for outcome in OUTCOMES}
         self._api = {outcome: self.api_placements.labels(outcome) for outcome in API_OUTCOMES}
         self._reasons: dict[str, Counter] = {}
@@ -205,6 +241,21 @@ class Metrics:
         """An API placement request ended in ``outcome`` (one of :data:`API_OUTCOMES`; any
         other word counts as ``error``)."""
         self._api.get(outcome, self._api["error"]).inc()
+
+    def reconciled(self, transition: str, applied: bool) -> None:
+        """The reconciler compare-and-set a record through ``transition`` (``from_to``, of
+        the bounded set of workload states); ``applied`` False when another writer won."""
+        self.reconciler_transitions.labels(transition, "applied" if applied else "raced").inc()
+
+    def ghost_stopped(self, why: str) -> None:
+        """The reconciler stopped a workload no live record names (``unrecorded``/``ended``)."""
+        self.reconciler_ghosts.labels(why).inc()
+
+    def adopted(self) -> None:
+        self.reconciler_adoptions.inc()
+
+    def reconciler_pass(self, done: bool) -> None:
+        self.reconciler_passes.labels("done" if done else "failed").inc()
 
     def ranked(self, seconds: float, rerank: bool) -> None:
         """One ranking took ``seconds``; ``rerank`` when it was not the decision's first."""

@@ -3,7 +3,8 @@
 In-process drivers of the four registry ports (:mod:`berth.registry.port`):
 :class:`MemoryWorkloads` (with its :class:`MemoryClaims`) and :class:`MemoryImages` are the
 rules of :mod:`berth.registry.documents` over :class:`MemoryDocuments`; :class:`MemoryRoutes`
-keeps routes in a dictionary and delivers every change to its followers as it is made.
+keeps routes in a dictionary and delivers every change to its followers as it is made;
+:class:`MemoryLease` is a holder and its deadline on an injected clock.
 Every one of them passes :mod:`berth.testing.registry_contract`, as the NATS drivers do.
 
 One event loop owns a registry: its atomic steps are atomic because nothing awaits inside
@@ -25,7 +26,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
-from berth.model import Placement, Spec
+from berth.model import INTERVAL_RULE, Placement, Spec
 from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
 from berth.registry.port import Claim, Image, Route, RouteEvent, RouteListener, StoredWorkload
 
@@ -33,6 +34,7 @@ __all__ = [
     "MemoryClaims",
     "MemoryDocuments",
     "MemoryImages",
+    "MemoryLease",
     "MemoryRouteWatch",
     "MemoryRoutes",
     "MemoryWorkloads",
@@ -239,3 +241,35 @@ class MemoryRouteWatch:
     async def stop(self) -> None:
         with contextlib.suppress(ValueError):
             self.routes._watches.remove(self)
+
+
+class MemoryLease:
+    """:class:`~berth.registry.port.Lease` in this process: the holder and its deadline,
+    judged by ``clock`` (a :class:`~berth.testing.clock.FakeClock` in tests).  Shared by the
+    contenders of one process (the embedded API's reconcilers, tests)."""
+
+    def __init__(self, ttl_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl_s = INTERVAL_RULE(ttl_s, "ttl_s")
+        self.clock = clock
+        self._holder: str | None = None
+        self._until = 0.0
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
+
+    @property
+    def holder(self) -> str | None:
+        """Who holds it now (``None``: nobody, or an expired holder)."""
+        return self._holder if self.clock() < self._until else None
+
+    async def hold(self, holder: str) -> bool:
+        now = self.clock()
+        if self._holder != holder and now < self._until:
+            return False
+        self._holder, self._until = holder, now + self._ttl_s
+        return True
+
+    async def release(self, holder: str) -> None:
+        if self._holder == holder:
+            self._holder, self._until = None, 0.0

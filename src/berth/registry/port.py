@@ -34,6 +34,10 @@ and one contract suite both pass (:mod:`berth.testing.registry_contract`):
 * :class:`ImageRegistry` — named images as layer chains with sizes (:class:`Image`), so a
   request can name one; values are checked before they reach it
   (:func:`berth.registry.images.image_of`).
+* :class:`Lease` — **one holder at a time** of a cluster-wide job (the reconciler): taken
+  create-if-absent, kept by renewing it before its TTL runs out (a compare-and-set on what
+  the holder last wrote), lost by a holder that fails to renew in time — which then stops
+  acting — and taken by another once it has expired.
 * :class:`RouteRegistry` — which node holds each placed workload (:class:`Route`), written by
   the scheduler that confirmed it, removed when the workload ends, purged for a node that
   leaves; followed by every scheduler (:meth:`RouteRegistry.follow`) to count the replicas the
@@ -69,6 +73,7 @@ __all__ = [
     "Image",
     "ImageLayer",
     "ImageRegistry",
+    "Lease",
     "Route",
     "RouteEvent",
     "RouteListener",
@@ -236,6 +241,28 @@ class IdentityClaims(Protocol):
 
     async def release(self, identity: str, workload_id: str) -> None:
         """Give ``identity`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        ...
+
+
+# -- leases ----------------------------------------------------------------------------------
+class Lease(Protocol):
+    """One holder at a time of one named job (see the module docstring).  ``ttl_s`` is how
+    long a holder keeps it without renewing; a holder renews well within it (a third)."""
+
+    @property
+    def ttl_s(self) -> float: ...
+
+    async def hold(self, holder: str) -> bool:
+        """Take the lease for ``holder`` if nobody holds it, or renew it if ``holder`` does;
+        whether ``holder`` holds it now (for ``ttl_s`` from this call).  ``False`` when another
+        holder's lease has not expired — including after ``holder`` failed to renew in time
+        and another took it.  ``Unavailable`` when the store cannot be asked: the caller
+        then acts as if it did not hold it."""
+        ...
+
+    async def release(self, holder: str) -> None:
+        """Give the lease up if ``holder`` holds it (a stopping service: another takes over at
+        once instead of after the TTL); harmless otherwise."""
         ...
 
 

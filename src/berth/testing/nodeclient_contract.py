@@ -39,6 +39,9 @@ port alone (room on a node is probed by admitting a spec that fills it):
 * (drivers whose nodes run workloads) a ``try_run`` with a ``workload_id`` boots under that
   id, and is idempotent by it: retried — one after the other, or two at once — it boots once
   and holds one reservation;
+* (drivers whose nodes run workloads) ``running`` reports exactly the ids the node runs,
+  sorted: a booted id appears, a stopped one leaves, another node's never shows; an unknown
+  node is ``Unavailable`` (never an empty report);
 * (drivers whose nodes run workloads) a stop whose ``grace_s`` is not a finite number from 0
   to an hour is ``Invalid`` naming ``grace_s`` and stops nothing; with a grace it stops;
 * node maintenance (drivers implementing :class:`~berth.nodeclient.port.NodeMaintenance`;
@@ -416,6 +419,32 @@ class NodeClientContract:
             await self._assert_free(nodes, shape)
 
         self._run([shape], check)
+
+    def test_running_reports_exactly_the_ids_the_node_runs(self) -> None:
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+        shapes = [NodeShape("n1", mem=256 * MiB), NodeShape("n2", mem=256 * MiB)]
+
+        async def check(nodes: NodeClient) -> None:
+            agents = cast(AgentClient, nodes)
+            assert await agents.running("n1") == ()
+            ids = ["w-00000000002b", "w-00000000001a"]
+            for workload_id in ids:
+                assert (
+                    await self._run_by_id(nodes, "n1", workload_id, 32 * MiB, None) == workload_id
+                )
+            other = await self._run_by_id(nodes, "n2", "w-00000000003c", 32 * MiB, None)
+            assert await agents.running("n1") == tuple(sorted(ids))
+            assert await agents.running("n2") == (other,)
+            await agents.stop("n1", ids[0], grace_s=0.0)
+            assert await agents.running("n1") == (ids[1],)
+            with pytest.raises(Unavailable):
+                await agents.running("ghost")
+            for node, workload_id in (("n1", ids[1]), ("n2", other)):
+                await agents.stop(node, workload_id, grace_s=0.0)
+            assert await agents.running("n1") == ()
+
+        self._run(shapes, check)
 
     # -- failures of the call ----------------------------------------------------------------
     def test_unknown_node_is_unavailable(self) -> None:

@@ -1,0 +1,281 @@
+"""The reconciler: the API's records compared with what the nodes report, and converged.
+
+The API records a workload (``pending``) before its node is asked to run it, and the nodes are
+the authority on what runs.  Each pass of :class:`Reconciler` lists the records, asks every
+node in the schedulers' view which workload ids it runs
+(:meth:`~berth.nodeclient.port.AgentClient.running`, one small request per node), and moves
+each record towards what the node says — every change a compare-and-set on the record
+(:meth:`~berth.registry.port.WorkloadRegistry.transition`), logged and counted in
+``/metrics`` (:mod:`berth.observability.metrics`, ``berth_reconciler_*``):
+
+* **the node runs it** — a ``pending`` record is *adopted* (``running``); an ``unknown`` one
+  is ``running`` again; a stop kept on the record is delivered;
+* **the node answers but does not run it** — a ``running`` or ``unknown`` record is ended
+  with what is known (the node's ``status``: its exit code, stopped, or ``failed`` when the
+  node never heard of it); a ``pending`` one younger than ``pending_after_s`` is left alone
+  (its create is still asking), older it is **retried** under the same id (the node runs an
+  id once) — ``running`` if the node now runs it, ``failed`` with the node's reason if it
+  refuses — and after :data:`~berth.registry.port.CLAIM_PENDING_S` it is ended ``failed``;
+  a kept stop on a pending record that never ran ends it ``stopped``;
+* **the node does not answer** (or left the view) — what the API's reads do: ``running`` →
+  ``unknown``; after ``node_gone_after`` → ``lost`` (and a restartable one placed again);
+* **a ghost** — an id a node runs that no live record names, seen so for at least one period
+  (a create between recording its intent and the run is never taken for one: the record is
+  read again before acting), is stopped and counted (``why``: ``unrecorded`` — no record at
+  all — or ``ended`` — its record says it ended, e.g. ``lost`` while it ran on).
+
+**One at a time.**  :meth:`Reconciler.run` acts only while it holds a
+:class:`~berth.registry.port.Lease` (a KV key with a TTL on NATS, :mod:`berth.registry.nats_lease`):
+it renews every third of the TTL, a pass is cut off before the TTL could run out under it,
+and a holder that fails to renew stops acting — another scheduler service takes over once
+the lease expired.  The compare-and-sets keep two overlapping passes (a holder paused past its
+TTL) from overwriting each other; the lease keeps the work, and the ghost stops, to one.
+
+What it is not: the API's reads (:class:`~berth.api.backend.ClusterBackend` refreshes what it
+answers by itself, with the same rules), nor a restart policy (issue 20's part 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from berth.api.backend import STATUS_TIMEOUT_S, ClusterBackend
+from berth.boot import BootSpec
+from berth.defaults import RECONCILE_EVERY_S, RECONCILE_PENDING_AFTER_S
+from berth.errors import Invalid, Unavailable
+from berth.model import INTERVAL_RULE, Request
+from berth.observability.metrics import Metrics
+from berth.ownership import Refused
+from berth.registry.port import CLAIM_PENDING_S, ENDED_STATES, LIVE_STATES, Lease, StoredWorkload
+
+__all__ = ["PassReport", "Reconciler"]
+
+log = logging.getLogger("berth.reconciler")
+
+
+@dataclass
+class PassReport:
+    """What one pass saw and did."""
+
+    records: int = 0
+    nodes_asked: int = 0
+    nodes_unanswered: int = 0
+    transitions: dict[str, int] = field(default_factory=dict)
+    adopted: int = 0
+    retried: int = 0
+    ghosts_stopped: int = 0
+    ghosts_seen: int = 0
+    seconds: float = 0.0
+
+
+class Reconciler:
+    """Converges the API's records with the nodes' reports (see the module docstring)."""
+
+    def __init__(
+        self,
+        backend: ClusterBackend,
+        *,
+        every_s: float = RECONCILE_EVERY_S,
+        pending_after_s: float = RECONCILE_PENDING_AFTER_S,
+        monotonic: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.backend = backend
+        self.metrics = backend.scheduler.metrics if metrics is None else metrics
+        """Where passes, transitions, ghosts and adoptions are counted (the scheduler's)."""
+        self.every_s = INTERVAL_RULE(every_s, "reconcile_every")
+        self.pending_after_s = INTERVAL_RULE(pending_after_s, "pending_after_s")
+        self.monotonic = monotonic
+        self.passes = 0
+        """Passes this reconciler completed (only while holding the lease, under :meth:`run`)."""
+        self._unrecorded: dict[tuple[str, str], float] = {}
+        """Ids a node ran that no live record named: since when (``monotonic``)."""
+
+    # -- one pass ----------------------------------------------------------------------------
+    async def reconcile(self, *, acting: Callable[[], bool] = lambda: True) -> PassReport:
+        """One pass over every record and every node in the schedulers' view.  ``acting``
+        is asked before each ghost is stopped (the lease still held)."""
+        started = self.monotonic()
+        report = PassReport()
+        backend = self.backend
+        records = await backend.workloads.list()
+        report.records = len(records)
+        nodes = sorted(backend.scheduler.states())
+        answers = await asyncio.gather(*(self._report(node) for node in nodes))
+        reports = {node: ids for node, ids in zip(nodes, answers, strict=True) if ids is not None}
+        report.nodes_asked = len(nodes)
+        report.nodes_unanswered = len(nodes) - len(reports)
+        live = [record for record in records if record.state in LIVE_STATES]
+        await asyncio.gather(*(self._converge(r, reports.get(r.node), report) for r in live))
+        named = {(r.node, r.node_workload_id) for r in records if r.state in LIVE_STATES}
+        await self._ghosts(reports, named, report, acting)
+        report.seconds = self.monotonic() - started
+        self.passes += 1
+        return report
+
+    async def _report(self, node: str) -> frozenset[str] | None:
+        try:
+            return frozenset(
+                await asyncio.wait_for(self.backend.nodes.running(node), STATUS_TIMEOUT_S)
+            )
+        except (Unavailable, TimeoutError) as error:
+            log.info("node %s did not report its workloads: %s", node, error)
+            return None
+
+    def _count(self, report: PassReport, transition: str, applied: bool) -> None:
+        if applied:
+            report.transitions[transition] = report.transitions.get(transition, 0) + 1
+        if self.metrics is not None:
+            self.metrics.reconciled(transition, applied)
+
+    async def _converge(
+        self, record: StoredWorkload, runs: frozenset[str] | None, report: PassReport
+    ) -> None:
+        before = record.state
+        try:
+            if runs is not None and record.node_workload_id in runs:
+                after = await self.backend.runs(record)
+                if before == "pending" and after.state != "pending":
+                    report.adopted += 1
+                    if self.metrics is not None:
+                        self.metrics.adopted()
+                    log.info("adopted %s: %s runs it", record.id, record.node)
+            elif runs is not None and before == "pending":
+                after = await self._pending_not_run(record, report)
+            else:
+                after = await self.backend.refresh(record)
+        except (Unavailable, Refused, Invalid) as error:
+            log.warning("reconciling %s: %s", record.id, error)
+            return
+        if after.state != before:
+            self._count(report, f"{before}_{after.state}", True)
+            log.info("%s: %s -> %s (%s)", record.id, before, after.state, after.detail)
+
+    async def _pending_not_run(self, record: StoredWorkload, report: PassReport) -> StoredWorkload:
+        """A ``pending`` record its (answering) node does not run: wait, retry, or end it."""
+        age_s = self.backend.clock() - record.created_at
+        if age_s < self.pending_after_s:
+            return record  # its create is still asking the node
+        if record.stop_requested:
+            update: dict[str, object] = {
+                "state": "stopped",
+                "detail": "stopped before it ever ran",
+            }
+            return await self.backend.end(record, update)
+        if age_s >= CLAIM_PENDING_S:
+            return await self.backend.refresh(record)  # never ran: ended failed with why
+        request = Request.from_dict(record.request)
+        assert request.spec is not None  # a record is created only with a spec
+        boot = BootSpec(
+            name=record.id, command=tuple(record.command), env=record.env, image=record.image
+        )
+        report.retried += 1
+        self._count(report, "pending_retried", True)
+        try:
+            await self.backend.nodes.try_run(
+                record.node,
+                request.spec,
+                request.layers,
+                boot,
+                request.platforms,
+                workload_id=record.node_workload_id,
+            )
+        except (Refused, Invalid) as error:
+            update = {
+                "state": "failed",
+                "detail": f"never ran: retried on {record.node} {age_s:.0f}s after its "
+                f"create, refused: {error}",
+            }
+            return await self.backend.end(record, update)
+        log.info("retried the run of %s on %s: it runs", record.id, record.node)
+        return await self.backend.runs(record)
+
+    async def _ghosts(
+        self,
+        reports: dict[str, frozenset[str]],
+        named: set[tuple[str, str]],
+        report: PassReport,
+        acting: Callable[[], bool],
+    ) -> None:
+        """Stop what nodes run that no live record names, once seen so for a period."""
+        now = self.monotonic()
+        seen = {(node, wid) for node, ids in reports.items() for wid in ids} - named
+        for key in list(self._unrecorded):
+            if key not in seen:
+                del self._unrecorded[key]
+        report.ghosts_seen = len(seen)
+        for node, workload_id in sorted(seen):
+            first = self._unrecorded.setdefault((node, workload_id), now)
+            if now - first < self.every_s or not acting():
+                continue
+            record = await self.backend.workloads.get(workload_id)
+            if record is not None and record.state in LIVE_STATES and record.node == node:
+                del self._unrecorded[(node, workload_id)]
+                continue  # recorded since the list was read: a create in flight
+            why = "ended" if record is not None and record.state in ENDED_STATES else "unrecorded"
+            try:
+                await self.backend.nodes.stop(node, workload_id)
+            except (Unavailable, Refused) as error:
+                log.warning("could not stop ghost %s on %s: %s", workload_id, node, error)
+                continue
+            del self._unrecorded[(node, workload_id)]
+            report.ghosts_stopped += 1
+            if self.metrics is not None:
+                self.metrics.ghost_stopped(why)
+            log.warning(
+                "stopped ghost %s on %s (%s)",
+                workload_id,
+                node,
+                "no record names it"
+                if why == "unrecorded"
+                else f"its record is {record and record.state}",
+            )
+
+    # -- one at a time -----------------------------------------------------------------------
+    async def run(self, lease: Lease, holder: str) -> None:
+        """Reconcile every ``every_s`` while holding ``lease`` as ``holder``, until cancelled
+        (then the lease is given up).  Renewed every third of its TTL; a pass is cut off at two
+        thirds of it, so it never acts on a lease that could have expired."""
+        tick_s = min(self.every_s, lease.ttl_s / 3)
+        last_pass = -math.inf
+        held_until = -math.inf
+        try:
+            while True:
+                try:
+                    held = await lease.hold(holder)
+                except Unavailable as error:
+                    log.warning("the reconciler lease could not be renewed: %s", error)
+                    held = False
+                now = self.monotonic()
+                if held:
+                    held_until = now + lease.ttl_s * 2 / 3
+                else:
+                    self._unrecorded.clear()  # another holder acts: start afresh if it returns
+                if held and now - last_pass >= self.every_s:
+                    last_pass = now
+                    await self._bounded_pass(held_until)
+                await asyncio.sleep(tick_s)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(lease.release(holder))
+
+    async def _bounded_pass(self, held_until: float) -> None:
+        metrics = self.metrics
+        try:
+            await asyncio.wait_for(
+                self.reconcile(acting=lambda: self.monotonic() < held_until),
+                max(held_until - self.monotonic(), 0.001),
+            )
+        except Exception:
+            log.exception("a reconciler pass failed")
+            if metrics is not None:
+                metrics.reconciler_pass(False)
+            return
+        if metrics is not None:
+            metrics.reconciler_pass(True)

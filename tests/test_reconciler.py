@@ -1,0 +1,304 @@
+"""The reconciler in this process: the embedded cluster's agents (real process workloads), the
+API's in-memory registries, the agents reached through
+:class:`~berth.nodeclient.faults.FaultyNodes` — and every check reads the registry or the
+agent itself, never through the API (whose reads would refresh the records themselves).
+
+Each rule of :mod:`berth.api.reconciler` is shown: a pending record whose node runs it is
+adopted; one never run is retried under its id after its deadline, or failed with the
+node's reason; a running record whose node no longer runs it is ended with its exit status;
+an unreachable node's workload goes ``unknown`` and back, its kept stop delivered; a ghost is
+stopped only once seen for a period and never while a record names it; and of two
+reconcilers sharing a lease exactly one acts, the other taking over when it stops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from api_helpers import eventually
+from berth.api.backend import RUN_ATTEMPTS, ClusterBackend
+from berth.api.reconciler import Reconciler
+from berth.api.schemas import Workload
+from berth.api.testing import ApiUnderTest, embedded_api
+from berth.boot import BootSpec
+from berth.embedded import EmbeddedCluster
+from berth.errors import Invalid
+from berth.model import Request, Spec
+from berth.nodeclient.faults import FaultyNodes
+from berth.observability.metrics import Metrics
+from berth.registry.memory import MemoryLease
+from berth.registry.port import StoredWorkload
+from berth.testing.clock import FakeClock
+from berth.units import MiB
+
+pytestmark = pytest.mark.anyio
+
+PERIOD_S = 5.0
+
+
+@asynccontextmanager
+async def reconciled(
+    clock: FakeClock | None = None, **options: Any
+) -> AsyncIterator[
+    tuple[ApiUnderTest, httpx.AsyncClient, FaultyNodes, Reconciler, FakeClock, Metrics]
+]:
+    """An embedded API, its faults, and a reconciler over its backend (``monotonic`` a fake
+    clock the test moves; the backend's wall clock ``clock`` when given)."""
+    monotonic = FakeClock()
+    if clock is not None:
+        options["clock"] = clock
+    async with embedded_api(3, **options) as under_test, under_test.client() as api:
+        assert under_test.faults is not None and under_test.backend is not None
+        metrics = Metrics()
+        reconciler = Reconciler(
+            under_test.backend, every_s=PERIOD_S, monotonic=monotonic, metrics=metrics
+        )
+        yield under_test, api, under_test.faults, reconciler, monotonic, metrics
+
+
+async def create(api: httpx.AsyncClient, name: str = "job", **fields: Any) -> httpx.Response:
+    body = {"name": name, "type": "micro", "command": ["sleep", "60"], **fields}
+    return await api.post("/v1/workloads", json=body)
+
+
+async def created(api: httpx.AsyncClient, name: str = "job", **fields: Any) -> Workload:
+    response = await create(api, name, **fields)
+    assert response.status_code == 201, response.text
+    return Workload.model_validate(response.json())
+
+
+async def stored(backend: ClusterBackend, workload_id: str) -> StoredWorkload:
+    record = await backend.workloads.get(workload_id)
+    assert record is not None
+    return record
+
+
+def cluster_of(under_test: ApiUnderTest) -> EmbeddedCluster:
+    assert under_test.cluster is not None
+    return under_test.cluster
+
+
+def backend_of(under_test: ApiUnderTest) -> ClusterBackend:
+    assert under_test.backend is not None
+    return under_test.backend
+
+
+def on_node(under_test: ApiUnderTest, node: str, workload_id: str) -> str:
+    return cluster_of(under_test).agents[node].status(workload_id).state
+
+
+def counted(metrics: Metrics, name: str, **labels: str) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def boot_behind_the_api(under_test: ApiUnderTest, node: str, workload_id: str) -> None:
+    """What a scheduler that died between the run and the record leaves: a workload running
+    on ``node`` under ``workload_id`` that no record names."""
+    cluster = cluster_of(under_test)
+    boot = BootSpec(name=workload_id, command=("sleep", "60"))
+    spec = Spec(vcpus=0.1, mem=16 * MiB, disk=MiB)
+    await cluster.client.try_run(node, spec, [], boot, workload_id=workload_id)
+    assert on_node(under_test, node, workload_id) == "running"
+
+
+async def test_a_pending_record_whose_node_runs_it_is_adopted() -> None:
+    async with reconciled() as (under_test, api, faults, reconciler, _, metrics):
+        faults.lose_run_answers(RUN_ATTEMPTS)  # the node boots it; the API never hears so
+        response = await create(api)
+        assert response.status_code == 503, response.text
+        (record,) = await backend_of(under_test).workloads.list()
+        assert record.state == "pending"
+        assert on_node(under_test, record.node, record.id) == "running"
+        report = await reconciler.reconcile()
+        assert report.adopted == 1 and report.ghosts_stopped == 0
+        assert (await stored(backend_of(under_test), record.id)).state == "running"
+        assert counted(metrics, "berth_reconciler_adoptions_total") == 1
+        transition = {"transition": "pending_running", "outcome": "applied"}
+        assert counted(metrics, "berth_reconciler_transitions_total", **transition) == 1
+        assert (await reconciler.reconcile()).transitions == {}  # converged: nothing more
+
+
+async def test_a_pending_record_never_run_is_retried_after_its_deadline() -> None:
+    clock = FakeClock()
+    async with reconciled(clock) as (under_test, api, faults, reconciler, _, _metrics):
+        backend = backend_of(under_test)
+        node = sorted(cluster_of(under_test).agents)[0]
+        for other in cluster_of(under_test).agents:
+            if other != node:
+                await cluster_of(under_test).client.cordon(other)
+        await eventually(lambda: _cordoned_seen(backend, node))
+        faults.cut(node)  # the run never reaches the node
+        response = await create(api)
+        assert response.status_code == 503, response.text
+        (record,) = await backend.workloads.list()
+        assert record.state == "pending" and on_node(under_test, node, record.id) == "unknown"
+        faults.heal(node)
+        await reconciler.reconcile()  # its create may still be asking: left alone
+        assert (await stored(backend, record.id)).state == "pending"
+        assert (node, record.id) not in faults.runs[-1:]
+        clock.advance(reconciler.pending_after_s)
+        report = await reconciler.reconcile()
+        assert report.retried == 1
+        assert faults.runs[-1] == (node, record.id)  # the same id: the node boots it once
+        assert (await stored(backend, record.id)).state == "running"
+        assert on_node(under_test, node, record.id) == "running"
+
+
+async def _cordoned_seen(backend: ClusterBackend, node: str) -> bool:
+    states = backend.scheduler.states()
+    return all(state.cordoned for name, state in states.items() if name != node)
+
+
+async def test_a_retried_run_the_node_refuses_ends_failed_with_its_reason() -> None:
+    clock = FakeClock()
+    async with reconciled(clock) as (under_test, api, faults, reconciler, _, _metrics):
+        backend = backend_of(under_test)
+        cluster = cluster_of(under_test)
+        node = sorted(cluster.agents)[0]
+        for other in cluster.agents:
+            if other != node:
+                await cluster.client.cordon(other)
+        await eventually(lambda: _cordoned_seen(backend, node))
+        faults.cut(node)
+        assert (await create(api)).status_code == 503
+        (record,) = await backend.workloads.list()
+        faults.heal(node)
+        await cluster.client.cordon(node)  # the retry is refused at the node's admission
+        clock.advance(reconciler.pending_after_s)
+        report = await reconciler.reconcile()
+        assert report.retried == 1
+        failed = await stored(backend, record.id)
+        assert failed.state == "failed", failed
+        assert "never ran" in (failed.detail or "") and "cordoned" in (failed.detail or "")
+        identity = Request.from_dict(failed.request).key
+        assert await backend.workloads.claims.holder(identity) is None  # the identity is free
+
+
+async def test_a_running_record_whose_node_no_longer_runs_it_ends_with_its_exit_code() -> None:
+    async with reconciled() as (under_test, api, _, reconciler, _, metrics):
+        workload = await created(api, command=["sh", "-c", "sleep 0.3; exit 3"])
+        await eventually(lambda: _async(on_node(under_test, workload.node, workload.id) == "ended"))
+        assert (await stored(backend_of(under_test), workload.id)).state == "running"
+        report = await reconciler.reconcile()
+        ended = await stored(backend_of(under_test), workload.id)
+        assert (ended.state, ended.exit_code) == ("exited", 3)
+        assert report.transitions == {"running_exited": 1}
+        transition = {"transition": "running_exited", "outcome": "applied"}
+        assert counted(metrics, "berth_reconciler_transitions_total", **transition) == 1
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_an_unreachable_node_goes_unknown_and_back_and_its_kept_stop_is_delivered() -> None:
+    async with reconciled() as (under_test, api, faults, reconciler, _, _metrics):
+        backend = backend_of(under_test)
+        workload = await created(api)
+        faults.cut(workload.node)
+        report = await reconciler.reconcile()
+        assert report.nodes_unanswered == 1
+        assert (await stored(backend, workload.id)).state == "unknown"
+        response = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 0})
+        assert response.status_code == 202
+        assert on_node(under_test, workload.node, workload.id) == "running"
+        faults.heal(workload.node)
+        await reconciler.reconcile()
+        assert (await stored(backend, workload.id)).state == "stopped"
+        assert on_node(under_test, workload.node, workload.id) == "ended"
+
+
+async def test_a_ghost_is_stopped_after_one_period_and_counted() -> None:
+    async with reconciled() as (under_test, api, _, reconciler, monotonic, metrics):
+        node = sorted(cluster_of(under_test).agents)[0]
+        kept = await created(api)  # a recorded workload is never touched
+        await boot_behind_the_api(under_test, node, "w-0000000000aa")
+        first = await reconciler.reconcile()
+        assert first.ghosts_seen == 1 and first.ghosts_stopped == 0  # not a period old yet
+        assert on_node(under_test, node, "w-0000000000aa") == "running"
+        monotonic.advance(PERIOD_S)
+        second = await reconciler.reconcile()
+        assert second.ghosts_stopped == 1
+        assert on_node(under_test, node, "w-0000000000aa") == "ended"
+        assert counted(metrics, "berth_reconciler_ghosts_stopped_total", why="unrecorded") == 1
+        assert on_node(under_test, kept.node, kept.id) == "running"
+        assert (await stored(backend_of(under_test), kept.id)).state == "running"
+
+
+async def test_a_run_recorded_between_two_passes_is_no_ghost_but_adopted() -> None:
+    """A create whose intent is recorded after the pass read the records (its run already
+    answered): seen unrecorded once, then named by its pending record — adopted."""
+    async with reconciled() as (under_test, api, faults, reconciler, monotonic, _metrics):
+        faults.lose_run_answers(RUN_ATTEMPTS)
+        assert (await create(api)).status_code == 503
+        backend = backend_of(under_test)
+        (record,) = await backend.workloads.list()
+        await backend.workloads.transition(record.id, {"node": "elsewhere"}, expect=("pending",))
+        first = await reconciler.reconcile()  # the record names another node: unrecorded here
+        assert first.ghosts_seen == 1 and first.ghosts_stopped == 0
+        await backend.workloads.transition(record.id, {"node": record.node}, expect=("pending",))
+        monotonic.advance(PERIOD_S)
+        second = await reconciler.reconcile()
+        assert second.ghosts_stopped == 0 and second.adopted == 1
+        assert on_node(under_test, record.node, record.id) == "running"
+
+
+async def test_a_workload_whose_record_ended_is_stopped_as_a_ghost() -> None:
+    async with reconciled() as (under_test, api, _, reconciler, monotonic, metrics):
+        backend = backend_of(under_test)
+        workload = await created(api)
+        await backend.workloads.end(workload.id, {"state": "lost", "detail": "declared gone"})
+        await reconciler.reconcile()
+        monotonic.advance(PERIOD_S)
+        assert (await reconciler.reconcile()).ghosts_stopped == 1
+        assert on_node(under_test, workload.node, workload.id) == "ended"
+        assert counted(metrics, "berth_reconciler_ghosts_stopped_total", why="ended") == 1
+
+
+async def test_a_reconciler_that_does_not_hold_the_lease_stops_no_ghost() -> None:
+    async with reconciled() as (under_test, _, _faults, reconciler, monotonic, _metrics):
+        node = sorted(cluster_of(under_test).agents)[0]
+        await boot_behind_the_api(under_test, node, "w-0000000000bb")
+        await reconciler.reconcile(acting=lambda: False)
+        monotonic.advance(PERIOD_S)
+        assert (await reconciler.reconcile(acting=lambda: False)).ghosts_stopped == 0
+        assert on_node(under_test, node, "w-0000000000bb") == "running"
+
+
+async def test_of_two_reconcilers_sharing_a_lease_one_acts_and_the_other_takes_over() -> None:
+    async with embedded_api(2) as under_test:
+        backend = backend_of(under_test)
+        lease = MemoryLease(0.3)
+        first, second = (Reconciler(backend, every_s=0.05) for _ in range(2))
+        one = asyncio.create_task(first.run(lease, "one"))
+        await eventually(lambda: _async(first.passes >= 2))
+        two = asyncio.create_task(second.run(lease, "two"))
+        try:
+            await asyncio.sleep(0.4)
+            assert first.passes >= 4 and second.passes == 0
+            one.cancel()  # a stopping service gives the lease up
+            with contextlib.suppress(asyncio.CancelledError):
+                await one
+            await eventually(lambda: _async(second.passes >= 2))
+        finally:
+            for task in (one, two):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+def test_a_period_that_is_not_positive_is_invalid() -> None:
+    async def main() -> None:
+        async with embedded_api(1) as under_test:
+            with pytest.raises(Invalid) as caught:
+                Reconciler(backend_of(under_test), every_s=0)
+            assert caught.value.field == "reconcile_every"
+
+    asyncio.run(main())

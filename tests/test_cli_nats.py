@@ -74,6 +74,8 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
         (("scheduler", "--heartbeat", "inf"), "--heartbeat"),
         (("scheduler", "--node-gone-after", "0"), "--node-gone-after"),
         (("scheduler", "--node-gone-after", "nan"), "--node-gone-after"),
+        (("scheduler", "--reconcile-every", "0"), "--reconcile-every"),
+        (("scheduler", "--reconcile-every", "-inf"), "--reconcile-every"),
         (("place", "--instance", "nope"), "--instance"),
         (("place", "--platform", "linux/amd64/v99"), "--platform"),
         (("place", "--name", "a b"), "--name"),

@@ -1,0 +1,206 @@
+"""What the reconciler costs: a node's report of its workloads, and a pass over a cluster.
+
+The reconciler (:mod:`berth.api.reconciler`) asks every node which workload ids it runs
+(``berth.node.<node>.running``, :meth:`~berth.nodeclient.port.AgentClient.running`) and
+compares the answers with the API's records.  Two measurements, on a real ``nats-server``
+(:mod:`berth.testing.nats`) with agents (fake runtime, idle load) and a scheduler service in
+this process, talking only through NATS:
+
+* **one report** — a node running N workloads (``--workloads``, e.g. 0, 100, 1000): the
+  request's and the reply's size in bytes (the request carries no fields; the reply is the
+  sorted ids, ``w-`` and 12 hex digits each, about 17 bytes per workload) and the round
+  trip's median and p99 over ``--calls`` calls;
+* **one pass** — ``--nodes`` nodes with ``--per-node`` workloads each, every one recorded
+  ``running`` in the API's registry (in memory: the registry's own listing is not what is
+  measured), a :class:`~berth.api.reconciler.Reconciler` pass timed ``--passes`` times (a
+  converged cluster: nothing to change, every node asked).  The extrapolation to 10,000
+  nodes is linear in the nodes (``pass_s × 10000 / nodes``).  Every agent here answers on
+  the benchmark's own event loop, so the pass's time includes all the nodes' work done on
+  one core (on real machines it is done in parallel): the per-node figure grows with the
+  nodes measured, and the extrapolation is of the loaded case.  The bytes per pass are the
+  request and reply sizes summed over the nodes.
+
+``--json`` prints one JSON object; ``--quick`` is the CI smoke run (~10 s).  Exits 1 if a
+report ever differs from what the node runs, or if a converged pass changes anything.
+Loopback only; it stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from berth.api.backend import ClusterBackend
+from berth.api.placements import LocalPlacements
+from berth.api.reconciler import Reconciler
+from berth.boot import BootSpec
+from berth.embedded import embedded_configs
+from berth.model import Request, Spec
+from berth.nats.names import Names
+from berth.nats.wire import encode_request, ok_reply
+from berth.registry.memory import MemoryImages, MemoryWorkloads
+from berth.registry.port import StoredWorkload, new_workload_id
+from berth.testing.cluster import NatsCluster, nats_cluster
+from berth.testing.nats import running_server, unique_name
+from berth.units import KiB
+
+SPEC = Spec(vcpus=0.0001, mem=64 * KiB, disk=64 * KiB)
+EXTRAPOLATE_TO = 10_000
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def boot(cluster: NatsCluster, node: str, count: int) -> list[str]:
+    """``count`` workloads on ``node`` under fresh ids (a few at a time)."""
+    ids = [new_workload_id() for _ in range(count)]
+    for start in range(0, count, 50):
+        await asyncio.gather(
+            *(
+                cluster.nodes.try_run(
+                    node, SPEC, [], BootSpec(name=i, command=("sleep", "600")), workload_id=i
+                )
+                for i in ids[start : start + 50]
+            )
+        )
+    return ids
+
+
+async def one_report(url: str, workloads: list[int], calls: int) -> list[dict[str, Any]]:
+    rows = []
+    configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
+    names = Names.namespaced(unique_name("report"))
+    async with nats_cluster(url, configs, names=names) as cluster:
+        node = next(iter(cluster.node_services))
+        running: list[str] = []
+        for count in sorted(workloads):
+            running += await boot(cluster, node, count - len(running))
+            times = []
+            for _ in range(calls):
+                started = time.perf_counter()
+                report = await cluster.nodes.running(node)
+                times.append(time.perf_counter() - started)
+            if report != tuple(sorted(running)):
+                raise SystemExit(f"node {node} reported {len(report)} ids, runs {len(running)}")
+            rows.append(
+                {
+                    "workloads": count,
+                    "request_bytes": len(encode_request({})),
+                    "reply_bytes": len(ok_reply(list(report))),
+                    "median_ms": statistics.median(times) * 1000,
+                    "p99_ms": percentile(times, 0.99) * 1000,
+                }
+            )
+    return rows
+
+
+async def one_pass(url: str, nodes: int, per_node: int, passes: int) -> dict[str, Any]:
+    configs = embedded_configs(nodes, runtime="fake", heartbeat_s=2.0)
+    names = Names.namespaced(unique_name("pass"))
+    async with nats_cluster(url, configs, names=names) as cluster:
+        service = cluster.scheduler_services[0]
+        workloads = MemoryWorkloads()
+        backend = ClusterBackend(
+            service.scheduler,
+            service.scheduler.nodes,  # type: ignore[arg-type]  # NatsNodes: an AgentClient
+            LocalPlacements(service.scheduler),
+            workloads,
+            MemoryImages(),
+        )
+        request = Request(namespace="bench", name="w", spec=SPEC).model_dump(mode="json")
+        booted = await asyncio.gather(
+            *(boot(cluster, node, per_node) for node in sorted(cluster.node_services))
+        )
+        for node, ids in zip(sorted(cluster.node_services), booted, strict=True):
+            for replica, workload_id in enumerate(ids):
+                await workloads.record(
+                    StoredWorkload(
+                        id=workload_id,
+                        namespace="bench",
+                        name=f"w-{node}",
+                        replica=replica,
+                        node=node,
+                        node_workload_id=workload_id,
+                        colocated_bytes=0,
+                        rank=0,
+                        state="running",
+                        command=["sleep", "600"],
+                        restartable=False,
+                        created_at=time.time(),
+                        request=request,
+                    )
+                )
+        reconciler = Reconciler(backend)
+        times, changed, unanswered = [], 0, 0
+        for _ in range(passes):
+            report = await reconciler.reconcile()
+            times.append(report.seconds)
+            changed += sum(report.transitions.values()) + report.ghosts_seen
+            unanswered += report.nodes_unanswered
+        reply = len(ok_reply(booted[0]))
+        median_s = statistics.median(times)
+        return {
+            "nodes": nodes,
+            "per_node": per_node,
+            "records": nodes * per_node,
+            "passes": passes,
+            "pass_median_ms": median_s * 1000,
+            "pass_max_ms": max(times) * 1000,
+            "per_node_ms": median_s * 1000 / nodes,
+            "changed": changed,
+            "unanswered": unanswered,
+            "bytes_per_pass": nodes * (len(encode_request({})) + reply),
+            f"extrapolated_{EXTRAPOLATE_TO}_nodes_s": median_s * EXTRAPOLATE_TO / nodes,
+            f"extrapolated_{EXTRAPOLATE_TO}_nodes_bytes": EXTRAPOLATE_TO
+            * (len(encode_request({})) + reply),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--workloads", type=int, nargs="+", default=[0, 10, 100, 1000])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--per-node", type=int, default=10)
+    parser.add_argument("--passes", type=int, default=10)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (CI)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.workloads, args.calls, args.nodes, args.per_node, args.passes = [0, 100], 50, 50, 4, 3
+
+    async def run() -> dict[str, Any]:
+        with running_server() as server:
+            reports = await one_report(server.url, args.workloads, args.calls)
+            cluster_pass = await one_pass(server.url, args.nodes, args.per_node, args.passes)
+        return {"reports": reports, "pass": cluster_pass}
+
+    result = asyncio.run(run())
+    result["ok"] = result["pass"]["changed"] == 0 and result["pass"]["unanswered"] == 0
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for row in result["reports"]:
+            print(
+                f"report of {row['workloads']:>5} workloads: {row['reply_bytes']:>6} B reply, "
+                f"median {row['median_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms"
+            )
+        p = result["pass"]
+        print(
+            f"pass over {p['nodes']} nodes × {p['per_node']}: median {p['pass_median_ms']:.1f} ms "
+            f"({p['per_node_ms']:.3f} ms/node); 10,000 nodes ≈ "
+            f"{p[f'extrapolated_{EXTRAPOLATE_TO}_nodes_s']:.2f} s, "
+            f"{p[f'extrapolated_{EXTRAPOLATE_TO}_nodes_bytes'] / 1e6:.1f} MB per pass"
+        )
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

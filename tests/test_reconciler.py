@@ -302,3 +302,27 @@ def test_a_period_that_is_not_positive_is_invalid() -> None:
             assert caught.value.field == "reconcile_every"
 
     asyncio.run(main())
+
+
+async def test_a_holder_whose_lease_was_taken_stops_acting() -> None:
+    """A holder paused past its TTL (its lease's clock moved on) finds another holding the
+    lease at its next renewal: it stops acting — no pass starts — until it holds it again."""
+    async with embedded_api(1) as under_test:
+        lease_clock = FakeClock()
+        lease = MemoryLease(0.3, clock=lease_clock)
+        reconciler = Reconciler(backend_of(under_test), every_s=0.05)
+        task = asyncio.create_task(reconciler.run(lease, "paused"))
+        try:
+            await eventually(lambda: _async(reconciler.passes >= 2))
+            lease_clock.advance(1.0)  # its lease expired while it was paused
+            assert await lease.hold("other") is True
+            await eventually(lambda: _async(not reconciler.holding()))
+            stopped_at = reconciler.passes
+            await asyncio.sleep(0.3)
+            assert reconciler.passes <= stopped_at + 1  # a pass under way may finish
+            assert lease.holder == "other"
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert lease.holder == "other"  # giving up a lease it no longer holds changes nothing

@@ -26,10 +26,12 @@ each record towards what the node says — every change a compare-and-set on the
 
 **One at a time.**  :meth:`Reconciler.run` acts only while it holds a
 :class:`~berth.registry.port.Lease` (a KV key with a TTL on NATS, :mod:`berth.registry.nats_lease`):
-it renews every third of the TTL, a pass is cut off before the TTL could run out under it,
-and a holder that fails to renew stops acting — another scheduler service takes over once
-the lease expired.  The compare-and-sets keep two overlapping passes (a holder paused past its
-TTL) from overwriting each other; the lease keeps the work, and the ghost stops, to one.
+a task of its own renews it every third of the TTL whatever a pass is doing; the lease counts
+as held for two thirds of the TTL from the renewal's start, so a holder that fails to renew
+stops acting (no new pass, no ghost stopped) while its lease may still be valid — and
+another scheduler service takes over once it has expired.  The compare-and-sets keep two
+overlapping passes (a holder paused past its TTL) from overwriting each other; the lease
+keeps the work, and the ghost stops, to one.
 
 What it is not: the API's reads (:class:`~berth.api.backend.ClusterBackend` refreshes what it
 answers by itself, with the same rules), nor a restart policy (issue 20's part 5).
@@ -96,6 +98,8 @@ class Reconciler:
         """Passes this reconciler completed (only while holding the lease, under :meth:`run`)."""
         self._unrecorded: dict[tuple[str, str], float] = {}
         """Ids a node ran that no live record named: since when (``monotonic``)."""
+        self._held_until = -math.inf
+        """Until when the lease is surely held (``monotonic``; set by :meth:`run`)."""
 
     # -- one pass ----------------------------------------------------------------------------
     async def reconcile(self, *, acting: Callable[[], bool] = lambda: True) -> PassReport:
@@ -140,12 +144,7 @@ class Reconciler:
         before = record.state
         try:
             if runs is not None and record.node_workload_id in runs:
-                after = await self.backend.runs(record)
-                if before == "pending" and after.state != "pending":
-                    report.adopted += 1
-                    if self.metrics is not None:
-                        self.metrics.adopted()
-                    log.info("adopted %s: %s runs it", record.id, record.node)
+                after = await self._runs(record, report)
             elif runs is not None and before == "pending":
                 after = await self._pending_not_run(record, report)
             else:
@@ -156,6 +155,28 @@ class Reconciler:
         if after.state != before:
             self._count(report, f"{before}_{after.state}", True)
             log.info("%s: %s -> %s (%s)", record.id, before, after.state, after.detail)
+
+    async def _runs(self, record: StoredWorkload, report: PassReport) -> StoredWorkload:
+        """The node reports that it runs ``record``: a ``pending`` one is adopted and an
+        ``unknown`` one runs again (a compare-and-set each, counted ``applied`` or ``raced``);
+        a stop kept on it is delivered (:meth:`ClusterBackend.runs`)."""
+        if record.state in ("pending", "unknown"):
+            update: dict[str, object] = {"state": "running", "unknown_since": None, "detail": None}
+            moved, mine = await self.backend.workloads.transition(
+                record.id, update, expect=("pending", "unknown")
+            )
+            if moved is None:
+                return record
+            if not mine:
+                self._count(report, f"{record.state}_running", False)
+                return moved
+            if record.state == "pending":
+                report.adopted += 1
+                if self.metrics is not None:
+                    self.metrics.adopted()
+                log.info("adopted %s: %s runs it", record.id, record.node)
+            record = moved
+        return await self.backend.runs(record)
 
     async def _pending_not_run(self, record: StoredWorkload, report: PassReport) -> StoredWorkload:
         """A ``pending`` record its (answering) node does not run: wait, retry, or end it."""
@@ -210,68 +231,87 @@ class Reconciler:
             if key not in seen:
                 del self._unrecorded[key]
         report.ghosts_seen = len(seen)
-        for node, workload_id in sorted(seen):
-            first = self._unrecorded.setdefault((node, workload_id), now)
-            if now - first < self.every_s or not acting():
-                continue
-            record = await self.backend.workloads.get(workload_id)
-            if record is not None and record.state in LIVE_STATES and record.node == node:
-                del self._unrecorded[(node, workload_id)]
-                continue  # recorded since the list was read: a create in flight
-            why = "ended" if record is not None and record.state in ENDED_STATES else "unrecorded"
-            try:
-                await self.backend.nodes.stop(node, workload_id)
-            except (Unavailable, Refused) as error:
-                log.warning("could not stop ghost %s on %s: %s", workload_id, node, error)
-                continue
-            del self._unrecorded[(node, workload_id)]
-            report.ghosts_stopped += 1
-            if self.metrics is not None:
-                self.metrics.ghost_stopped(why)
-            log.warning(
-                "stopped ghost %s on %s (%s)",
-                workload_id,
-                node,
-                "no record names it"
-                if why == "unrecorded"
-                else f"its record is {record and record.state}",
-            )
+        due = [
+            key
+            for key in sorted(seen)
+            if now - self._unrecorded.setdefault(key, now) >= self.every_s
+        ]
+        await asyncio.gather(*(self._stop_ghost(node, wid, report, acting) for node, wid in due))
+
+    async def _stop_ghost(
+        self, node: str, workload_id: str, report: PassReport, acting: Callable[[], bool]
+    ) -> None:
+        """Stop one ghost, unless a live record names it now (a create in flight whose
+        record landed after the pass read them) or the lease is no longer held."""
+        record = await self.backend.workloads.get(workload_id)
+        if record is not None and record.state in LIVE_STATES and record.node == node:
+            self._unrecorded.pop((node, workload_id), None)
+            return
+        if not acting():
+            return
+        why = "ended" if record is not None and record.state in ENDED_STATES else "unrecorded"
+        try:
+            await self.backend.nodes.stop(node, workload_id)
+        except (Unavailable, Refused) as error:
+            log.warning("could not stop ghost %s on %s: %s", workload_id, node, error)
+            return
+        self._unrecorded.pop((node, workload_id), None)
+        report.ghosts_stopped += 1
+        if self.metrics is not None:
+            self.metrics.ghost_stopped(why)
+        state = "no record names it" if record is None else f"its record is {record.state}"
+        log.warning("stopped ghost %s on %s (%s)", workload_id, node, state)
 
     # -- one at a time -----------------------------------------------------------------------
+    def holding(self) -> bool:
+        """Whether this reconciler may act: its lease was renewed within two thirds of its TTL
+        (under :meth:`run`; always ``False`` outside it)."""
+        return self.monotonic() < self._held_until
+
     async def run(self, lease: Lease, holder: str) -> None:
         """Reconcile every ``every_s`` while holding ``lease`` as ``holder``, until cancelled
-        (then the lease is given up).  Renewed every third of its TTL; a pass is cut off at two
-        thirds of it, so it never acts on a lease that could have expired."""
-        tick_s = min(self.every_s, lease.ttl_s / 3)
-        last_pass = -math.inf
-        held_until = -math.inf
+        (then the lease is given up).  The lease is renewed every third of its TTL by a task
+        of its own, whatever a pass is doing; a pass starts only while it is held, stops no
+        ghost once a renewal has failed (:meth:`holding`), and is cut off after the TTL."""
+        keeper = asyncio.create_task(self._keep(lease, holder), name="berth reconciler lease")
         try:
             while True:
-                try:
-                    held = await lease.hold(holder)
-                except Unavailable as error:
-                    log.warning("the reconciler lease could not be renewed: %s", error)
-                    held = False
-                now = self.monotonic()
-                if held:
-                    held_until = now + lease.ttl_s * 2 / 3
-                else:
-                    self._unrecorded.clear()  # another holder acts: start afresh if it returns
-                if held and now - last_pass >= self.every_s:
-                    last_pass = now
-                    await self._bounded_pass(held_until)
-                await asyncio.sleep(tick_s)
+                started = self.monotonic()
+                if self.holding():
+                    await self._bounded_pass(lease.ttl_s)
+                await asyncio.sleep(max(0.0, self.every_s - (self.monotonic() - started)))
         finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+            self._held_until = -math.inf
             with contextlib.suppress(Exception):
                 await asyncio.shield(lease.release(holder))
 
-    async def _bounded_pass(self, held_until: float) -> None:
+    async def _keep(self, lease: Lease, holder: str) -> None:
+        """Take or renew the lease every third of its TTL; a failed renewal stops acting."""
+        while True:
+            asked = self.monotonic()
+            try:
+                held = await lease.hold(holder)
+            except Unavailable as error:
+                log.warning("the reconciler lease could not be renewed: %s", error)
+                held = False
+            if held:
+                if not self.holding():
+                    log.info("%s holds the reconciler lease", holder)
+                self._held_until = asked + lease.ttl_s * 2 / 3
+            else:
+                if self.holding():
+                    log.warning("%s lost the reconciler lease: it stops acting", holder)
+                self._held_until = -math.inf
+                self._unrecorded.clear()  # another holder acts: start afresh if it returns
+            await asyncio.sleep(lease.ttl_s / 3)
+
+    async def _bounded_pass(self, limit_s: float) -> None:
         metrics = self.metrics
         try:
-            await asyncio.wait_for(
-                self.reconcile(acting=lambda: self.monotonic() < held_until),
-                max(held_until - self.monotonic(), 0.001),
-            )
+            await asyncio.wait_for(self.reconcile(acting=self.holding), limit_s)
         except Exception:
             log.exception("a reconciler pass failed")
             if metrics is not None:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,10 +31,16 @@ from berth.boot import BootSpec
 from berth.embedded import EmbeddedCluster
 from berth.errors import Invalid
 from berth.model import Request, Spec
+from berth.node.agent import Agent
+from berth.node.budget import NodeBudget
+from berth.node.runtime.fake import FakeRuntime
+from berth.nodeclient.agents import AgentNodes
 from berth.nodeclient.faults import FaultyNodes
 from berth.observability.metrics import Metrics
+from berth.ownership import Refused
 from berth.registry.memory import MemoryLease
 from berth.registry.port import StoredWorkload
+from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
 from berth.units import MiB
 
@@ -326,3 +333,29 @@ async def test_a_holder_whose_lease_was_taken_stops_acting() -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         assert lease.holder == "other"  # giving up a lease it no longer holds changes nothing
+
+
+async def test_a_node_still_reconciling_its_journal_is_left_alone(tmp_path: Path) -> None:
+    """A restarted agent answers ``running`` with ``node_starting`` until it has adopted its
+    workloads: the reconciler ends none of its records (its report would miss them) and
+    takes none of its workloads for a ghost."""
+    async with reconciled() as (under_test, api, _, reconciler, monotonic, _metrics):
+        workload = await created(api)
+        cluster = cluster_of(under_test)
+        old = cluster.agents[workload.node]
+        restarted = Agent(
+            old.name, old.platform, NodeBudget(old.core.budget.limits), MemoryStore(),
+            FakeRuntime(), state_dir=tmp_path,
+        )  # fmt: skip
+        client = cluster.client
+        assert isinstance(client, AgentNodes)
+        client.add(restarted)  # not started: still reconciling
+        with pytest.raises(Refused) as starting:
+            await client.running(workload.node)
+        assert starting.value.reason == "node_starting"
+        for _ in range(2):
+            report = await reconciler.reconcile()
+            monotonic.advance(PERIOD_S)
+        assert report.nodes_starting == 1 and report.transitions == {}
+        assert (await stored(backend_of(under_test), workload.id)).state == "running"
+        client.add(old)

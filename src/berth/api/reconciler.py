@@ -19,6 +19,9 @@ each record towards what the node says — every change a compare-and-set on the
   a kept stop on a pending record that never ran ends it ``stopped``;
 * **the node does not answer** (or left the view) — what the API's reads do: ``running`` →
   ``unknown``; after ``node_gone_after`` → ``lost`` (and a restartable one placed again);
+* **the node is starting** (a restarted agent still reconciling its journal answers
+  ``node_starting``) — its records are left alone this pass: its report would miss the
+  workloads it is about to adopt;
 * **a ghost** — an id a node runs that no live record names, seen so for at least one period
   (a create between recording its intent and the run is never taken for one: the record is
   read again before acting), is stopped and counted (``why``: ``unrecorded`` — no record at
@@ -60,6 +63,9 @@ __all__ = ["PassReport", "Reconciler"]
 
 log = logging.getLogger("berth.reconciler")
 
+STARTING = object()
+"""A node's report while it reconciles its journal: neither what it runs nor unreachable."""
+
 
 @dataclass
 class PassReport:
@@ -68,6 +74,8 @@ class PassReport:
     records: int = 0
     nodes_asked: int = 0
     nodes_unanswered: int = 0
+    nodes_starting: int = 0
+    """Nodes still adopting their workloads (``node_starting``): their records left alone."""
     transitions: dict[str, int] = field(default_factory=dict)
     adopted: int = 0
     retried: int = 0
@@ -111,11 +119,14 @@ class Reconciler:
         records = await backend.workloads.list()
         report.records = len(records)
         nodes = sorted(backend.scheduler.states())
-        answers = await asyncio.gather(*(self._report(node) for node in nodes))
-        reports = {node: ids for node, ids in zip(nodes, answers, strict=True) if ids is not None}
+        answers = dict(zip(nodes, await asyncio.gather(*map(self._report, nodes)), strict=True))
+        reports = {n: ids for n, ids in answers.items() if isinstance(ids, frozenset)}
+        starting = {n for n, ids in answers.items() if ids is STARTING}
         report.nodes_asked = len(nodes)
         report.nodes_unanswered = len(nodes) - len(reports)
-        live = [record for record in records if record.state in LIVE_STATES]
+        report.nodes_starting = len(starting)
+        # a node still adopting its workloads is left alone until its report is whole
+        live = [r for r in records if r.state in LIVE_STATES and r.node not in starting]
         await asyncio.gather(*(self._converge(r, reports.get(r.node), report) for r in live))
         named = {(r.node, r.node_workload_id) for r in records if r.state in LIVE_STATES}
         await self._ghosts(reports, named, report, acting)
@@ -123,7 +134,9 @@ class Reconciler:
         self.passes += 1
         return report
 
-    async def _report(self, node: str) -> frozenset[str] | None:
+    async def _report(self, node: str) -> frozenset[str] | object | None:
+        """The ids ``node`` runs; ``None`` when it did not answer; :data:`STARTING` while it
+        reconciles its journal (``node_starting``)."""
         try:
             return frozenset(
                 await asyncio.wait_for(self.backend.nodes.running(node), STATUS_TIMEOUT_S)
@@ -131,6 +144,9 @@ class Reconciler:
         except (Unavailable, TimeoutError) as error:
             log.info("node %s did not report its workloads: %s", node, error)
             return None
+        except Refused as error:
+            log.info("node %s is starting: %s", node, error)
+            return STARTING
 
     def _count(self, report: PassReport, transition: str, applied: bool) -> None:
         if applied:

@@ -14,10 +14,21 @@ from berth.boot import BootSpec, WorkloadStatus
 from berth.errors import Unavailable
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
-from berth.ownership import Admission, Owner
+from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
 
-__all__ = ["AgentNodes"]
+__all__ = ["AgentNodes", "running_on"]
+
+
+def running_on(agent: Agent) -> tuple[str, ...]:
+    """``agent``'s report of the workload ids it runs, sorted — the one answer of ``running``
+    for every driver.  Refused ``node_starting`` while an agent with a journal has not
+    reconciled it yet: the workloads it is about to adopt would be missing, and a reconciler
+    would take them for ended, or for ghosts."""
+    if agent.state_dir is not None and agent.recovery is None:
+        with refused_by(agent.name):
+            raise Refused("node_starting", "the agent is reconciling its journal")
+    return tuple(sorted(agent.workloads()))
 
 
 class AgentNodes:
@@ -78,7 +89,7 @@ class AgentNodes:
         return self.agent(node).status(workload_id)
 
     async def running(self, node: str) -> tuple[str, ...]:
-        return tuple(sorted(self.agent(node).workloads()))
+        return running_on(self.agent(node))
 
     async def cordon(self, node: str) -> bool:
         return self.agent(node).cordon(True)

@@ -68,6 +68,7 @@ from berth.nats.wire import (
 )
 from berth.node.agent import Agent
 from berth.node.runtime.port import checked_grace
+from berth.nodeclient.agents import running_on
 from berth.observability import tracing
 from berth.ownership import Admission, refused_by
 from berth.platform import Platform
@@ -232,7 +233,7 @@ class NodeServer:
         return self.agent.status(workload_id).to_dict()
 
     async def _running(self, _: None) -> list[str]:
-        return sorted(self.agent.workloads())
+        return list(running_on(self.agent))
 
     async def _cordon(self, _: None) -> bool:
         return self.agent.cordon(True)

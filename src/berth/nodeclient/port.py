@@ -126,5 +126,7 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
         """The ids of every workload ``node`` runs now (booted and not yet ended), sorted: the
         node's own report, which a reconciler compares the API's records with.  A workload
         whose boot is still under way is not in it.  ``Unavailable`` when the node cannot be
-        reached (the report is then unknown, never empty)."""
+        reached (the report is then unknown, never empty); ``Refused`` (``node_starting``)
+        while a restarted agent is still reconciling its journal (its report would miss the
+        workloads it is about to adopt)."""
         ...

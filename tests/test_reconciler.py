@@ -337,8 +337,8 @@ async def test_a_holder_whose_lease_was_taken_stops_acting() -> None:
 
 async def test_a_node_still_reconciling_its_journal_is_left_alone(tmp_path: Path) -> None:
     """A restarted agent answers ``running`` with ``node_starting`` until it has adopted its
-    workloads: the reconciler ends none of its records (its report would miss them) and
-    takes none of its workloads for a ghost."""
+    workloads (and ``status`` with ``unknown`` for them): neither the reconciler nor a read
+    ends their records, and none is taken for a ghost."""
     async with reconciled() as (under_test, api, _, reconciler, monotonic, _metrics):
         workload = await created(api)
         cluster = cluster_of(under_test)
@@ -358,4 +358,6 @@ async def test_a_node_still_reconciling_its_journal_is_left_alone(tmp_path: Path
             monotonic.advance(PERIOD_S)
         assert report.nodes_starting == 1 and report.transitions == {}
         assert (await stored(backend_of(under_test), workload.id)).state == "running"
+        read = await api.get(f"/v1/workloads/{workload.id}")  # a read does not end it either
+        assert read.status_code == 200 and read.json()["state"] == "running", read.text
         client.add(old)

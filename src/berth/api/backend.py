@@ -28,7 +28,9 @@ reason, tells the schedulers (``release``) so their assume caches drop it, frees
 and is ``409``.  A registry that fails to record the intent is ``503`` with nothing booted.
 
 **State** follows the node: reading a live workload asks its node (``status``) and records
-``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended.  **Unknown is
+``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended — ``failed``
+for one the node does not know only once the node's report of its workloads is whole (not
+while a restarted agent is still adopting them: ``node_starting``).  **Unknown is
 not an end**: a node that does not answer makes its workloads ``unknown`` (claim kept); a
 stop then is kept on the record and delivered when the node answers, which also turns the
 record ``running`` again; only a node out of the schedulers' view for
@@ -563,6 +565,8 @@ class ClusterBackend:
         if status.state == "unknown":
             if workload.state == "pending":
                 return await self._pending_unknown_to_node(workload)
+            if not await self._settled(workload.node):
+                return workload  # a restarted agent not done adopting: it may yet know it
             update: dict[str, object] = {
                 "state": "failed",
                 "detail": f"node {workload.node} no longer knows it (the agent restarted?)",
@@ -575,6 +579,16 @@ class ClusterBackend:
             )
             update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
         return await self._end(workload, update)
+
+    async def _settled(self, node: str) -> bool:
+        """Whether ``node``'s word that it does not know a workload is final: not while a
+        restarted agent is still adopting its workloads (its report refused
+        ``node_starting``), nor when the node does not answer that question."""
+        try:
+            await asyncio.wait_for(self.nodes.running(node), STATUS_TIMEOUT_S)
+        except (Refused, Unavailable, TimeoutError):
+            return False
+        return True
 
     async def _runs(self, workload: StoredWorkload) -> StoredWorkload:
         """The node says the workload runs: a ``pending`` or ``unknown`` record turns

@@ -17,8 +17,9 @@ this process, talking only through NATS:
   nodes is linear in the nodes (``pass_s × 10000 / nodes``).  Every agent here answers on
   the benchmark's own event loop, so the pass's time includes all the nodes' work done on
   one core (on real machines it is done in parallel): the per-node figure grows with the
-  nodes measured, and the extrapolation is of the loaded case.  The bytes per pass are the
-  request and reply sizes summed over the nodes.
+  nodes measured, and the extrapolation is of the loaded case.  (A profile of a 400-node pass
+  puts most of it in listing the records: the memory registry deep-copies each one.)  The
+  bytes per pass are the request and reply sizes summed over the nodes.
 
 ``--json`` prints one JSON object; ``--quick`` is the CI smoke run (~10 s).  Exits 1 if a
 report ever differs from what the node runs, or if a converged pass changes anything.

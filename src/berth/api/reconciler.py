@@ -231,7 +231,10 @@ class Reconciler:
             }
             return await self.backend.end(record, update)
         log.info("retried the run of %s on %s: it runs", record.id, record.node)
-        return await self.backend.runs(record)
+        # the node admitted it by itself: the placement's lease the record names is not its
+        update = {"state": "running", "reservation_id": None, "detail": None}
+        moved, _ = await self.backend.workloads.transition(record.id, update, expect=("pending",))
+        return await self.backend.runs(moved or record)
 
     async def _ghosts(
         self,

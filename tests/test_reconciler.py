@@ -364,3 +364,27 @@ async def test_a_node_still_reconciling_its_journal_is_left_alone(tmp_path: Path
         read = await api.get(f"/v1/workloads/{workload.id}")  # a read does not end it either
         assert read.status_code == 200 and read.json()["state"] == "running", read.text
         client.add(old)
+
+
+async def test_a_gone_nodes_workloads_are_lost_by_the_reconciler_alone() -> None:
+    """The sweep's other duty: a node out of the view for ``node_gone_after`` — its workload
+    ``unknown``, then ``lost`` and its identity freed, with nobody reading."""
+    clock = FakeClock()
+    async with reconciled(clock, node_gone_after_s=30.0) as (under_test, api, faults, rec, _, _m):
+        backend = backend_of(under_test)
+        workload = await created(api)
+        faults.cut(workload.node)
+        await cluster_of(under_test).agents[workload.node].stop()
+        assert workload.node not in backend.scheduler.states()
+        await rec.reconcile()
+        assert (await stored(backend, workload.id)).state == "unknown"
+        clock.advance(29.0)
+        await rec.reconcile()
+        assert (await stored(backend, workload.id)).state == "unknown"  # not yet
+        clock.advance(2.0)
+        report = await rec.reconcile()
+        lost = await stored(backend, workload.id)
+        assert lost.state == "lost" and "node_gone_after" in (lost.detail or "")
+        assert report.transitions == {"unknown_lost": 1}
+        identity = Request.from_dict(lost.request).key
+        assert await backend.workloads.claims.holder(identity) is None

@@ -8,8 +8,10 @@ A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the clu
 * a :class:`~berth.nodeclient.nats_server.NodeServer` answers the node's subjects — started
   *before* the agent first advertises, so a scheduler that sees the node can reach it;
 * with a routing registry, the node removes the routes of reservations it no longer holds
-  on every heartbeat (a lease that expired, a workload that ended), and all of its routes
-  when it starts (a fresh agent holds nothing).
+  on every heartbeat (a lease that expired, a workload that ended), and once as soon as its
+  agent has started: a fresh agent holds nothing, so all of its routes go, while one that
+  adopted its workloads from its journal holds their reservations again, so their routes
+  stay (they were cleared blindly before the agent started, which lost them).
 
 Stopping is the clean shutdown: stop answering, stop the agent (its workloads stop and its
 key is deleted at once, so it leaves every replica without waiting for expiry).
@@ -73,12 +75,13 @@ class NodeService:
 
     async def start(self) -> NodeService:
         await self.store.start()
-        if self.routes is not None:
-            with contextlib.suppress(Exception):
-                await self.routes.clear_node(self.name)
         await self.server.start()
-        await self.agent.start()
+        await self.agent.start()  # adopts what its journal says still runs
         if self.routes is not None:
+            try:
+                await self._prune_routes()
+            except Exception as error:  # the heartbeat's passes retry
+                log.info("node %s could not reconcile its routes: %s", self.name, error)
             self._reconciler = asyncio.create_task(self._reconcile_routes())
         return self
 
@@ -115,11 +118,16 @@ class NodeService:
             if self._stopping.is_set():
                 return
             try:
-                for revision, route in await self.routes.on_node(self.name):
-                    held = route.reservation_id is not None and (
-                        self.agent.budget.get(route.reservation_id) is not None
-                    )
-                    if not held:  # only that revision: a route stored since the read stays
-                        await self.routes.remove(route.workload, self.name, revision=revision)
+                await self._prune_routes()
             except Exception as error:  # the server may be briefly away; next beat retries
                 log.info("node %s could not reconcile its routes: %s", self.name, error)
+
+    async def _prune_routes(self) -> None:
+        """Remove this node's routes whose reservation it does not hold."""
+        assert self.routes is not None
+        for revision, route in await self.routes.on_node(self.name):
+            held = route.reservation_id is not None and (
+                self.agent.budget.get(route.reservation_id) is not None
+            )
+            if not held:  # only that revision: a route stored since the read stays
+                await self.routes.remove(route.workload, self.name, revision=revision)

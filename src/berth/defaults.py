@@ -18,6 +18,10 @@ __all__ = [
     "MICROVM_STOP_GRACE_S",
     "NODE_GONE_AFTER_S",
     "ORPHAN_GRACE_S",
+    "RESTART_ATTEMPTS",
+    "RESTART_DELAY_S",
+    "RESTART_INTERVAL_S",
+    "RESTART_MAX_DELAY_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
@@ -63,3 +67,18 @@ workloads."""
 
 MAX_ORPHAN_GRACE_S = 3600.0
 """The longest orphan grace: an hour; a workload must not outlive its node unnoticed."""
+
+RESTART_ATTEMPTS = 3
+"""How many restarts a workload's restart policy allows within its interval, when it names
+no number (``--restart-attempts``)."""
+
+RESTART_INTERVAL_S = 600.0
+"""The window a restart policy counts its attempts in: a workload restarted ``attempts``
+times within it is ``failed`` (restarts exhausted) at its next end (``--restart-interval``)."""
+
+RESTART_DELAY_S = 1.0
+"""The first restart's delay; each next one doubles it, up to the maximum
+(``--restart-delay``)."""
+
+RESTART_MAX_DELAY_S = 60.0
+"""The longest delay between two restarts of a workload (``--restart-max-delay``)."""

@@ -230,7 +230,7 @@ def test_a_kill_not_by_a_stop_restarts_on_failure() -> None:
 
 def test_a_stop_never_restarts_even_with_always() -> None:
     async def test() -> None:
-        core, runtime, _, backoff = setup()
+        core, _, _, backoff = setup()
         await core.boot(SPEC, LAYERS, boot("always"), workload_id="w1")
         await core.stop("w1")
         await settle()

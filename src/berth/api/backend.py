@@ -57,10 +57,10 @@ from typing import Any
 from berth.api import schemas
 from berth.api.placements import Placements
 from berth.api.problems import Problem
-from berth.boot import BootSpec
+from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import NODE_GONE_AFTER_S, RUN_TIMEOUT_S
 from berth.errors import Invalid, NoCapacity, Unavailable
-from berth.model import INTERVAL_RULE, Placement, Request
+from berth.model import INTERVAL_RULE, Placement, Request, ReschedulePolicy
 from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
@@ -76,6 +76,7 @@ from berth.registry.port import (
     StoredWorkload,
     WorkloadRegistry,
     new_workload_id,
+    with_event,
 )
 from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState
@@ -272,11 +273,12 @@ class ClusterBackend:
                 command=tuple(body.command),
                 env=body.env,
                 image=None if image is None else image.name,  # the node's layout ref (microvm)
+                restart=body.restart,
             )
         except Invalid as error:
             field = error.field if error.field in ("command", "env", "image") else "command"
             raise Invalid(error.message, field=field) from None
-        return await self._boot(request, boot, workload_id, image, body.restartable)
+        return await self._boot(request, boot, workload_id, image, body.reschedule_policy())
 
     async def _boot(
         self,
@@ -284,7 +286,10 @@ class ClusterBackend:
         boot: BootSpec,
         workload_id: str,
         image: Image | None,
-        restartable: bool,
+        reschedule: ReschedulePolicy,
+        *,
+        reschedules: int = 0,
+        why: str | None = None,
     ) -> StoredWorkload:
         """Claim the identity, place, record the intent (``pending``), boot on the chosen
         node under the workload's own id, record it ``running``: a running workload the API
@@ -305,7 +310,11 @@ class ClusterBackend:
             state="pending",
             command=list(boot.command),
             env=dict(boot.env),
-            restartable=restartable,
+            restartable=reschedule.enabled,
+            restart=boot.restart,
+            reschedule=reschedule,
+            reschedules=reschedules,
+            history=with_event((), self.clock(), "created", why, placement.worker_node),
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
@@ -544,7 +553,7 @@ class ClusterBackend:
         except (Unavailable, TimeoutError) as error:
             return await self._unreachable(workload, error)
         if status.state == "running":
-            return await self._runs(workload)
+            return await self._runs(await self._restarted(workload, status))
         if status.state == "unknown":
             if workload.state == "pending":
                 return await self._pending_unknown_to_node(workload)
@@ -556,10 +565,35 @@ class ClusterBackend:
             kind = (
                 "stopped"
                 if status.stopped
-                else ("exited" if status.exit_code is not None else "failed")
+                else (
+                    "exited" if status.exit_code is not None and not status.exhausted else "failed"
+                )
             )
             update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
-        return await self._end(workload, update)
+            update["restarts"] = max(workload.restarts, status.restarts)
+        history = with_event(
+            workload.history,
+            self.clock(),
+            str(update["state"]),
+            str(update["detail"]),
+            workload.node,
+        )
+        update["history"] = _dumped(history)
+        ended = await self._end(workload, update)
+        if status.exhausted and ended.state == "failed":
+            return await self._reschedule(ended)
+        return ended
+
+    async def _restarted(self, workload: StoredWorkload, status: WorkloadStatus) -> StoredWorkload:
+        """Record the restarts the node reports beyond those recorded (count and event)."""
+        if status.restarts <= workload.restarts:
+            return workload
+        history = with_event(
+            workload.history, self.clock(), "restarted", status.reason, workload.node
+        )
+        update: dict[str, object] = {"restarts": status.restarts, "history": _dumped(history)}
+        moved, _ = await self.workloads.transition(workload.id, update, expect=(workload.state,))
+        return workload if moved is None else moved
 
     async def _runs(self, workload: StoredWorkload) -> StoredWorkload:
         """The node says the workload runs: a ``pending`` or ``unknown`` record turns
@@ -620,20 +654,29 @@ class ClusterBackend:
         if lost is None or not recorded:
             return workload if lost is None else lost
         log.warning("%s lost: %s", workload.id, update["detail"])
-        if not workload.restartable:
-            return lost
+        return await self._reschedule(lost)
+
+    async def _reschedule(self, ended: StoredWorkload) -> StoredWorkload:
+        """Place an ended (``lost``, or ``failed`` with its restarts exhausted) workload again,
+        elsewhere when its node is gone, if its reschedule policy allows one more; its record
+        gets ``replaced_by`` and a ``rescheduled`` event, or the reason it was not."""
+        if not ended.reschedule.allows(ended.reschedules):
+            return ended
+        state = (ended.state,)
         try:
-            replacement = await self._replace(lost)
+            replacement = await self._replace(ended)
         except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
-            log.warning("%s lost and not placed again: %s", workload.id, error)
-            detail = f"{update['detail']}; not placed again: {error}"
-            return (await self.workloads.transition(lost.id, {"detail": detail}, expect=("lost",)))[
-                0
-            ] or lost
-        replaced, _ = await self.workloads.transition(
-            lost.id, {"replaced_by": replacement.id}, expect=("lost",)
+            log.warning("%s %s and not placed again: %s", ended.id, ended.state, error)
+            detail = f"{ended.detail}; not placed again: {error}"
+            history = with_event(ended.history, self.clock(), "not rescheduled", str(error), None)
+            update: dict[str, object] = {"detail": detail, "history": _dumped(history)}
+            return (await self.workloads.transition(ended.id, update, expect=state))[0] or ended
+        history = with_event(
+            ended.history, self.clock(), "rescheduled", f"as {replacement.id}", replacement.node
         )
-        return replaced or lost
+        update = {"replaced_by": replacement.id, "history": _dumped(history)}
+        replaced, _ = await self.workloads.transition(ended.id, update, expect=state)
+        return replaced or ended
 
     async def _pending_unknown_to_node(self, workload: StoredWorkload) -> StoredWorkload:
         """A ``pending`` workload its node has never heard of: its boot is still on its way
@@ -819,8 +862,18 @@ class ClusterBackend:
             command=tuple(workload.command),
             env=workload.env,
             image=None if image is None else image.name,
+            restart=workload.restart,
         )
-        return await self._boot(request, boot, new_id, image, True)
+        why = f"in place of {workload.id} ({workload.state} on {workload.node})"
+        return await self._boot(
+            request,
+            boot,
+            new_id,
+            image,
+            workload.reschedule,
+            reschedules=workload.reschedules + 1,
+            why=why,
+        )
 
     # -- images ------------------------------------------------------------------------------
     async def add_image(self, body: schemas.ImageCreate) -> Image:
@@ -843,3 +896,8 @@ class ClusterBackend:
 
     async def image_list(self) -> list[Image]:
         return await self.images.list()
+
+
+def _dumped(history: list[Any]) -> list[dict[str, object]]:
+    """A record's history as plain data, for a transition's update."""
+    return [event.model_dump() for event in history]

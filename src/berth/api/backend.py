@@ -643,13 +643,12 @@ class ClusterBackend:
         silent_s = self.clock() - since
         if silent_s < wait_s:
             return workload
-        update: dict[str, object] = {
-            "state": "lost",
-            "detail": (
-                f"node {workload.node} gone: out of the cluster, no answer for "
-                f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
-            ),
-        }
+        detail = (
+            f"node {workload.node} gone: out of the cluster, no answer for "
+            f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
+        )
+        history = with_event(workload.history, self.clock(), "lost", detail, workload.node)
+        update: dict[str, object] = {"state": "lost", "detail": detail, "history": _dumped(history)}
         lost, recorded = await self._end_by_id(workload.id, update)
         if lost is None or not recorded:
             return workload if lost is None else lost

@@ -170,6 +170,8 @@ def test_the_walkthrough(up: Up) -> None:
         "--type",
         "micro",
         "--restartable",
+        "--restart",
+        "always",
         "--",
         "python",
         "-m",
@@ -183,7 +185,12 @@ def test_the_walkthrough(up: Up) -> None:
     # -- ps: a table, the JSON list, filters -------------------------------------------------
     table = ok(up, "ps")
     assert "2 workloads" in table and plain in table and web["id"] in table, table
-    assert "python -m http.server" in table
+    assert "python -m http.server" in table and "restarts" in table
+    one = ok(up, "ps", web["id"])
+    assert one.startswith(f"{web['id']} running on {node}: default/web/0"), one
+    assert "restart always: 3 in 600s" in one and "restarts: 0" in one, one
+    assert "reschedules: 0 of unlimited" in one and "created" in one, one
+    assert document(up, "ps", web["id"])["restart"]["mode"] == "always"
     listed = document(up, "ps")
     assert {item["id"] for item in listed["items"]} == {plain, web["id"]}
     assert {item["state"] for item in listed["items"]} == {"running"}

@@ -437,7 +437,7 @@ class RestartPolicy(BerthModel):
     def _max_at_least_delay(cls, max_delay_s: float, info: ValidationInfo) -> float:
         delay_s = info.data.get("delay_s")
         if isinstance(delay_s, float) and max_delay_s < delay_s:
-            raise Invalid(f"must be at least delay_s ({delay_s:g}), got {max_delay_s:g}")
+            raise Invalid(f"must be at least the first delay ({delay_s:g}s), got {max_delay_s:g}")
         return max_delay_s
 
     def restarts_after(self, exit_code: int | None, stopped: bool) -> bool:

@@ -5,8 +5,11 @@ interval — and never after a stop.  The policy value's own bounds are tested h
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +19,9 @@ from berth.boot import WorkloadStatus
 from berth.model import ReschedulePolicy, RestartPolicy
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
 from berth.node.core import NodeCore
+from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
-from berth.node.runtime import BootSpec, FakeRuntime
+from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime
 from berth.testing.clock import FakeClock
 from berth.units import GiB
 
@@ -312,3 +316,53 @@ def test_the_status_with_restarts_round_trips_and_a_bad_count_is_invalid() -> No
     with pytest.raises(Invalid) as error:
         WorkloadStatus.from_dict({"state": "running", "restarts": -1})
     assert error.value.field == "status.restarts"
+
+
+# -- real processes, the journal, and an agent's restart ---------------------------------------
+
+
+def process_core(state_dir: Path) -> NodeCore:
+    limits = BudgetLimits(
+        mem_max=2 * GiB, disk_max=10 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB
+    )
+    return NodeCore(
+        "n1",
+        "linux/amd64",
+        NodeBudget(limits),
+        ProcessRuntime(state_dir=state_dir, stop_grace_s=0.2),
+        layers=LayerRegistry(GiB),
+        journal=Journal(state_dir),
+    )
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+def test_a_failing_process_is_restarted_under_its_id_its_journal_entry_kept(
+    tmp_path: Path,
+) -> None:
+    async def test() -> None:
+        node = process_core(tmp_path)
+        failing = BootSpec(
+            name="f",
+            command=("sh", "-c", "sleep 0.2; exit 1"),
+            restart=RestartPolicy(mode="on-failure", attempts=1, delay_s=0.05),
+        )
+        booted = await node.boot(SPEC, LAYERS, failing, workload_id="w-f")
+        first_pid = booted.workload.pid
+        await until(lambda: node.status("w-f").restarts == 1)
+        assert node.journal is not None
+        (kept,) = node.journal.read()[0]
+        assert kept.restarts == 1 and kept.boot.restart == failing.restart
+        assert kept.locator is not None and kept.locator["workload"][0] != first_pid
+        assert [r.id for r in node.budget.reservations()] == [booted.admission.reservation_id]
+        await until(lambda: node.status("w-f").state == "ended")
+        status = node.status("w-f")
+        assert status.exhausted and status.exit_code == 1 and status.restarts == 1
+        assert node.budget.reservations() == [] and os.listdir(tmp_path / "workloads") == []
+
+    asyncio.run(asyncio.wait_for(test(), 30))

@@ -5,14 +5,17 @@ interval — and never after a stop.  The policy value's own bounds are tested h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from berth import Invalid, Layer, Spec
 from berth.boot import WorkloadStatus
@@ -22,6 +25,7 @@ from berth.node.core import NodeCore
 from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
 from berth.node.runtime import BootSpec, FakeRuntime, ProcessRuntime
+from berth.ownership import Refused
 from berth.testing.clock import FakeClock
 from berth.units import GiB
 
@@ -50,7 +54,10 @@ class Backoff:
 
 
 def make_core(
-    runtime: FakeRuntime, clock: FakeClock, backoff: Backoff, mem_max: int = 2 * GiB
+    runtime: FakeRuntime,
+    clock: FakeClock,
+    backoff: Callable[[float], Awaitable[None]],
+    mem_max: int = 2 * GiB,
 ) -> NodeCore:
     limits = BudgetLimits(
         mem_max=mem_max, disk_max=10 * GiB, cpu_capacity=2, disk_bw_cap=GiB, net_bw_cap=GiB
@@ -366,3 +373,84 @@ def test_a_failing_process_is_restarted_under_its_id_its_journal_entry_kept(
         assert node.budget.reservations() == [] and os.listdir(tmp_path / "workloads") == []
 
     asyncio.run(asyncio.wait_for(test(), 30))
+
+
+# -- any sequence of ends, stops and boots ------------------------------------------------------
+
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["boot", "exit0", "exit1", "kill", "stop", "tick"]),
+        st.sampled_from(["w1", "w2", "w3"]),
+        st.sampled_from(["never", "on-failure", "always"]),
+    ),
+    max_size=40,
+)
+
+
+class Ticks:
+    """A backoff that waits until the test's next :meth:`tick` (so stops, ends and boots
+    can come while restarts wait)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.waiting: list[asyncio.Future[None]] = []
+
+    async def __call__(self, seconds: float) -> None:
+        waiting = asyncio.get_running_loop().create_future()
+        self.waiting.append(waiting)
+        await waiting
+        self.clock.advance(seconds)
+
+    def tick(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+
+
+@given(OPERATIONS)
+@settings(max_examples=150, deadline=None)
+def test_any_sequence_keeps_one_reservation_per_workload_and_stops_stop(
+    operations: list[tuple[str, str, str]],
+) -> None:
+    """Whatever ends, stops and boots come in whatever order, the node holds exactly one
+    reservation per workload it counts as running (running or waiting for its restart), never
+    more than its memory, no layer without a workload; a stopped workload never runs again
+    until it is booted again; and a workload the runtime runs is one the node counts."""
+
+    async def test() -> None:
+        runtime, clock = FakeRuntime(), FakeClock(100.0)
+        backoff = Ticks(clock)
+        core = make_core(runtime, clock, backoff, mem_max=2 * GiB)
+        stopped: set[str] = set()
+        for operation, workload_id, mode in operations:
+            running = {handle.id for handle in runtime.list()}
+            if operation == "boot":
+                with contextlib.suppress(Refused):
+                    policy = boot(mode, attempts=2, interval_s=10.0)
+                    await core.boot(SPEC, LAYERS, policy, workload_id=workload_id)
+                    stopped.discard(workload_id)
+            elif operation == "tick":  # every restart waiting for its backoff may go
+                backoff.tick()
+            elif operation == "stop":
+                await core.stop(workload_id)
+                if core.status(workload_id).state == "ended":
+                    stopped.add(workload_id)
+            elif workload_id in running:
+                if operation == "kill":
+                    runtime.kill(workload_id)
+                else:
+                    runtime.finish(workload_id, code=0 if operation == "exit0" else 1)
+            await settle()
+            clock.advance(1.0)
+            counted = set(core.workloads())
+            assert {handle.id for handle in runtime.list()} <= counted
+            assert len(core.budget.reservations()) == len(counted)
+            assert not stopped & {handle.id for handle in runtime.list()}
+            assert core.problems() == []
+        await core.stop_all()
+        backoff.tick()
+        await settle()
+        assert core.budget.reservations() == [] and runtime.list() == ()
+
+    run(test)

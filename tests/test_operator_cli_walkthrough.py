@@ -216,6 +216,10 @@ def test_the_walkthrough(up: Up) -> None:
     replacement = after[web["id"]]["replaced_by"]
     assert replacement and after[replacement]["state"] == "running"
     assert after[replacement]["node"] != node and after[replacement]["name"] == "web"
+    events = [event["event"] for event in after[web["id"]]["history"]]
+    assert events == ["created", "stopped", "drained"], events
+    assert after[replacement]["reschedules"] == 0  # a drain is not a failure
+    assert web["id"] in after[replacement]["history"][0]["reason"]
     cordoned = {n["name"]: n["cordoned"] for n in document(up, "nodes")["items"]}
     assert cordoned == {name: name == node for name in NODES}
 

@@ -833,15 +833,20 @@ class ClusterBackend:
                 workload_id=workload.id, outcome="stopped", detail=stopped.detail or "stopped"
             )
         try:
-            replacement = await self._replace(workload)
+            replacement = await self._replace(stopped, counted=False)  # a drain is no failure
         except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
             return schemas.DrainItem(
                 workload_id=workload.id,
                 outcome="failed",
                 detail=f"stopped; not placed again: {error}",
             )
+        history = with_event(
+            stopped.history, self.clock(), "drained", f"as {replacement.id}", replacement.node
+        )
         await self.workloads.transition(
-            stopped.id, {"replaced_by": replacement.id}, expect=ENDED_STATES
+            stopped.id,
+            {"replaced_by": replacement.id, "history": _dumped(history)},
+            expect=ENDED_STATES,
         )
         return schemas.DrainItem(
             workload_id=workload.id,
@@ -851,8 +856,9 @@ class ClusterBackend:
             new_node=replacement.node,
         )
 
-    async def _replace(self, workload: StoredWorkload) -> StoredWorkload:
-        """Place and boot ``workload`` again from its recorded request, under a new id."""
+    async def _replace(self, workload: StoredWorkload, *, counted: bool = True) -> StoredWorkload:
+        """Place and boot ``workload`` again from its recorded request, under a new id;
+        ``counted``: as one more reschedule of its line (a drain's is not)."""
         request = Request.from_dict(workload.request)
         image = None if workload.image is None else await self.images.get(workload.image)
         new_id = new_workload_id()
@@ -870,7 +876,7 @@ class ClusterBackend:
             new_id,
             image,
             workload.reschedule,
-            reschedules=workload.reschedules + 1,
+            reschedules=workload.reschedules + int(counted),
             why=why,
         )
 

@@ -76,6 +76,8 @@ async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhaust
         assert ended.replaced_by is not None
         events = [event.event for event in ended.history]
         assert events[0] == "created" and "failed" in events and events[-1] == "rescheduled"
+        restarted = [event.reason or "" for event in ended.history if event.event == "restarted"]
+        assert restarted and restarted[-1].endswith("after its run exited with code 1")
         replacement = await read(api, ended.replaced_by)
         assert replacement.reschedules == 1 and replacement.restart == ended.restart
         assert replacement.history[0].reason is not None

@@ -588,9 +588,10 @@ class ClusterBackend:
         """Record the restarts the node reports beyond those recorded (count and event)."""
         if status.restarts <= workload.restarts:
             return workload
-        history = with_event(
-            workload.history, self.clock(), "restarted", status.reason, workload.node
-        )
+        first, last = workload.restarts + 1, status.restarts
+        count = f"restart {last}" if first == last else f"restarts {first}-{last}"
+        reason = f"{count}, after its run {status.reason or 'ended'}"
+        history = with_event(workload.history, self.clock(), "restarted", reason, workload.node)
         update: dict[str, object] = {"restarts": status.restarts, "history": _dumped(history)}
         moved, _ = await self.workloads.transition(workload.id, update, expect=(workload.state,))
         return workload if moved is None else moved

@@ -165,6 +165,23 @@ def test_on_failure_restarts_with_backoff_under_the_same_id_and_reservation() ->
     run(test)
 
 
+def test_a_leased_boot_keeps_its_lease_bound_across_restarts() -> None:
+    async def test() -> None:
+        core, runtime, clock, _ = setup()
+        lease = core.admit(SPEC, 30.0)
+        policy = boot("on-failure", attempts=1)
+        await core.boot(SPEC, LAYERS, policy, reservation=lease.reservation_id, workload_id="w1")
+        runtime.finish("w1", code=1)
+        await settle()
+        clock.advance(60.0)  # past the lease's time to live: bound, it does not expire
+        assert [r.id for r in core.budget.reservations()] == [lease.reservation_id]
+        runtime.finish("w1", code=1)
+        await settle()
+        assert core.status("w1").exhausted and core.budget.reservations() == []
+
+    run(test)
+
+
 def test_restarts_exhausted_end_the_workload_failed_and_release_what_it_held() -> None:
     async def test() -> None:
         core, runtime, _, backoff = setup()

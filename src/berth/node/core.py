@@ -521,7 +521,7 @@ class NodeCore:
     def _owner(self, workload: WorkloadHandle) -> Owner:
         """What owns ``workload``'s reservation: its life when it may restart, else itself."""
         running = self._running.get(workload.id)
-        if running is not None and running.workload is workload and running.life is not None:
+        if running is not None and running.life is not None:
             return running.life
         return workload
 
@@ -775,7 +775,7 @@ class NodeCore:
                 running = self._running.get(owner)
                 if running is None:
                     raise Refused("unknown_workload", f"no workload {owner!r}")
-                owner = running.workload
+                owner = self._owner(running.workload)  # its life, when it restarts
             self.budget.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:

@@ -40,6 +40,14 @@ reporting each; ``restartable`` ones are placed and booted again from their reco
 — the cordoned node refuses them at its own admission, so they land elsewhere — and the old
 record gets ``replaced_by``.
 
+**Restart and reschedule**: a create's restart policy goes to the node in the boot spec —
+the node restarts (it sees the exit first); a read records the restarts the node reports
+(``restarts``, a ``restarted`` event) and an end with the restarts exhausted as ``failed``.
+Rescheduling is the API's: a record that ends ``lost``, or ``failed`` with its restarts
+exhausted, is placed again as its reschedule policy allows (``replaced_by``, a
+``rescheduled`` event); a drain's replacement does not count as one.  Each record keeps its
+``history`` of such events.
+
 **Recent placements** are a bounded ring (the newest ``recent_capacity``) of the decisions
 this process made, each with the explanation's summary, for the dashboard.
 """

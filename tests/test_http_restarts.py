@@ -94,7 +94,14 @@ async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhaust
         assert workload.reservation_id not in held  # its end released it
 
 
-async def test_a_lost_node_reschedules_a_workload_whose_policy_says_so() -> None:
+async def test_a_restarting_workload_of_a_lost_node_is_rescheduled_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """The issue's case: ``restart = on-failure``, exits 1, restarted with backoff on its
+    node (new pids, one id), then its node is lost: rescheduled on another node, where it
+    goes on being restarted."""
+    pids = tmp_path / "pids"
+    restart = {"mode": "on-failure", "attempts": 100, "delay_s": 0.1, "max_delay_s": 0.4}
     async with embedded_api(3, node_gone_after_s=0.3) as under_test, under_test.client() as api:
         cluster, faults = under_test.cluster, under_test.faults
         assert cluster is not None and faults is not None
@@ -105,13 +112,21 @@ async def test_a_lost_node_reschedules_a_workload_whose_policy_says_so() -> None
         workload = await create(
             api,
             "svc",
-            command=["sleep", "60"],
-            restart={"mode": "always"},
+            command=FLAKY,
+            env={"PIDS": str(pids)},
+            restart=restart,
             reschedule={"attempts": 1},
         )
         assert workload.node == doomed and not workload.reschedule.unlimited
         for node in others:
             assert (await api.post(f"/v1/nodes/{node}/uncordon")).status_code == 200
+
+        async def restarted_twice() -> Workload | None:
+            found = await read(api, workload.id)
+            return found if found.restarts >= 2 else None
+
+        seen = await eventually(restarted_twice, timeout_s=10.0)
+        assert seen.state == "running" and len({pid for pid, _ in runs(pids)}) >= 3
         faults.cut(doomed)
         await cluster.agents[doomed].stop()
 
@@ -120,9 +135,18 @@ async def test_a_lost_node_reschedules_a_workload_whose_policy_says_so() -> None
             return found if found.state == "lost" and found.replaced_by else None
 
         gone = await eventually(lost, timeout_s=10.0)
-        assert [event.event for event in gone.history] == ["created", "lost", "rescheduled"]
+        events = [event.event for event in gone.history]
+        assert events[0] == "created" and "restarted" in events
+        assert events[-2:] == ["lost", "rescheduled"], events
         moved = await read(api, gone.replaced_by or "")
-        assert moved.node in others and moved.state == "running" and moved.reschedules == 1
+        assert moved.node in others and moved.reschedules == 1
+        assert moved.restart is not None and moved.restart.mode == "on-failure"
+
+        async def restarted_there() -> Workload | None:
+            found = await read(api, moved.id)
+            return found if found.restarts >= 1 and found.state == "running" else None
+
+        await eventually(restarted_there, timeout_s=10.0)  # its new node restarts it too
         started = time.monotonic()
         response = await api.post(f"/v1/workloads/{moved.id}/stop", json={"grace_s": 0})
         assert response.status_code == 200 and response.json()["state"] == "stopped"

@@ -310,6 +310,23 @@ async def test_boot_failure_releases_the_reservation(api: httpx.AsyncClient) -> 
             "layers",
         ),
         ({"name": "x", "type": "micro", "command": ["true"], "colour": "red"}, "colour"),
+        (
+            {"name": "x", "type": "micro", "command": ["true"], "restart": {"mode": "often"}},
+            "restart.mode",
+        ),
+        (
+            {
+                "name": "x",
+                "type": "micro",
+                "command": ["true"],
+                "restart": {"mode": "always", "delay_s": 9.0, "max_delay_s": 1.0},
+            },
+            "restart.max_delay_s",
+        ),
+        (
+            {"name": "x", "type": "micro", "command": ["true"], "reschedule": {"attempts": -2}},
+            "reschedule.attempts",
+        ),
     ],
 )
 async def test_bad_workloads_are_400_naming_the_field(

@@ -170,6 +170,8 @@ def test_the_walkthrough(up: Up) -> None:
         "--type",
         "micro",
         "--restartable",
+        "--restart",
+        "always",
         "--",
         "python",
         "-m",
@@ -183,7 +185,12 @@ def test_the_walkthrough(up: Up) -> None:
     # -- ps: a table, the JSON list, filters -------------------------------------------------
     table = ok(up, "ps")
     assert "2 workloads" in table and plain in table and web["id"] in table, table
-    assert "python -m http.server" in table
+    assert "python -m http.server" in table and "restarts" in table
+    one = ok(up, "ps", web["id"])
+    assert one.startswith(f"{web['id']} running on {node}: default/web/0"), one
+    assert "restart always: 3 in 600s" in one and "restarts: 0" in one, one
+    assert "reschedules: 0 of unlimited" in one and "created" in one, one
+    assert document(up, "ps", web["id"])["restart"]["mode"] == "always"
     listed = document(up, "ps")
     assert {item["id"] for item in listed["items"]} == {plain, web["id"]}
     assert {item["state"] for item in listed["items"]} == {"running"}
@@ -209,6 +216,10 @@ def test_the_walkthrough(up: Up) -> None:
     replacement = after[web["id"]]["replaced_by"]
     assert replacement and after[replacement]["state"] == "running"
     assert after[replacement]["node"] != node and after[replacement]["name"] == "web"
+    events = [event["event"] for event in after[web["id"]]["history"]]
+    assert events == ["created", "stopped", "drained"], events
+    assert after[replacement]["reschedules"] == 0  # a drain is not a failure
+    assert web["id"] in after[replacement]["history"][0]["reason"]
     cordoned = {n["name"]: n["cordoned"] for n in document(up, "nodes")["items"]}
     assert cordoned == {name: name == node for name in NODES}
 

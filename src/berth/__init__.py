@@ -20,7 +20,16 @@ __version__ = "0.1.0"
 
 from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform, Unavailable
-from berth.model import INSTANCE_TYPES, Layer, Placement, Request, Spec, instance_type
+from berth.model import (
+    INSTANCE_TYPES,
+    Layer,
+    Placement,
+    Request,
+    ReschedulePolicy,
+    RestartPolicy,
+    Spec,
+    instance_type,
+)
 from berth.node.agent import Agent
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.node.config import AgentConfig, load_config
@@ -64,6 +73,8 @@ __all__ = [
     "Policy",
     "Refused",
     "Request",
+    "ReschedulePolicy",
+    "RestartPolicy",
     "Scheduler",
     "Scorer",
     "SingleNode",

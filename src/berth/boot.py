@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, StrictInt, field_validator
 
 from berth.errors import BerthError, Invalid
-from berth.model import Cores, Name
+from berth.model import Cores, Name, RestartPolicy
 from berth.units import parse_information
 from berth.validation import BerthModel, shown
 
@@ -59,6 +59,8 @@ class BootSpec(BerthModel):
     in the node's OCI image layout; ``None``: the layout's only image), ``vcpus`` and
     ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
     ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
+    ``restart`` — when the node restarts the workload after it ends (``None``: never); it
+    travels with the boot spec, so the node's journal keeps it too.
     """
 
     name: str
@@ -68,6 +70,7 @@ class BootSpec(BerthModel):
     image: Name | None = None
     vcpus: Cores | None = None
     disk_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
+    restart: RestartPolicy | None = None
 
     @field_validator("name")
     @classmethod
@@ -99,12 +102,17 @@ class WorkloadStatus:
     """What a node knows of one workload id: ``running``, ``ended`` (with how: its exit code,
     or the signal's ``reason``, and whether a stop ended it) or ``unknown`` (never ran here,
     or ended longer ago than the node remembers — :data:`~berth.node.core.ENDED_MEMORY`
-    ends — or before the agent restarted)."""
+    ends — or before the agent restarted).  ``restarts`` is how many times the node
+    restarted it under its restart policy; while it runs again, ``exit_code`` and ``reason``
+    say how its last run ended; ``exhausted`` that its end is the last because its restarts
+    ran out."""
 
     state: str
     exit_code: int | None = None
     reason: str | None = None
     stopped: bool = False
+    restarts: int = 0
+    exhausted: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -112,6 +120,8 @@ class WorkloadStatus:
             "exit_code": self.exit_code,
             "reason": self.reason,
             "stopped": self.stopped,
+            "restarts": self.restarts,
+            "exhausted": self.exhausted,
         }
 
     @classmethod
@@ -129,4 +139,11 @@ class WorkloadStatus:
             raise Invalid(f"expected a string, got {shown(reason)}", field="status.reason")
         if not isinstance(stopped, bool):
             raise Invalid(f"expected true or false, got {shown(stopped)}", field="status.stopped")
-        return cls(state, code, reason, stopped)
+        restarts, exhausted = value.get("restarts", 0), value.get("exhausted", False)
+        if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+            raise Invalid(f"expected a count (≥ 0), got {shown(restarts)}", field="status.restarts")
+        if not isinstance(exhausted, bool):
+            raise Invalid(
+                f"expected true or false, got {shown(exhausted)}", field="status.exhausted"
+            )
+        return cls(state, code, reason, stopped, restarts, exhausted)

@@ -21,6 +21,10 @@ __all__ = [
     "RECONCILE_EVERY_S",
     "RECONCILE_LEASE_TTL_S",
     "RECONCILE_PENDING_AFTER_S",
+    "RESTART_ATTEMPTS",
+    "RESTART_DELAY_S",
+    "RESTART_INTERVAL_S",
+    "RESTART_MAX_DELAY_S",
     "RUN_TIMEOUT_S",
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
@@ -79,3 +83,18 @@ from taking over (it renews every third of it)."""
 RECONCILE_PENDING_AFTER_S = 2 * RUN_TIMEOUT_S + 10.0
 """How old a ``pending`` record whose node does not run it must be before the reconciler asks
 the node to run it again (same id: idempotent): by then its create's own attempts are over."""
+
+RESTART_ATTEMPTS = 3
+"""How many restarts a workload's restart policy allows within its interval, when it names
+no number (``--restart-attempts``)."""
+
+RESTART_INTERVAL_S = 600.0
+"""The window a restart policy counts its attempts in: a workload restarted ``attempts``
+times within it is ``failed`` (restarts exhausted) at its next end (``--restart-interval``)."""
+
+RESTART_DELAY_S = 1.0
+"""The first restart's delay; each next one doubles it, up to the maximum
+(``--restart-delay``)."""
+
+RESTART_MAX_DELAY_S = 60.0
+"""The longest delay between two restarts of a workload (``--restart-max-delay``)."""

@@ -28,6 +28,12 @@ so a bound is written once and the next field added is protected too:
 * a request lists at most :data:`MAX_LAYERS` layers whose sizes sum to at most ``MAX_BYTES``,
   so no colocation sum can overflow.
 
+**Policies.**  :class:`RestartPolicy` (Kubernetes' ``restartPolicy``, Nomad's ``restart``
+block: restart on the same node, with exponential backoff, at most so many times within an
+interval) and :class:`ReschedulePolicy` (Nomad's ``reschedule``: place again on another node
+when the node is lost or the restarts are exhausted) are values like the others: a request
+carries them, the node and the API act on them.
+
 ``INSTANCE_TYPES`` is Hyper's instance-type table (docs/design.md §1.4), verbatim.
 """
 
@@ -35,7 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -49,6 +55,7 @@ from pydantic import (
     field_validator,
 )
 
+from berth import defaults
 from berth.errors import Invalid
 from berth.platform import Platform
 from berth.units import (
@@ -71,6 +78,8 @@ __all__ = [
     "MAX_NAME",
     "MAX_PLATFORMS",
     "MAX_REPLICA",
+    "MAX_RESCHEDULES",
+    "MAX_RESTARTS",
     "MAX_SKEW",
     "MIN_INTERVAL_S",
     "NAME_RULE",
@@ -87,6 +96,8 @@ __all__ = [
     "Names",
     "Placement",
     "Request",
+    "ReschedulePolicy",
+    "RestartPolicy",
     "Seconds",
     "Spec",
     "Spread",
@@ -109,6 +120,10 @@ MAX_REPLICA = 2**31 - 1
 """The largest replica index."""
 MAX_SKEW = 1024
 """The largest ``Spread.max_skew`` (a skew beyond a thousand replicas spreads nothing)."""
+MAX_RESTARTS = 1000
+"""The most restarts a restart policy may allow within its interval."""
+MAX_RESCHEDULES = 1000
+"""The most reschedules a reschedule policy may allow for one workload."""
 MAX_CORES = 2.0**20
 """The most cores a spec asks for or a node offers."""
 MIN_INTERVAL_S = 0.001
@@ -394,6 +409,77 @@ class Spread(BerthModel):
         if self.label is None:
             return f"{kind} spread (one replica per node)"
         return f"{kind} spread over label {self.label!r} (max skew {self.max_skew})"
+
+
+RestartMode = Literal["never", "on-failure", "always"]
+
+
+class RestartPolicy(BerthModel):
+    """When the node restarts a workload that ended, under the same id and reservation.
+
+    ``mode`` — ``never``; ``on-failure``: an end that is not a stop and not an exit with
+    code 0 (a non-zero exit, or a kill by anything but a stop); ``always``: any end that is
+    not a stop.  A stop never restarts.  ``attempts`` — at most this many restarts within any
+    ``interval_s``; the end after those is the workload's last (``failed``: restarts
+    exhausted).  The ``k``-th restart in a row (from 0) waits
+    ``min(delay_s · 2^k, max_delay_s)`` (:meth:`delay`); a run that lasted a whole interval
+    starts the doubling again.
+    """
+
+    mode: RestartMode = "never"
+    attempts: Annotated[StrictInt, Field(ge=0, le=MAX_RESTARTS)] = defaults.RESTART_ATTEMPTS
+    interval_s: Interval = defaults.RESTART_INTERVAL_S
+    delay_s: Seconds = defaults.RESTART_DELAY_S
+    max_delay_s: Seconds = defaults.RESTART_MAX_DELAY_S
+
+    @field_validator("max_delay_s")
+    @classmethod
+    def _max_at_least_delay(cls, max_delay_s: float, info: ValidationInfo) -> float:
+        delay_s = info.data.get("delay_s")
+        if isinstance(delay_s, float) and max_delay_s < delay_s:
+            raise Invalid(f"must be at least the first delay ({delay_s:g}s), got {max_delay_s:g}")
+        return max_delay_s
+
+    def restarts_after(self, exit_code: int | None, stopped: bool) -> bool:
+        """Whether an end (``exit_code`` ``None``: killed by a signal) calls for a restart,
+        attempts aside."""
+        if stopped or self.mode == "never":
+            return False
+        return self.mode == "always" or exit_code != 0
+
+    def delay(self, in_a_row: int) -> float:
+        """The wait before a restart that follows ``in_a_row`` earlier ones (seconds)."""
+        if in_a_row >= 64:  # 2^64 · delay is past any max_delay_s
+            return self.max_delay_s
+        return float(min(self.delay_s * 2**in_a_row, self.max_delay_s))
+
+    def __str__(self) -> str:
+        if self.mode == "never":
+            return "restart never"
+        return (
+            f"restart {self.mode}: {self.attempts} in {self.interval_s:g}s, "
+            f"delay {self.delay_s:g}s doubling to {self.max_delay_s:g}s"
+        )
+
+
+class ReschedulePolicy(BerthModel):
+    """Whether the API places a workload again, on another node, when it ends ``lost`` (its
+    node gone) or ``failed`` with its restarts exhausted (and after a drain).
+
+    ``attempts`` — how many times, over the workload's whole line of replacements (0: never);
+    ``unlimited`` — every time (what ``--restartable`` has always meant).
+    """
+
+    attempts: Annotated[StrictInt, Field(ge=0, le=MAX_RESCHEDULES)] = 0
+    unlimited: StrictBool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.unlimited or self.attempts > 0
+
+    def allows(self, done: int) -> bool:
+        """Whether one more reschedule is allowed after ``done`` of them."""
+        return self.unlimited or done < self.attempts
 
 
 class Request(BerthModel):

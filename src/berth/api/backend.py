@@ -42,6 +42,14 @@ reporting each; ``restartable`` ones are placed and booted again from their reco
 — the cordoned node refuses them at its own admission, so they land elsewhere — and the old
 record gets ``replaced_by``.
 
+**Restart and reschedule**: a create's restart policy goes to the node in the boot spec —
+the node restarts (it sees the exit first); a read records the restarts the node reports
+(``restarts``, a ``restarted`` event) and an end with the restarts exhausted as ``failed``.
+Rescheduling is the API's: a record that ends ``lost``, or ``failed`` with its restarts
+exhausted, is placed again as its reschedule policy allows (``replaced_by``, a
+``rescheduled`` event); a drain's replacement does not count as one.  Each record keeps its
+``history`` of such events.
+
 **Recent placements** are a bounded ring (the newest ``recent_capacity``) of the decisions
 this process made, each with the explanation's summary, for the dashboard.
 """
@@ -59,10 +67,10 @@ from typing import Any
 from berth.api import schemas
 from berth.api.placements import Placements
 from berth.api.problems import Problem
-from berth.boot import BootSpec
+from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import NODE_GONE_AFTER_S, RUN_TIMEOUT_S
 from berth.errors import Invalid, NoCapacity, Unavailable
-from berth.model import INTERVAL_RULE, Placement, Request
+from berth.model import INTERVAL_RULE, Placement, Request, ReschedulePolicy
 from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
@@ -78,6 +86,7 @@ from berth.registry.port import (
     StoredWorkload,
     WorkloadRegistry,
     new_workload_id,
+    with_event,
 )
 from berth.scheduler.multinode import ClusterScheduler
 from berth.state import NodeState
@@ -274,11 +283,12 @@ class ClusterBackend:
                 command=tuple(body.command),
                 env=body.env,
                 image=None if image is None else image.name,  # the node's layout ref (microvm)
+                restart=body.restart,
             )
         except Invalid as error:
             field = error.field if error.field in ("command", "env", "image") else "command"
             raise Invalid(error.message, field=field) from None
-        return await self._boot(request, boot, workload_id, image, body.restartable)
+        return await self._boot(request, boot, workload_id, image, body.reschedule_policy())
 
     async def _boot(
         self,
@@ -286,7 +296,10 @@ class ClusterBackend:
         boot: BootSpec,
         workload_id: str,
         image: Image | None,
-        restartable: bool,
+        reschedule: ReschedulePolicy,
+        *,
+        reschedules: int = 0,
+        why: str | None = None,
     ) -> StoredWorkload:
         """Claim the identity, place, record the intent (``pending``), boot on the chosen
         node under the workload's own id, record it ``running``: a running workload the API
@@ -307,7 +320,11 @@ class ClusterBackend:
             state="pending",
             command=list(boot.command),
             env=dict(boot.env),
-            restartable=restartable,
+            restartable=reschedule.enabled,
+            restart=boot.restart,
+            reschedule=reschedule,
+            reschedules=reschedules,
+            history=with_event((), self.clock(), "created", why, placement.worker_node),
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
@@ -561,7 +578,7 @@ class ClusterBackend:
         except (Unavailable, TimeoutError) as error:
             return await self._unreachable(workload, error)
         if status.state == "running":
-            return await self._runs(workload)
+            return await self._runs(await self._restarted(workload, status))
         if status.state == "unknown":
             if workload.state == "pending":
                 return await self._pending_unknown_to_node(workload)
@@ -575,10 +592,36 @@ class ClusterBackend:
             kind = (
                 "stopped"
                 if status.stopped
-                else ("exited" if status.exit_code is not None else "failed")
+                else (
+                    "exited" if status.exit_code is not None and not status.exhausted else "failed"
+                )
             )
             update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
-        return await self._end(workload, update)
+            update["restarts"] = max(workload.restarts, status.restarts)
+        history = with_event(
+            workload.history,
+            self.clock(),
+            str(update["state"]),
+            str(update["detail"]),
+            workload.node,
+        )
+        update["history"] = _dumped(history)
+        ended = await self._end(workload, update)
+        if status.exhausted and ended.state == "failed":
+            return await self._reschedule(ended)
+        return ended
+
+    async def _restarted(self, workload: StoredWorkload, status: WorkloadStatus) -> StoredWorkload:
+        """Record the restarts the node reports beyond those recorded (count and event)."""
+        if status.restarts <= workload.restarts:
+            return workload
+        first, last = workload.restarts + 1, status.restarts
+        count = f"restart {last}" if first == last else f"restarts {first}-{last}"
+        reason = f"{count}, after its run {status.reason or 'ended'}"
+        history = with_event(workload.history, self.clock(), "restarted", reason, workload.node)
+        update: dict[str, object] = {"restarts": status.restarts, "history": _dumped(history)}
+        moved, _ = await self.workloads.transition(workload.id, update, expect=(workload.state,))
+        return workload if moved is None else moved
 
     async def _settled(self, node: str) -> bool:
         """Whether ``node``'s word that it does not know a workload is final: not while a
@@ -638,31 +681,39 @@ class ClusterBackend:
         silent_s = self.clock() - since
         if silent_s < wait_s:
             return workload
-        update: dict[str, object] = {
-            "state": "lost",
-            "detail": (
-                f"node {workload.node} gone: out of the cluster, no answer for "
-                f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
-            ),
-        }
+        detail = (
+            f"node {workload.node} gone: out of the cluster, no answer for "
+            f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
+        )
+        history = with_event(workload.history, self.clock(), "lost", detail, workload.node)
+        update: dict[str, object] = {"state": "lost", "detail": detail, "history": _dumped(history)}
         lost, recorded = await self._end_by_id(workload.id, update)
         if lost is None or not recorded:
             return workload if lost is None else lost
         log.warning("%s lost: %s", workload.id, update["detail"])
-        if not workload.restartable:
-            return lost
+        return await self._reschedule(lost)
+
+    async def _reschedule(self, ended: StoredWorkload) -> StoredWorkload:
+        """Place an ended (``lost``, or ``failed`` with its restarts exhausted) workload again,
+        elsewhere when its node is gone, if its reschedule policy allows one more; its record
+        gets ``replaced_by`` and a ``rescheduled`` event, or the reason it was not."""
+        if not ended.reschedule.allows(ended.reschedules):
+            return ended
+        state = (ended.state,)
         try:
-            replacement = await self._replace(lost)
+            replacement = await self._replace(ended)
         except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
-            log.warning("%s lost and not placed again: %s", workload.id, error)
-            detail = f"{update['detail']}; not placed again: {error}"
-            return (await self.workloads.transition(lost.id, {"detail": detail}, expect=("lost",)))[
-                0
-            ] or lost
-        replaced, _ = await self.workloads.transition(
-            lost.id, {"replaced_by": replacement.id}, expect=("lost",)
+            log.warning("%s %s and not placed again: %s", ended.id, ended.state, error)
+            detail = f"{ended.detail}; not placed again: {error}"
+            history = with_event(ended.history, self.clock(), "not rescheduled", str(error), None)
+            update: dict[str, object] = {"detail": detail, "history": _dumped(history)}
+            return (await self.workloads.transition(ended.id, update, expect=state))[0] or ended
+        history = with_event(
+            ended.history, self.clock(), "rescheduled", f"as {replacement.id}", replacement.node
         )
-        return replaced or lost
+        update = {"replaced_by": replacement.id, "history": _dumped(history)}
+        replaced, _ = await self.workloads.transition(ended.id, update, expect=state)
+        return replaced or ended
 
     async def _pending_unknown_to_node(self, workload: StoredWorkload) -> StoredWorkload:
         """A ``pending`` workload its node has never heard of: its boot is still on its way
@@ -820,15 +871,20 @@ class ClusterBackend:
                 workload_id=workload.id, outcome="stopped", detail=stopped.detail or "stopped"
             )
         try:
-            replacement = await self._replace(workload)
+            replacement = await self._replace(stopped, counted=False)  # a drain is no failure
         except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
             return schemas.DrainItem(
                 workload_id=workload.id,
                 outcome="failed",
                 detail=f"stopped; not placed again: {error}",
             )
+        history = with_event(
+            stopped.history, self.clock(), "drained", f"as {replacement.id}", replacement.node
+        )
         await self.workloads.transition(
-            stopped.id, {"replaced_by": replacement.id}, expect=ENDED_STATES
+            stopped.id,
+            {"replaced_by": replacement.id, "history": _dumped(history)},
+            expect=ENDED_STATES,
         )
         return schemas.DrainItem(
             workload_id=workload.id,
@@ -838,8 +894,9 @@ class ClusterBackend:
             new_node=replacement.node,
         )
 
-    async def _replace(self, workload: StoredWorkload) -> StoredWorkload:
-        """Place and boot ``workload`` again from its recorded request, under a new id."""
+    async def _replace(self, workload: StoredWorkload, *, counted: bool = True) -> StoredWorkload:
+        """Place and boot ``workload`` again from its recorded request, under a new id;
+        ``counted``: as one more reschedule of its line (a drain's is not)."""
         request = Request.from_dict(workload.request)
         image = None if workload.image is None else await self.images.get(workload.image)
         new_id = new_workload_id()
@@ -848,8 +905,18 @@ class ClusterBackend:
             command=tuple(workload.command),
             env=workload.env,
             image=None if image is None else image.name,
+            restart=workload.restart,
         )
-        return await self._boot(request, boot, new_id, image, True)
+        why = f"in place of {workload.id} ({workload.state} on {workload.node})"
+        return await self._boot(
+            request,
+            boot,
+            new_id,
+            image,
+            workload.reschedule,
+            reschedules=workload.reschedules + int(counted),
+            why=why,
+        )
 
     # -- images ------------------------------------------------------------------------------
     async def add_image(self, body: schemas.ImageCreate) -> Image:
@@ -872,3 +939,8 @@ class ClusterBackend:
 
     async def image_list(self) -> list[Image]:
         return await self.images.list()
+
+
+def _dumped(history: list[Any]) -> list[dict[str, object]]:
+    """A record's history as plain data, for a transition's update."""
+    return [event.model_dump() for event in history]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from berth.model import ReschedulePolicy, RestartPolicy
 from berth.node.runtime.port import StopGrace
 from berth.registry.port import Image, Workload
 
@@ -116,11 +117,21 @@ class ExplainBody(_Target):
 class WorkloadCreate(_Target):
     """Place and boot a workload.  Give ``image`` (a registered image's name) or ``layers``;
     ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments;
-    ``spread`` how this function's replicas spread over nodes."""
+    ``spread`` how this function's replicas spread over nodes; ``restart`` when its node
+    restarts it (default: never), ``reschedule`` when the API places it again elsewhere
+    (default: never); ``restartable`` is ``reschedule: {"unlimited": true}`` in one word."""
 
     command: list[str]
     env: dict[str, str] = Field(default_factory=dict)
     restartable: bool = False
+    restart: RestartPolicy | None = None
+    reschedule: ReschedulePolicy | None = None
+
+    def reschedule_policy(self) -> ReschedulePolicy:
+        """The reschedule policy asked for: ``reschedule``, else ``restartable``'s."""
+        if self.reschedule is not None:
+            return self.reschedule
+        return ReschedulePolicy(unlimited=self.restartable)
 
 
 class WorkloadList(BaseModel):

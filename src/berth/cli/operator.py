@@ -42,7 +42,7 @@ from berth.api.client import ApiClient, locate
 from berth.api.schemas import DRAIN_GRACE_S
 from berth.cli.cluster import parse_layer_flag
 from berth.errors import Invalid
-from berth.model import NAME_RULE
+from berth.model import NAME_RULE, ReschedulePolicy, RestartPolicy
 from berth.node.runtime.port import StopGrace
 from berth.registry.port import LIVE_STATES
 from berth.units import format_bandwidth, format_information
@@ -81,6 +81,14 @@ GraceOption = Annotated[
 ]
 
 # What the API calls a field → what the user typed.
+_RESTART_FLAGS = {
+    "mode": "--restart",
+    "attempts": "--restart-attempts",
+    "interval_s": "--restart-interval",
+    "delay_s": "--restart-delay",
+    "max_delay_s": "--restart-max-delay",
+}
+
 _RUN_FLAGS = {
     "namespace": "--namespace",
     "name": "--name",
@@ -278,8 +286,35 @@ def run(
     ] = None,
     restartable: Annotated[
         bool,
-        typer.Option("--restartable", help="Place it again elsewhere when its node is drained."),
+        typer.Option(
+            "--restartable",
+            help="Place it again elsewhere when its node is drained or lost, or its restarts "
+            "are exhausted (every time; --reschedule N for at most N times).",
+        ),
     ] = False,
+    restart: Annotated[
+        str | None,
+        typer.Option(
+            "--restart",
+            help="When its node restarts it: never (default), on-failure or always.",
+        ),
+    ] = None,
+    restart_attempts: Annotated[
+        int | None, typer.Option(help="Restarts allowed within --restart-interval.")
+    ] = None,
+    restart_interval: Annotated[
+        float | None, typer.Option(help="The window the attempts are counted in (s).")
+    ] = None,
+    restart_delay: Annotated[
+        float | None, typer.Option(help="The first restart's delay (s), doubling each time.")
+    ] = None,
+    restart_max_delay: Annotated[
+        float | None, typer.Option(help="The longest delay between restarts (s).")
+    ] = None,
+    reschedule: Annotated[
+        int | None,
+        typer.Option(help="Place it again elsewhere at most N times (lost node, restarts out)."),
+    ] = None,
     spread: SpreadOption = None,
     spread_hard: SpreadHardOption = None,
     max_skew: MaxSkewOption = None,
@@ -295,6 +330,21 @@ def run(
         image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
     )
     body.update(replica=replica, command=list(command), restartable=restartable)
+    policy = {
+        "mode": restart,
+        "attempts": restart_attempts,
+        "interval_s": restart_interval,
+        "delay_s": restart_delay,
+        "max_delay_s": restart_max_delay,
+    }
+    if any(value is not None for value in policy.values()):
+        given = {key: value for key, value in policy.items() if value is not None}
+        with fields_as(_RESTART_FLAGS):
+            body["restart"] = RestartPolicy.from_dict(given).model_dump(mode="json")
+    if reschedule is not None:
+        with fields_as({"attempts": "--reschedule"}):
+            checked = ReschedulePolicy.from_dict({"attempts": reschedule})
+        body["reschedule"] = checked.model_dump(mode="json")
     if parsed_env is not None:
         body["env"] = parsed_env
     with _client(api, token) as client, _flags(_RUN_FLAGS):
@@ -310,6 +360,10 @@ def run(
 
 
 def ps(
+    workload_id: Annotated[
+        str | None,
+        typer.Argument(metavar="[ID]", help="One workload: its record and its history."),
+    ] = None,
     namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
     node: Annotated[str | None, typer.Option(help="Only workloads on this node.")] = None,
     state: Annotated[
@@ -322,7 +376,10 @@ def ps(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """List workloads."""
+    """List workloads (with an ID: that one, with its history)."""
+    if workload_id is not None:
+        _ps_one(NAME_RULE(workload_id, "ID"), api, token, as_json)
+        return
     with _client(api, token) as client, fields_as(_PS_FLAGS):
         found = client.workloads(namespace=namespace, node=node, state=state)
     if as_json:
@@ -330,7 +387,7 @@ def ps(
         return
     items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))
     table = Table(title=_count(len(items), "workload"))
-    for column in ("id", "workload", "node", "state", "image", "command", "age"):
+    for column in ("id", "workload", "node", "state", "restarts", "image", "command", "age"):
         table.add_column(column, no_wrap=column == "state")
     now = time.time()
     for workload in items:
@@ -351,6 +408,7 @@ def ps(
                     f"{workload.namespace}/{workload.name}/{workload.replica}",
                     workload.node,
                     state_text,
+                    str(workload.restarts),
                     workload.image or "-",
                     shlex.join(workload.command),
                     _age(now - workload.created_at),
@@ -358,6 +416,33 @@ def ps(
             )
         )
     _show(table, whole=("id", "node"))
+
+
+def _ps_one(workload_id: str, api: str | None, token: str | None, as_json: bool) -> None:
+    """``berth ps ID``: one workload's record, its policies and its history."""
+    with _client(api, token) as client, fields_as({"id": "ID"}):
+        workload = client.workload(workload_id)
+    if as_json:
+        _print_json(workload)
+        return
+    key = f"{workload.namespace}/{workload.name}/{workload.replica}"
+    state = workload.state + (f" ({workload.exit_code})" if workload.exit_code is not None else "")
+    _say(f"{workload.id} {state} on {workload.node}: {key}")
+    if workload.detail:
+        _say(f"  detail: {workload.detail}")
+    _say(f"  {workload.restart or 'restart never'}; restarts: {workload.restarts}")
+    reschedule = workload.reschedule
+    allowed = "unlimited" if reschedule.unlimited else str(reschedule.attempts)
+    _say(f"  reschedules: {workload.reschedules} of {allowed}")
+    if workload.replaced_by:
+        _say(f"  replaced by {workload.replaced_by}")
+    table = Table(title=_count(len(workload.history), "event"))
+    for column in ("at", "event", "node", "reason"):
+        table.add_column(column)
+    for event in workload.history:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event.at))
+        table.add_row(*map(escape, (at, event.event, event.node or "-", event.reason or "")))
+    _show(table, whole=("at",))
 
 
 def _age(seconds: float) -> str:

@@ -69,8 +69,9 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from berth.boot import BootFailed, BootSpec, WorkloadStatus
@@ -81,6 +82,7 @@ from berth.model import (
     NAME_RULE,
     Labels,
     Layer,
+    RestartPolicy,
     Spec,
     checked_layers,
     checked_platforms,
@@ -147,14 +149,52 @@ class Recovery:
         return text + (f", over-committed: {self.overcommitted}" if self.overcommitted else "")
 
 
+class _Life:
+    """The owner of a restartable workload's reservation, across all its runs: it ends once,
+    when the workload's last run has ended (a stop, ``never``, restarts exhausted) — so the
+    reservation is never free between two runs, for another admission to take."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self._callbacks: list[Callable[[_Life], object]] = []
+
+    def add_done_callback(self, fn: Callable[[_Life], object], /) -> None:
+        if self.done:
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def end(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("a done callback of a workload's life failed")
+
+
 @dataclass
 class _Running:
-    """A workload this node runs: its handle, the layers it holds, its completed boot (set
-    once it owns its reservation)."""
+    """A workload this node runs: its handle (its current run's), the layers it holds, its
+    completed boot (set once it owns its reservation); with a restart policy, the owner of
+    its reservation across runs (``life``), its boot spec and journal entry (to start it
+    again), the times of its restarts within the policy's interval, the end of its last run
+    and the pending restart."""
 
     workload: WorkloadHandle
     layer_ids: tuple[str, ...]
     booted: Booted | None = None
+    life: _Life | None = None
+    boot: BootSpec | None = None
+    entry: JournalEntry | None = None
+    restarts: int = 0
+    restarted_at: list[float] = field(default_factory=list)
+    last_exit: WorkloadExit | None = None
+    restarting: asyncio.Task[None] | None = None
+    stopping: bool = False
 
 
 @dataclass
@@ -182,6 +222,8 @@ class NodeCore:
         layers: LayerRegistry | None = None,
         labels: dict[str, str] | None = None,
         journal: Journal | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         name = NAME_RULE(name, "name")
         if journal is not None and not isinstance(journal, Journal):
@@ -217,6 +259,7 @@ class NodeCore:
         self._generation_lock = threading.Lock()
         self.journal = journal
         self._ids = WorkloadIds()  # with a journal, ids are chosen here, before the start
+        self._clock, self._sleep = clock, sleep  # a restart's backoff and attempt window
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change of reservations or of mounted/cached layers."""
@@ -321,6 +364,7 @@ class NodeCore:
                 workload_id = entry.workload_id
             workload = await self._start(boot, layer_ids, reservation, workload_id)
             span.set_attribute("berth.workload", workload.id)
+            self._restartable(workload, boot, entry)
             workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
             admission = await self._own_or_stop(spec, workload, reservation, platforms)
         if entry is not None:
@@ -451,7 +495,7 @@ class NodeCore:
         except BaseException as error:
             reason = getattr(error, "reason", type(error).__name__)
             log.info("node %s refused %s after boot: %s", self.name, workload.id, reason)
-            await self.runtime.stop(workload.id)
+            await self.stop(workload.id)  # a restart it may have pending is cancelled too
             if reservation is not None:
                 self.budget.release(reservation)
             raise
@@ -463,41 +507,168 @@ class NodeCore:
         reservation: str | None,
         platforms: tuple[Platform, ...],
     ) -> Admission:
-        """The reservation ``workload`` now owns: admitted for it, or the lease bound to it."""
+        """The reservation ``workload`` now owns: admitted for it, or the lease bound to it
+        (owned by its life across restarts when it has a restart policy)."""
+        owner = self._owner(workload)
         if reservation is None:
-            return self.budget._admit(spec, workload, platforms).admission
+            return self.budget._admit(spec, owner, platforms).admission
         held = self.budget.get(reservation)
         if held is None:
             raise Refused.lease_expired(reservation)
-        self.budget.bind(reservation, workload)
+        self.budget.bind(reservation, owner)
         return held.admission
+
+    def _owner(self, workload: WorkloadHandle) -> Owner:
+        """What owns ``workload``'s reservation: its life when it may restart, else itself."""
+        running = self._running.get(workload.id)
+        if running is not None and running.life is not None:
+            return running.life
+        return workload
 
     def _ended(self, workload: WorkloadHandle, layer_ids: tuple[str, ...]) -> None:
         # The reservation is released by the budget itself (it follows its owner); the layers
-        # are ours to unmount.
-        running = self._running.pop(workload.id, None)
-        if running is None:
-            self.end_errors.append(f"unknown workload {workload.id} ended")
+        # are ours to unmount.  A run its restart policy restarts ends nothing of that.
+        running = self._running.get(workload.id)
+        exhausted = False
+        if running is not None and running.workload is workload and running.boot is not None:
+            if self._restart_later(running, workload):
+                return
+            exhausted = running.restarting is None and self._exhausted(running, workload)
         ended = workload.exit
+        reason = None if ended is None else ended.reason
+        if exhausted and running is not None and running.boot is not None:
+            policy = running.boot.restart
+            assert policy is not None
+            reason = f"restarts exhausted ({policy.attempts} in {policy.interval_s:g}s): {reason}"
         status = WorkloadStatus(
             "ended",
             None if ended is None else ended.code,
-            None if ended is None else ended.reason,
+            reason,
             ended is not None and ended.stopped,
+            0 if running is None else running.restarts,
+            exhausted,
         )
-        self._ended_recently[workload.id] = _Ended(
+        self._finish(workload.id, status, layer_ids)
+
+    def _finish(self, workload_id: str, status: WorkloadStatus, layer_ids: tuple[str, ...]) -> None:
+        """Record a workload's last end: forget it as running, remember ``status``, remove its
+        journal entry, unmount its layers, end its life (its reservation with it)."""
+        running = self._running.pop(workload_id, None)
+        if running is None:
+            self.end_errors.append(f"unknown workload {workload_id} ended")
+        self._ended_recently[workload_id] = _Ended(
             status, None if running is None else running.booted
         )
         while len(self._ended_recently) > ENDED_MEMORY:
             self._ended_recently.popitem(last=False)
         if self.journal is not None:
-            self._unjournal(workload.id)
+            self._unjournal(workload_id)
         try:
             self._unmount(layer_ids)
         except BerthError as error:
-            self.end_errors.append(f"workload {workload.id}: {error}")
-            log.error("node %s: unmounting after %s ended: %s", self.name, workload.id, error)
-        log.info("workload %s on %s ended: %s", workload.id, self.name, workload.reason)
+            self.end_errors.append(f"workload {workload_id}: {error}")
+            log.error("node %s: unmounting after %s ended: %s", self.name, workload_id, error)
+        if running is not None and running.life is not None:
+            running.life.end()
+        log.info("workload %s on %s ended: %s", workload_id, self.name, status.reason)
+
+    # -- restarts: the same id, reservation and layers, after a backoff ----------------------
+    def _restartable(
+        self, workload: WorkloadHandle, boot: BootSpec, entry: JournalEntry | None
+    ) -> None:
+        """Give a started workload whose boot asks for restarts what it needs for them."""
+        running = self._running.get(workload.id)
+        if running is None or boot.restart is None or boot.restart.mode == "never":
+            return
+        running.life, running.boot, running.entry = _Life(), boot, entry
+
+    def _window(self, running: _Running, policy: RestartPolicy) -> list[float]:
+        """The times of ``running``'s restarts within the policy's interval, up to now."""
+        now = self._clock()
+        running.restarted_at = [at for at in running.restarted_at if now - at < policy.interval_s]
+        return running.restarted_at
+
+    def _exhausted(self, running: _Running, workload: WorkloadHandle) -> bool:
+        """Whether the end of ``workload`` called for a restart its policy had no attempt
+        left for."""
+        policy, ended = None if running.boot is None else running.boot.restart, workload.exit
+        if policy is None or ended is None or running.stopping:
+            return False
+        if not policy.restarts_after(ended.code, ended.stopped):
+            return False
+        return len(self._window(running, policy)) >= policy.attempts
+
+    def _restart_later(self, running: _Running, workload: WorkloadHandle) -> bool:
+        """Schedule the restart of ``workload``'s id if its end and its policy call for one
+        (after ``min(delay · 2^k, max_delay)``, ``k`` the restarts within the interval).
+        Whether one is scheduled."""
+        policy, ended = None if running.boot is None else running.boot.restart, workload.exit
+        if policy is None or ended is None or running.stopping:
+            return False
+        if not policy.restarts_after(ended.code, ended.stopped):
+            return False
+        window = self._window(running, policy)
+        if len(window) >= policy.attempts:
+            return False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # ended outside any event loop: nothing can restart it
+            return False
+        delay = policy.delay(len(window))
+        window.append(self._clock() + delay)
+        running.last_exit = ended
+        running.restarting = loop.create_task(
+            self._restart(running, delay), name=f"berth-restart-{workload.id}"
+        )
+        log.info(
+            "node %s: %s %s; restart %d in %.3gs",
+            self.name,
+            workload.id,
+            ended.reason,
+            running.restarts + 1,
+            delay,
+        )
+        return True
+
+    async def _restart(self, running: _Running, delay: float) -> None:
+        """Wait ``delay``, then start the workload again under its id; a stop meanwhile
+        (the task cancelled) or a failed start ends it for good."""
+        workload_id, last = running.workload.id, running.last_exit
+        assert running.boot is not None and last is not None
+        try:
+            await self._sleep(delay)
+            if self.journal is not None:
+                self.journal.forget_exit(workload_id)  # the last run's: not the next one's
+            workload = await self.runtime.start(running.boot, workload_id=workload_id)
+        except asyncio.CancelledError:
+            reason = f"stopped while waiting to restart (last run {last.reason})"
+            self._finish(
+                workload_id,
+                WorkloadStatus("ended", last.code, reason, True, running.restarts),
+                running.layer_ids,
+            )
+            raise
+        except Exception as error:
+            why = error.reason if isinstance(error, BootFailed) else str(error)
+            reason = f"restart failed: {why} (last run {last.reason})"
+            self._finish(
+                workload_id,
+                WorkloadStatus("ended", last.code, reason, False, running.restarts),
+                running.layer_ids,
+            )
+            return
+        running.workload, running.restarting = workload, None
+        running.restarts += 1
+        if running.booted is not None:
+            running.booted = Booted(workload, running.booted.admission, running.booted.mounts)
+        layer_ids = running.layer_ids
+        workload.add_done_callback(lambda ended: self._ended(ended, layer_ids))
+        if running.entry is not None and running.booted is not None and self.journal is not None:
+            entry = running.entry.model_copy(update={"restarts": running.restarts})
+            self._journal_started(entry, workload, running.booted.admission)
+        log.info("node %s restarted %s (restart %d)", self.name, workload_id, running.restarts)
+        if running.stopping:  # a stop came while it was starting
+            await self.runtime.stop(workload_id)
 
     def _unmount(self, layer_ids: Sequence[str]) -> None:
         for layer_id in layer_ids:
@@ -543,8 +714,10 @@ class NodeCore:
         mounts = tuple(self.layers.mount(layer.id, layer.size) for layer in entry.layers)
         layer_ids = tuple(mount.layer_id for mount in mounts)
         running = self._running[workload_id] = _Running(handle, layer_ids)
+        self._restartable(handle, entry.boot, entry)
+        running.restarts = entry.restarts
         handle.add_done_callback(lambda ended: self._ended(ended, layer_ids))
-        held = self.budget.readopt(entry.spec, handle, entry.reservation)
+        held = self.budget.readopt(entry.spec, self._owner(handle), entry.reservation)
         running.booted = Booted(handle, held.admission, mounts)
         if not handle.done:
             self._journal_started(entry, handle, held.admission)
@@ -602,7 +775,7 @@ class NodeCore:
                 running = self._running.get(owner)
                 if running is None:
                     raise Refused("unknown_workload", f"no workload {owner!r}")
-                owner = running.workload
+                owner = self._owner(running.workload)  # its life, when it restarts
             self.budget.bind(reservation_id, owner)
 
     def release(self, reservation_id: str) -> bool:
@@ -614,13 +787,25 @@ class NodeCore:
         """Stop a workload: the graceful signal, the kill after ``grace_s`` (``None``: the
         runtime's configured grace); unknown or already stopped ids are harmless.  A malformed
         ``grace_s`` (:func:`~berth.node.runtime.port.checked_grace`) is ``Invalid`` and stops
-        nothing."""
-        await self.runtime.stop(workload_id, grace_s=checked_grace(grace_s))
+        nothing.  A stop is never followed by a restart: one waiting for its backoff is
+        cancelled (the workload ends ``stopped``)."""
+        grace_s = checked_grace(grace_s)
+        running = self._running.get(workload_id)
+        if running is not None:
+            running.stopping = True
+            restarting = running.restarting
+            if restarting is not None and not restarting.done():
+                restarting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await restarting
+                if self._running.get(workload_id) is not running:
+                    return
+        await self.runtime.stop(workload_id, grace_s=grace_s)
 
     async def stop_all(self) -> None:
         """Stop every running workload (each end releases what it held)."""
         for workload_id in list(self._running):
-            await self.runtime.stop(workload_id)
+            await self.stop(workload_id)
 
     def workloads(self) -> dict[str, WorkloadHandle]:
         """The running workloads by id."""
@@ -628,8 +813,12 @@ class NodeCore:
 
     def status(self, workload_id: str) -> WorkloadStatus:
         """Whether ``workload_id`` runs here, ended (and how), or is unknown to this node."""
-        if workload_id in self._running:
-            return WorkloadStatus("running")
+        running = self._running.get(workload_id)
+        if running is not None:  # waiting to restart counts as running: it holds its place
+            last = running.last_exit
+            if last is None:
+                return WorkloadStatus("running", restarts=running.restarts)
+            return WorkloadStatus("running", last.code, last.reason, False, running.restarts)
         ended = self._ended_recently.get(workload_id)
         return WorkloadStatus("unknown") if ended is None else ended.status
 

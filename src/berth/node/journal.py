@@ -66,6 +66,7 @@ class JournalEntry(BerthModel):
     runtime: Name
     reservation: Name | None = None
     locator: dict[str, Any] | None = None
+    restarts: int = Field(default=0, ge=0)
     recorded_at: float = Field(default=0.0, allow_inf_nan=False)
 
 
@@ -107,6 +108,14 @@ class Journal:
                 os.fsync(directory)
             finally:
                 os.close(directory)
+
+    def forget_exit(self, workload_id: str) -> None:
+        """Remove a workload's supervisor records before it is restarted under its id (they
+        are its last run's); its entry stays."""
+        files = self.files(workload_id)
+        for path in (files.run, files.exit):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def exit_record(self, workload_id: str) -> dict[str, Any] | None:
         """How the supervisor says ``workload_id`` ended, if it wrote it."""

@@ -52,21 +52,23 @@ from __future__ import annotations
 import builtins
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
 from berth.errors import BerthError
-from berth.model import Placement, Spec
+from berth.model import Placement, ReschedulePolicy, RestartPolicy, Spec
 
 __all__ = [
     "CLAIM_PENDING_S",
     "ENDED_STATES",
     "LIVE_STATES",
+    "MAX_HISTORY",
     "WORKLOAD_ID",
     "Claim",
+    "HistoryEvent",
     "Holds",
     "IdentityClaims",
     "IdentityTaken",
@@ -84,6 +86,7 @@ __all__ = [
     "WorkloadRegistry",
     "WorkloadState",
     "new_workload_id",
+    "with_event",
 ]
 
 # -- workloads -------------------------------------------------------------------------------
@@ -101,6 +104,29 @@ def new_workload_id() -> str:
     return f"w-{uuid.uuid4().hex[:12]}"
 
 
+class HistoryEvent(BaseModel):
+    """One event of a workload's life as its record keeps it: when (the API's clock), what
+    (``created``, ``restarted``, ``failed``, ``lost``, ``rescheduled`` …), why, and on which
+    node."""
+
+    at: float
+    event: str
+    reason: str | None = None
+    node: str | None = None
+
+
+MAX_HISTORY = 100
+"""The most events a record keeps (the oldest are dropped first)."""
+
+
+def with_event(
+    history: Sequence[HistoryEvent], at: float, event: str, reason: str | None, node: str | None
+) -> list[HistoryEvent]:
+    """``history`` and one more event, at most :data:`MAX_HISTORY` of them."""
+    added = [*history, HistoryEvent(at=at, event=event, reason=reason, node=node)]
+    return added[-MAX_HISTORY:]
+
+
 class Workload(BaseModel):
     """A workload the API placed and booted (its record, and the API's answer).
 
@@ -109,7 +135,11 @@ class Workload(BaseModel):
     names the workload a drain (or a lost node) started in its place.  ``unknown_since`` is
     when the API first failed to reach a ``running`` workload's node (it was last seen
     before that); ``stop_requested`` (with ``stop_grace_s``) is a stop accepted while its node
-    could not be reached, delivered when the node answers again.
+    could not be reached, delivered when the node answers again.  ``restart`` is the policy
+    its node restarts it by, ``restarts`` how often it did; ``reschedule`` whether the API
+    places it again elsewhere when it is lost or its restarts are exhausted (``restartable``
+    says the same in one bit), ``reschedules`` how many of its line came before it;
+    ``history`` the events of its life, oldest first.
     """
 
     id: str
@@ -133,6 +163,11 @@ class Workload(BaseModel):
     unknown_since: float | None = None
     stop_requested: bool = False
     stop_grace_s: float | None = None
+    restart: RestartPolicy | None = None
+    reschedule: ReschedulePolicy = ReschedulePolicy()
+    restarts: int = 0
+    reschedules: int = 0
+    history: list[HistoryEvent] = []
 
 
 class StoredWorkload(Workload):

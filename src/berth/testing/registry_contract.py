@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from berth.model import Placement, Spec
+from berth.model import Placement, ReschedulePolicy, RestartPolicy, Spec
 from berth.registry.port import (
     Claim,
     IdentityTaken,
@@ -32,6 +32,7 @@ from berth.registry.port import (
     RouteRegistry,
     StoredWorkload,
     WorkloadRegistry,
+    with_event,
 )
 from berth.units import MiB
 
@@ -220,6 +221,41 @@ class RegistryContract:
         self._run(check)
 
     # -- identity claims ---------------------------------------------------------------------
+    def test_policies_restarts_and_history_survive_transitions_and_the_end(self) -> None:
+        """A record's restart and reschedule policies, its counts and its history are stored
+        whole; a transition and an end that add to them lose nothing written before."""
+
+        async def check(registries: Registries) -> None:
+            registry = registries.workloads
+            wid = "w-000000000001"
+            restart = RestartPolicy(mode="on-failure", attempts=2, delay_s=0.5)
+            created = with_event((), 1.0, "created", None, "node-00")
+            first = sample_workload(
+                wid,
+                restart=restart,
+                reschedule=ReschedulePolicy(attempts=1),
+                reschedules=1,
+                history=created,
+            )
+            await registry.record(first)
+            assert await registry.get(wid) == first
+            restarted = with_event(created, 2.0, "restarted", "restart 1", "node-00")
+            update = {"restarts": 1, "history": [event.model_dump() for event in restarted]}
+            moved, mine = await registry.transition(wid, update, expect=("running",))
+            assert mine and moved is not None and moved.restarts == 1
+            failed = with_event(restarted, 3.0, "failed", "restarts exhausted", "node-00")
+            ended, mine = await registry.end(
+                wid,
+                {"state": "failed", "history": [event.model_dump() for event in failed]},
+            )
+            assert mine and ended is not None
+            assert [event.event for event in ended.history] == ["created", "restarted", "failed"]
+            assert (ended.restart, ended.restarts, ended.reschedules) == (restart, 1, 1)
+            assert ended.reschedule == ReschedulePolicy(attempts=1)
+            assert await registry.get(wid) == ended
+
+        self._run(check)
+
     def test_concurrent_claims_of_one_identity_have_one_winner(self) -> None:
         async def check(registries: Registries) -> None:
             claims = registries.workloads.claims

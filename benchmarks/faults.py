@@ -10,6 +10,8 @@ schedule from:
 
 * ``agent_kill`` — ``kill -9`` of an agent process, started again after 1 s on the same state
   directory (it adopts its workloads from its journal);
+* ``agent_kill_long`` — the same, started again only after its workloads' orphan grace
+  (``ORPHAN_GRACE_S`` + 2 s): their supervisors have killed them, and the records must end;
 * ``agent_pause`` — ``SIGSTOP`` of an agent for twice its heartbeat grace (3 heartbeats), then
   ``SIGCONT``;
 * ``scheduler_kill_api`` / ``scheduler_kill_other`` — ``kill -9`` of the scheduler serving the
@@ -20,8 +22,10 @@ What it observes is the host and the views, never what the processes say of them
 
 * **the host** (``psutil``): every workload supervisor (``python3 -I …/supervisor.py ID``)
   whose files are in this cluster's state directories, the node those files are under, its
-  live descendants (the ``sleep``), their RSS, and the reserved memory of each — the
-  ``RLIMIT_AS`` the supervisor put on it, which is the workload's ``spec.mem``;
+  live descendants (the ``sleep``), their RSS, the reserved memory of each — the
+  ``RLIMIT_AS`` the supervisor put on it, which is the workload's ``spec.mem`` — and whose
+  copy it is (the namespace/name/replica the workers put in its environment, so a ghost,
+  which no record names, still says);
 * **the nodes' snapshots** and **the API's records** (``GET /v1/nodes``, ``GET /v1/workloads``,
   ``GET /v1/workloads/{id}``).
 
@@ -71,6 +75,7 @@ from typing import Any
 import httpx
 import psutil
 
+from berth.defaults import ORPHAN_GRACE_S
 from berth.nats.server import die_with_parent
 from berth.nats.wire import node_token
 from berth.node.runtime.supervisor import WORKLOADS_DIR, file_stem
@@ -87,8 +92,20 @@ BUDGETS_MIB = (1024, 1280, 1536, 1024)
 WORKLOAD_MIB = (256, 512)
 NAMES = 24
 """The shared pool of workload names the workers create."""
-FAULTS = ("agent_kill", "agent_pause", "scheduler_kill_api", "scheduler_kill_other", "nats_restart")
+FAULTS = (
+    "agent_kill",
+    "agent_pause",
+    "scheduler_kill_api",
+    "scheduler_kill_other",
+    "nats_restart",
+    "agent_kill_long",
+)
+AGENT_GONE_S = ORPHAN_GRACE_S + 2.0
+"""How long ``agent_kill_long`` keeps an agent dead: past its workloads' orphan grace."""
 SAMPLE_S = 0.25
+IDENTITY_ENV = "FAULTS_IDENTITY"
+"""Each workload's namespace/name/replica in its environment: the host says whose copy runs
+(its record may say nothing, for a ghost)."""
 
 
 @dataclass
@@ -176,14 +193,6 @@ class Harness:
                 return node
         return None
 
-    def _identity(self, node: str, workload_id: str) -> str:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            entry = json.loads(
-                (self.state_dirs[node] / f"{file_stem(workload_id)}.json").read_text()
-            )
-            return str(entry["boot"]["name"])
-        return f"?{workload_id}"
-
     def host(self) -> list[HostWorkload]:
         """Every workload of this cluster running on the host now."""
         found = []
@@ -201,12 +210,11 @@ class Harness:
                 if not children:
                     continue
                 reserved = max(c.rlimit(psutil.RLIMIT_AS)[0] for c in children)
+                identity = children[0].environ().get(IDENTITY_ENV, f"?{workload_id}")
                 rss = process.memory_info().rss + sum(c.memory_info().rss for c in children)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            found.append(
-                HostWorkload(workload_id, node, self._identity(node, workload_id), reserved, rss)
-            )
+            found.append(HostWorkload(workload_id, node, identity, reserved, rss))
         return found
 
     def hard_checks(self, running: list[HostWorkload]) -> None:
@@ -360,8 +368,9 @@ class Harness:
                         )
                         outcome = f"stop_{answer.status_code}"
                     else:
+                        name = f"svc-{rng.randrange(NAMES)}"
                         body = {
-                            "name": f"svc-{rng.randrange(NAMES)}",
+                            "name": name,
                             "spec": {
                                 "vcpus": 0.05,
                                 "mem": f"{rng.choice(WORKLOAD_MIB)}MiB",
@@ -370,6 +379,7 @@ class Harness:
                                 "net_bw": "1MiBps",
                             },
                             "command": ["sleep", "600"],
+                            "env": {IDENTITY_ENV: f"default/{name}/0"},
                         }
                         answer = api.post("/v1/workloads", json=body)
                         outcome = f"create_{answer.status_code}"
@@ -402,13 +412,14 @@ class Harness:
 
     def inject(self, kind: str) -> str:
         """Inject one fault and end it (restart, resume); what was done, in words."""
-        if kind == "agent_kill":
+        if kind in ("agent_kill", "agent_kill_long"):
             index = self.rng.randrange(len(self.up.agent_processes))
             self.up.agent_processes[index].kill()
             self.up.agent_processes[index].wait()
-            time.sleep(1.0)
+            dead_s = 1.0 if kind == "agent_kill" else AGENT_GONE_S
+            time.sleep(dead_s)
             self._respawn(self.up.agent_processes, index)
-            return f"kill -9 agent {index}, restarted after 1 s"
+            return f"kill -9 agent {index}, restarted after {dead_s:g} s"
         if kind == "agent_pause":
             index = self.rng.randrange(len(self.up.agent_processes))
             process = self.up.agent_processes[index]
@@ -530,6 +541,8 @@ def result(harness: Harness, elapsed_s: float) -> dict[str, Any]:
             for kind, times in sorted(tally.converge_by_fault.items())
         },
         "not_converged": len(tally.not_converged),
+        "not_converged_detail": tally.not_converged,
+        "violation_detail": tally.examples,
         "running_peak": tally.running_peak,
         "budget_fill_peak": round(tally.fill_peak, 3),
         "workload_rss_peak_mib": round(tally.rss_peak / MiB, 1),

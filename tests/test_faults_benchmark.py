@@ -3,9 +3,10 @@ zero would prove nothing.
 
 CI smoke-runs the benchmark itself (``--quick``); these tests check the part a clean run
 never exercises: that each invariant's violation is seen.  First on given observations (the
-host's workloads, the API's records, the nodes' snapshots), then on a real host: a workload
-supervisor started beside a ``berth up``'s agent, running ``sleep`` under 2 GiB of reserved
-memory on a 1 GiB node with no record of it anywhere — a ghost, and an over-commit.
+host's workloads, the API's records, the nodes' snapshots), then on a real host: two workload
+supervisors started beside a ``berth up``'s agents, running ``sleep`` as one identity with no
+record of them anywhere, one under 2 GiB of reserved memory on a 1 GiB node — two ghosts,
+twins, and an over-commit.
 """
 
 from __future__ import annotations
@@ -125,54 +126,73 @@ def test_a_record_running_where_nothing_runs_keeps_the_views_apart(harness: Any)
     )
 
 
+def start_ghost(harness: Any, node: str, workload_id: str, mem: int) -> subprocess.Popen[bytes]:
+    """A workload supervisor beside ``node``'s agent, as the process runtime starts one, for a
+    workload no one recorded: ``sleep`` under ``mem`` of ``RLIMIT_AS``, identity
+    ``default/twin/0`` in its environment; it dies with this test's process."""
+    files = supervisor.WorkloadFiles.of(harness.state_dirs[node], workload_id)
+    files.run.parent.mkdir(parents=True, exist_ok=True)  # the agent makes it at a first run
+    me = os.getpid()
+    order = {
+        "workload_id": workload_id,
+        "command": ["sleep", "60"],
+        "env": {"PATH": os.environ.get("PATH", os.defpath), faults.IDENTITY_ENV: "default/twin/0"},
+        "mem_limit": mem,
+        "log": None,
+        "orphan_grace_s": 1.0,
+        "owner": [me, supervisor.start_ticks(me)],
+        "owner_file": None,
+        "entry": None,
+        "run_file": str(files.run),
+        "exit_file": str(files.exit),
+    }
+    ghost = subprocess.Popen(
+        [sys.executable, "-I", supervisor.__file__, workload_id],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert ghost.stdin is not None and ghost.stdout is not None
+    ghost.stdin.write(json.dumps(order).encode())
+    ghost.stdin.close()
+    assert "started" in json.loads(ghost.stdout.readline())
+    return ghost
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """A supervisor and its workload (a subreaper: the workload first, or it is orphaned)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(process.pid).children(recursive=True):
+            child.kill()
+    process.kill()
+    process.wait()
+
+
 @pytest.mark.slow  # a whole berth up
-def test_a_real_ghost_beside_an_agent_is_unrecorded_and_over_commits(harness: Any) -> None:
+def test_real_ghosts_beside_agents_are_unrecorded_twins_and_an_over_commit(harness: Any) -> None:
     harness.up.start()
-    node = "node-00"
-    assert harness.mem_max[node] < 2 * GiB
+    assert harness.mem_max["node-00"] < 2 * GiB
+    ghosts: list[subprocess.Popen[bytes]] = []
     with harness.api() as api:
         deadline = time.monotonic() + 20
         while harness.agreement(api, final=False):  # an idle cluster's views agree
             assert time.monotonic() < deadline, harness.agreement(api, final=False)
             time.sleep(0.1)
-        files = supervisor.WorkloadFiles.of(harness.state_dirs[node], "ghost-1")
-        files.run.parent.mkdir(parents=True, exist_ok=True)  # the agent makes it at a first run
-        me = os.getpid()
-        order = {
-            "workload_id": "ghost-1",
-            "command": ["sleep", "60"],
-            "env": {"PATH": os.environ.get("PATH", os.defpath)},
-            "mem_limit": 2 * GiB,
-            "log": None,
-            "orphan_grace_s": 1.0,
-            "owner": [me, supervisor.start_ticks(me)],  # it dies with this test
-            "owner_file": None,
-            "entry": None,
-            "run_file": str(files.run),
-            "exit_file": str(files.exit),
-        }
-        ghost = subprocess.Popen(
-            [sys.executable, "-I", supervisor.__file__, "ghost-1"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
+        assert sum(harness.tally.violations.values()) == 0
         try:
-            assert ghost.stdin is not None and ghost.stdout is not None
-            ghost.stdin.write(json.dumps(order).encode())
-            ghost.stdin.close()
-            assert "started" in json.loads(ghost.stdout.readline())
-            seen = harness.host()
-            assert [(w.workload_id, w.node, w.reserved) for w in seen] == [
-                ("ghost-1", node, 2 * GiB)
+            ghosts.append(start_ghost(harness, "node-00", "ghost-1", 2 * GiB))
+            ghosts.append(start_ghost(harness, "node-01", "ghost-2", 256 * MiB))
+            seen = sorted((w.workload_id, w.node, w.identity, w.reserved) for w in harness.host())
+            assert seen == [
+                ("ghost-1", "node-00", "default/twin/0", 2 * GiB),
+                ("ghost-2", "node-01", "default/twin/0", 256 * MiB),
             ]
             harness.agreement(api, final=True)
-        finally:  # the ghost's tree, then the supervisor (a subreaper: its sleep first)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                for child in psutil.Process(ghost.pid).children(recursive=True):
-                    child.kill()
-            ghost.kill()
-            ghost.wait()
-            for path in (files.run, files.exit):
-                path.unlink(missing_ok=True)
-    assert harness.tally.violations == {"over_commit": 1, "unrecorded_running": 1}
+        finally:
+            for ghost in ghosts:
+                kill_tree(ghost)
+    assert harness.tally.violations == {
+        "over_commit": 1,
+        "duplicate_identity": 1,
+        "unrecorded_running": 2,
+    }

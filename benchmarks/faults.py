@@ -43,15 +43,18 @@ Convergence: after each fault ends (the process restarted, resumed), the workers
 and the views are polled until every invariant holds *and* they agree — every running
 workload recorded ``running`` on its node, every ``running``/``pending``/``unknown`` record
 running on the host, every node's snapshot present with ``mem_reserved`` equal to what runs
-on it.  ``converge_s`` is the time from the fault's end to that moment; a fault after which
-that never happens within ``--settle`` counts in ``not_converged``.
+on it.  ``converge_s`` is the time from the fault's end (and the workers' last answer) to
+that moment; a fault after which that never happens within ``--settle`` counts in
+``not_converged``.  The leases' TTL is short (8 s, 4 s with ``--quick``) so that a lease a
+killed scheduler left behind expires within the settle time.
 
-``--json`` prints one JSON line (``operations``, ``faults``, ``violations``,
-``violations_total``, ``converge_s`` {``p50``, ``max``}, ``not_converged``, ``load_average_1m``
-and the run's settings); the exit status is 1 when any violation was seen.  ``--quick`` is
-one fault of each kind with short windows (CI, under a minute).  Every process this starts —
-the cluster's, and any workload supervisor found under its state directory — is killed at
-the end, pass or fail, also on ^C or SIGTERM.
+``--json`` prints one JSON line (``operations``, ``outcomes``, ``faults``, ``violations``,
+``violations_total``, ``converge_s`` {``p50``, ``max``}, ``converge_s_by_fault``,
+``not_converged``, how full the host got, ``load_average_1m``, the run's settings, and the
+details of each violation and each fault that did not converge); the exit status is 1 when
+any violation was seen.  ``--quick`` is one fault of each kind with short windows (CI, under
+a minute).  Every process this starts — the cluster's, and any workload supervisor found
+under its state directory — is killed at the end, pass or fail, also on ^C or SIGTERM.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ from typing import Any
 import httpx
 import psutil
 
-from berth.defaults import ORPHAN_GRACE_S
+from berth.defaults import ORPHAN_GRACE_S, RECONCILE_EVERY_S
 from berth.nats.server import die_with_parent
 from berth.nats.wire import node_token
 from berth.node.runtime.supervisor import WORKLOADS_DIR, file_stem
@@ -543,6 +543,10 @@ def result(harness: Harness, elapsed_s: float) -> dict[str, Any]:
             kind: {"p50": round(statistics.median(times), 2), "max": round(max(times), 2)}
             for kind, times in sorted(tally.converge_by_fault.items())
         },
+        "converge_target_s": 2 * RECONCILE_EVERY_S,  # 2 reconciler periods
+        "converge_within_target": bool(converge)
+        and not tally.not_converged
+        and converge[-1] <= 2 * RECONCILE_EVERY_S,
         "not_converged": len(tally.not_converged),
         "not_converged_detail": tally.not_converged,
         "violation_detail": tally.examples,

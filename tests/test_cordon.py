@@ -175,6 +175,8 @@ def test_status_remembers_how_a_workload_ended() -> None:
                 "exit_code": 3,
                 "reason": "exited with code 3",
                 "stopped": False,
+                "restarts": 0,
+                "exhausted": False,
             }
             assert agent.status(two.id).stopped is True
             assert agent.status("nope").state == "unknown"

@@ -48,6 +48,8 @@ __all__ = [
     "NatsClaims",
     "NatsImages",
     "NatsWorkloads",
+    "asking",
+    "opened",
 ]
 
 log = logging.getLogger("berth.registry.workloads")
@@ -57,6 +59,23 @@ WATCH_TIMEOUT_S = 5.0
 """How long :meth:`JsonBucket.all` waits for the next entry of its watch."""
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a write whose expected last revision is not the current one."""
+
+
+def opened(kv: KeyValue | None, bucket: str) -> KeyValue:
+    """``kv``, the bucket a driver opened, or ``Unavailable`` naming ``bucket`` if it has not."""
+    if kv is None:
+        raise Unavailable(f"the {bucket} bucket is not open")
+    return kv
+
+
+@contextlib.contextmanager
+def asking(bucket: str) -> Iterator[None]:
+    """NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
+    naming the bucket — the API answers ``503``, never ``500``."""
+    try:
+        yield
+    except nats.errors.Error as error:
+        raise Unavailable(f"the {bucket} bucket did not answer: {error!r}") from None
 
 
 class JsonBucket(Generic[Model]):
@@ -81,18 +100,10 @@ class JsonBucket(Generic[Model]):
                 self._kv = await js.key_value(self.bucket)
 
     def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            raise Unavailable(f"the {self.bucket} bucket is not open")
-        return self._kv
+        return opened(self._kv, self.bucket)
 
-    @contextlib.contextmanager
-    def _asking(self) -> Iterator[None]:
-        """NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
-        naming the bucket — the API answers ``503``, never ``500``."""
-        try:
-            yield
-        except nats.errors.Error as error:
-            raise Unavailable(f"the {self.bucket} bucket did not answer: {error!r}") from None
+    def _asking(self) -> contextlib.AbstractContextManager[None]:
+        return asking(self.bucket)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{node_token(name)}"

@@ -23,18 +23,16 @@ question is ``Unavailable`` naming the bucket: the caller acts as if it did not 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
-import nats.errors
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from berth.errors import Unavailable
 from berth.model import INTERVAL_RULE
 from berth.nats.names import LEASE_BUCKET
 from berth.nats.wire import node_token
+from berth.registry.nats import asking, opened
 
 __all__ = ["NatsLease"]
 
@@ -74,16 +72,10 @@ class NatsLease:
         return self
 
     def _bucket(self) -> KeyValue:
-        if self._kv is None:
-            raise Unavailable(f"the {self.bucket} bucket is not open")
-        return self._kv
+        return opened(self._kv, self.bucket)
 
-    @contextlib.contextmanager
-    def _asking(self) -> Iterator[None]:
-        try:
-            yield
-        except nats.errors.Error as error:
-            raise Unavailable(f"the {self.bucket} bucket did not answer: {error!r}") from None
+    def _asking(self) -> contextlib.AbstractContextManager[None]:
+        return asking(self.bucket)
 
     async def hold(self, holder: str) -> bool:
         value = holder.encode()

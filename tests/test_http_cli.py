@@ -1,10 +1,13 @@
 """The command line of the API: bad --http/--token flags are one line naming the flag, before
-anything starts; ``berth api openapi`` prints the committed document."""
+anything starts; so is an argument that is not UTF-8 text; ``berth api openapi`` prints the
+committed document."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,6 +38,18 @@ def test_bad_flags_are_one_line(args: list[str], flag: str) -> None:
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag}"), result.output
+
+
+def test_a_command_argument_that_is_not_utf8_is_one_line_and_nothing_is_sent() -> None:
+    # argv's byte 0xff becomes a lone surrogate in Python: no request may carry it
+    run = ["run", "--api", "http://127.0.0.1:1", "--token", "t" * 24, "--type", "micro", "img"]
+    entry = "from berth.cli.main import main; main()"
+    args: list[str | bytes] = [sys.executable, "-c", entry, *run, "--", "echo", b"caf\xff"]
+    result = subprocess.run(args, capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.decode(errors="replace").strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: CMD:"), lines
+    assert "surrogate" in lines[0] and "cannot reach" not in lines[0]  # refused, never sent
 
 
 def test_state_dir_goes_with_nats(tmp_path: Path) -> None:

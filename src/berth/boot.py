@@ -24,7 +24,7 @@ from pydantic import BeforeValidator, Field, StrictInt, field_validator
 from berth.errors import BerthError, Invalid
 from berth.model import Cores, Name, RestartPolicy
 from berth.units import parse_information
-from berth.validation import BerthModel, shown
+from berth.validation import BerthModel, Text, shown
 
 __all__ = ["BootFailed", "BootSpec", "WorkloadStatus"]
 
@@ -60,12 +60,16 @@ class BootSpec(BerthModel):
     ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
     ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
     ``restart`` — when the node restarts the workload after it ends (``None``: never); it
-    travels with the boot spec, so the node's journal keeps it too.
+    travels with the boot spec, so the node's journal keeps it too.  Every string of
+    ``command`` and ``env`` is text UTF-8 can encode (:data:`~berth.validation.Text`; a lone
+    surrogate is ``Invalid`` naming ``command.<i>`` or ``env.<KEY>``): the boot spec is
+    written to the node's journal and to the wire, and a string that cannot be written must
+    not boot.
     """
 
     name: str
-    command: Annotated[tuple[str, ...], Field(min_length=1)]
-    env: dict[str, str] = Field(default_factory=dict)
+    command: Annotated[tuple[Text, ...], Field(min_length=1)]
+    env: dict[Text, Text] = Field(default_factory=dict)
     mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
     image: Name | None = None
     vcpus: Cores | None = None

@@ -14,6 +14,13 @@ the offending value is quoted through :func:`shown` — short, one line, and saf
 value (an integer with thousands of digits, a megabyte of text, a self-referencing list).
 :func:`fields_as` renames fields on the way out, so a command line names the flag the user
 typed (``--layer``) rather than the model's field (``layers.0.size``).
+
+It also owns the one rule every string obeys, whatever its other bounds: **it is text that
+UTF-8 can encode** (:func:`utf8_text`, :data:`Text`, :func:`check_text`).  Python's ``str``
+can hold a lone surrogate (``"\\ud800"``: JSON's ``\\ud800`` escape decodes to one, a
+non-UTF-8 byte of ``argv`` becomes one), and such a string cannot be written anywhere berth
+writes — a journal, a registry record, a NATS message, an answer — so it is refused where it
+enters, naming the field, before anything is reserved or booted.
 """
 
 from __future__ import annotations
@@ -21,14 +28,24 @@ from __future__ import annotations
 import reprlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Generic, Self, TypeVar
+from typing import Annotated, Any, Generic, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic._internal._model_construction import ModelMetaclass
 
 from berth.errors import Invalid
 
-__all__ = ["BerthModel", "Rule", "fields_as", "invalid_from", "one_line", "shown"]
+__all__ = [
+    "BerthModel",
+    "Rule",
+    "Text",
+    "check_text",
+    "fields_as",
+    "invalid_from",
+    "one_line",
+    "shown",
+    "utf8_text",
+]
 
 T = TypeVar("T")
 
@@ -245,3 +262,51 @@ def fields_as(names: Mapping[str, str]) -> Iterator[None]:
         if head not in names:
             raise
         raise Invalid(error.message, field=names[head]) from None
+
+
+# -- text ------------------------------------------------------------------------------------
+def _unencodable(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _not_text(text: str, what: str = "text") -> str:
+    return f"not {what} UTF-8 can encode: {shown(text)} holds a lone surrogate"
+
+
+def utf8_text(value: str) -> str:
+    """``value`` if UTF-8 can encode it, else ``Invalid`` (see the module docstring)."""
+    if _unencodable(value):
+        raise Invalid(_not_text(value))
+    return value
+
+
+Text = Annotated[str, AfterValidator(utf8_text)]
+"""A string UTF-8 can encode (a model field's type)."""
+
+
+def check_text(value: object, field: str | None = None) -> None:
+    """Refuse plain data (strings, lists, tables, as decoded from JSON) holding a string —
+    a value or a key, at any depth — that UTF-8 cannot encode: ``Invalid`` whose ``field``
+    is where the first one is (``command.1``, ``env.KEY``; under ``field``, if given)."""
+    # (item, where it is, whether it is a table's key), walked in document order
+    stack: list[tuple[object, tuple[int | str, ...], bool]] = [(value, (), False)]
+    while stack:
+        item, where, is_key = stack.pop()
+        if isinstance(item, str):
+            if _unencodable(item):
+                place = ".".join([*([field] if field else []), *map(_part, where)])
+                raise Invalid(_not_text(item, "a key" if is_key else "text"), field=place or None)
+        elif isinstance(item, dict):
+            for key, inner in reversed(list(item.items())):
+                stack.append((inner, (*where, str(key)), False))
+                stack.append((key, where, True))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (inner, (*where, i), False) for i, inner in reversed(list(enumerate(item)))
+            )

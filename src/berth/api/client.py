@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 from berth.api import schemas
 from berth.defaults import RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
-from berth.validation import one_line, shown
+from berth.validation import check_text, one_line, shown
 
 __all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]
 
@@ -212,6 +212,7 @@ class ApiClient:
         """Send one request; the decoded JSON answer, or one of berth's errors."""
         url = self.location.url + path
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        check_text(body)  # a lone surrogate (a non-UTF-8 byte of argv) is Invalid, not a crash
         try:
             response = self._http.request(
                 method, path, json=body, params=params or None, timeout=timeout

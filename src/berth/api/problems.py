@@ -155,12 +155,17 @@ def _validation_problem(error: RequestValidationError) -> Problem:
     errors = error.errors()
     first = errors[0] if errors else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
+    cause = first.get("ctx", {}).get("error")
+    body_wide = isinstance(cause, Invalid) and bool(cause.field)  # a check that named the place
+    if body_wide:
+        location.append(str(cause.field))
     field = ".".join(location) or "body"
-    message = str(first.get("msg", "invalid"))
+    message = cause.message if body_wide else str(first.get("msg", "invalid"))
     kind = str(first.get("type", ""))
     if kind == "json_invalid":
         message, field = "the body is not valid JSON", "body"
-    value = shown(first["input"]) if "input" in first and kind != "missing" else None
+    quoted = "input" in first and kind != "missing" and not body_wide
+    value = shown(first["input"]) if quoted else None  # a body-wide check quotes its own
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return Problem(
         400, "invalid", "invalid input", f"{field}: {message}{more}", field=field, value=value

@@ -4,20 +4,25 @@ Request bodies are typed as plain JSON here (strings, numbers, objects) and chec
 time by berth's own types (:mod:`berth.model`: names, sizes with units, platforms, instance
 types) when the backend turns them into a :class:`~berth.model.Request` — one rule, one
 place: the schema says the shape, berth's types say the bounds, and either refusal is a
-``400`` naming the field.  Response bodies are what the backend returns, validated on the way
-out, so the document and the answers cannot drift apart; the CLI
-(:mod:`berth.api.client`) parses answers with these same models.
+``400`` naming the field.  Before either, every string of a body — a value or a key, at any
+depth, the command and the environment included — must be text UTF-8 can encode
+(:func:`berth.validation.check_text`, run once over the whole body by :class:`_Body`): a
+lone surrogate (JSON's ``"\\ud800"``) is refused naming where it is (``command.1``,
+``env.KEY``) before anything is claimed, placed or booted.  Response bodies are what the
+backend returns, validated on the way out, so the document and the answers cannot drift
+apart; the CLI (:mod:`berth.api.client`) parses answers with these same models.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from berth.model import ReschedulePolicy, RestartPolicy
 from berth.node.runtime.port import StopGrace
 from berth.registry.port import Image, Workload
+from berth.validation import check_text
 
 __all__ = [
     "DrainItem",
@@ -50,6 +55,19 @@ Size = int | str  # bytes, or a size with a unit ("28MiB"): berth.units reads it
 _STRICT = ConfigDict(extra="forbid")
 
 
+class _Body(BaseModel):
+    """A request body: strict (no unknown keys), and text UTF-8 can encode throughout,
+    checked on the body as sent, before any field (see the module docstring)."""
+
+    model_config = _STRICT
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 
@@ -78,12 +96,11 @@ class SpreadBody(BaseModel):
     max_skew: int = 1
 
 
-class RequestBody(BaseModel):
+class RequestBody(_Body):
     """A placement request (:class:`berth.model.Request`): ``spec`` is an instance type name
     (``"micro"``) or ``{vcpus, mem, disk, disk_bw?, net_bw?}``; ``platforms`` the artifact's
     (``os/arch[/variant]``, empty: any); ``spread`` as :class:`SpreadBody`."""
 
-    model_config = _STRICT
     namespace: str = "default"
     name: str
     replica: int = 0
@@ -94,8 +111,7 @@ class RequestBody(BaseModel):
     spread: SpreadBody | None = None
 
 
-class _Target(BaseModel):
-    model_config = _STRICT
+class _Target(_Body):
     namespace: str = "default"
     name: str
     replica: int = 0
@@ -138,10 +154,9 @@ class WorkloadList(BaseModel):
     items: list[Workload]
 
 
-class StopRequest(BaseModel):
+class StopRequest(_Body):
     """How long the workload gets to stop before the call gives up (seconds)."""
 
-    model_config = _STRICT
     grace_s: StopGrace | None = None
 
 
@@ -220,8 +235,7 @@ DRAIN_GRACE_S = 10.0
 """A drain's grace per workload when the request names none (seconds)."""
 
 
-class DrainRequest(BaseModel):
-    model_config = _STRICT
+class DrainRequest(_Body):
     grace_s: StopGrace = DRAIN_GRACE_S
 
 
@@ -238,19 +252,17 @@ class DrainReport(BaseModel):
     items: list[DrainItem]
 
 
-class ImageCreate(BaseModel):
+class ImageCreate(_Body):
     """Register an image as its layer chain (base first) with sizes."""
 
-    model_config = _STRICT
     name: str
     platform: str | None = None
     layers: list[LayerRef]
 
 
-class OciImport(BaseModel):
+class OciImport(_Body):
     """Read an image from an OCI image layout directory on the server's machine."""
 
-    model_config = _STRICT
     path: str
     name: str | None = None
     ref: str | None = None

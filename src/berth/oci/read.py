@@ -11,14 +11,19 @@ berth does not read (``tar+zstd`` layers, foreign-layer URLs).  Manifests, index
 are small, so their content is hashed and checked against their digest here; layer blobs can be
 gigabytes, so their digest is checked by whoever streams them (the erofs conversion,
 :mod:`berth.node.erofs`) — :func:`verify_blob` does it on demand.  What the JSON documents may
-say is :mod:`berth.oci.documents`'.
+say is :mod:`berth.oci.documents`'.  The path is the caller's, so whatever the system says
+about it is an answer too: an ``OSError`` anywhere in the reading (a component over 255 bytes
+or a path over 4 KiB — ``ENAMETOOLONG`` — a file that cannot be read, an I/O error) is an
+``Invalid`` naming ``layout`` with the system's reason, never a crash of the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +69,14 @@ def read_layout(
     ``ref`` selects an ``index.json`` entry by its ``org.opencontainers.image.ref.name`` (or
     ``io.containerd.image.name``) annotation; without it the layout must hold exactly one
     image.  An image index is resolved to the manifest for ``platform`` (default: this
-    host's).  Raises ``Invalid`` naming the file and field for anything malformed or missing.
+    host's).  Raises ``Invalid`` naming the file and field for anything malformed or missing,
+    and naming ``layout`` for anything the system refuses (see the module docstring).
     """
+    with _system_refusals(path):
+        return _read_layout(path, ref, platform)
+
+
+def _read_layout(path: Path | str, ref: str | None, platform: Platform | str | None) -> OciImage:
     root = _layout_root(path)
     wanted = None if platform is None else Platform.parse(platform, field="platform")
     if ref is not None and (not isinstance(ref, str) or not ref):
@@ -91,6 +102,11 @@ def layout_refs(path: Path | str) -> tuple[str, ...]:
     """The names (``org.opencontainers.image.ref.name``) of the images in the layout at
     ``path``, in ``index.json`` order; unnamed entries are left out.  ``Invalid`` as
     :func:`read_layout` for a malformed layout."""
+    with _system_refusals(path):
+        return _layout_refs(path)
+
+
+def _layout_refs(path: Path | str) -> tuple[str, ...]:
     root = _layout_root(path)
     marker = _read_json(root, root / "oci-layout", "oci-layout")
     required(marker, "imageLayoutVersion", str, "oci-layout")
@@ -104,8 +120,30 @@ def layout_refs(path: Path | str) -> tuple[str, ...]:
 
 def verify_blob(layer: OciLayer) -> None:
     """Hash ``layer``'s blob and check size and digest; ``Invalid`` naming the blob if not."""
-    digest, size = _hash_file(layer.path)
+    with _system_refusals(layer.path):
+        digest, size = _hash_file(layer.path)
     _check_content(layer.path.name, layer.digest, layer.size, digest, size)
+
+
+@contextlib.contextmanager
+def _system_refusals(path: object) -> Iterator[None]:
+    """An ``OSError`` while reading the layout at ``path`` as ``Invalid`` naming ``layout``."""
+    try:
+        yield
+    except OSError as error:
+        raise Invalid(_refusal(path, error), field="layout") from None
+
+
+def _refusal(path: object, error: OSError) -> str:
+    where = error.filename if error.filename is not None else path
+    reason = error.strerror or type(error).__name__
+    if error.errno == errno.ENAMETOOLONG:
+        reason += f" (at most {_NAME_MAX} bytes a component, {_PATH_MAX} bytes a path)"
+    return f"{shown(os.fsdecode(where) if isinstance(where, bytes) else str(where))}: {reason}"
+
+
+_NAME_MAX = 255  # Linux's limits, named in the refusal of a path that passes them
+_PATH_MAX = 4096
 
 
 def _layout_root(path: Path | str) -> Path:

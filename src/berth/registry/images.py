@@ -62,5 +62,5 @@ def image_from_layout(
         # directory itself); the field is the request's ``path``, the detail says the rest
         where = "" if error.field in (None, "", "layout") else f"{error.field}: "
         raise Invalid(f"the OCI layout: {where}{error.message}", field="path") from None
-    chosen = name or image.ref or Path(path).resolve().name
+    chosen = name or image.ref or image.layout.name  # the layout resolved: no second lookup
     return image_of(chosen, image.berth_layers(), image.platform, image.config.command)

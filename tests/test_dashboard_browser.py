@@ -7,19 +7,25 @@ URL ``berth up`` prints (``/?token=…``: the cookie, the redirect), runs the pa
 dumps the DOM it built — the nodes, workloads and placements must be there, a command with
 markup in it shown as text — and takes a screenshot.  The screenshot's path is printed
 (``pytest -s`` shows it); ``BERTH_DASHBOARD_PNG=docs/dashboard.png`` also copies it there (the
-README's picture).
+README's picture).  Then the attack the review found: a page on another port of the same host
+(a workload's own web server) that holds the visitor's dashboard session posts a cordon with
+it — the API must refuse it (another origin, no CSRF value), so the node stays uncordoned.
 
 Skipped only where ``/usr/bin/chromium`` is absent; ``.ci/run`` installs it, so CI runs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import html
+import http.server
+import json
 import os
 import re
 import shutil
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,3 +145,56 @@ def test_screenshot(cluster: Running, tmp_path: Path) -> None:
     if wanted:
         shutil.copyfile(shot, wanted)
         print(f"copied to {wanted}")
+
+
+ATTACK = """<!doctype html><html><body data-done="no"><script>
+(async () => {
+  const api = %(api)s;
+  // the visitor's session: in life, the dashboard they opened earlier in this browser
+  await fetch(api + "/?token=" + %(token)s, {mode: "no-cors", credentials: "include"});
+  await fetch(api + "/v1/nodes/node-02/cordon",
+    {method: "POST", mode: "no-cors", credentials: "include"});
+  document.body.dataset.done = "yes";
+})();
+</script></body></html>"""
+
+
+@contextlib.contextmanager
+def attacker_site(page: str) -> Iterator[str]:
+    """``page`` served at ``http://127.0.0.1:<another port>/``: the other site's URL."""
+    body = page.encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        thread.join()
+
+
+def test_a_page_on_another_port_cannot_cordon_with_the_visitors_session(
+    cluster: Running, tmp_path: Path
+) -> None:
+    page = ATTACK % {"api": json.dumps(cluster.url), "token": json.dumps(cluster.token)}
+    with ApiClient(ApiLocation(cluster.url, cluster.token, "test")) as api:
+        assert not api.node("node-02").cordoned
+        try:
+            with attacker_site(page) as url:
+                dom = chromium(tmp_path / "profile", "--dump-dom", url).stdout
+            assert 'data-done="yes"' in dom, dom[:2000]  # the page's script ran to its end
+            assert not api.node("node-02").cordoned  # and its forged cordon changed nothing
+        finally:
+            api.uncordon("node-02")

@@ -62,8 +62,11 @@ async def test_token_on_every_route_but_health(
         wrong = {"Authorization": "Bearer " + "x" * 43}
         problem(await anonymous.get("/v1/nodes", headers=wrong), 401)
         problem(await anonymous.post("/v1/workloads", json={}), 401)  # 401 before validation
-        anonymous.cookies.set("berth_token", service.token)
-        assert (await anonymous.get("/v1/nodes")).status_code == 200  # the dashboard's cookie
+        anonymous.cookies.set("berth_token", service.token)  # the token is no cookie
+        problem(await anonymous.get("/v1/nodes"), 401)
+        anonymous.cookies.clear()
+        await anonymous.get(f"/?token={service.token}")  # the dashboard's session cookie
+        assert (await anonymous.get("/v1/nodes")).status_code == 200
     document = (await api.get("/openapi.json")).json()
     assert "/v1/workloads" in document["paths"]
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from berth import Request, Spec
 from berth.api import metrics as metrics_route
-from berth.api.auth import COOKIE
+from berth.api.auth import COOKIE, configure, new_session
 from berth.api.problems import install
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
@@ -32,7 +32,7 @@ TOKEN = "s3cret-token"
 
 def app_with(metrics: Metrics | None) -> FastAPI:
     app = FastAPI()
-    app.state.token = TOKEN
+    configure(app, TOKEN)
     if metrics is not None:
         app.state.metrics = metrics
     install(app)
@@ -108,8 +108,8 @@ async def test_metrics_are_prometheus_text_after_real_placements() -> None:
     assert samples["berth_reservations", (("state", "assumed"),)] == 3
     assert samples["berth_reserved_bytes", (("resource", "mem"), ("source", "assumed"))] == 3 * GiB
 
-    # the dashboard's cookie is the token too
-    cookie = await get(metrics_app, cookies={COOKIE: TOKEN})
+    # the dashboard's session cookie opens it too
+    cookie = await get(metrics_app, cookies={COOKIE: new_session(metrics_app).cookie})
     assert cookie.status_code == 200 and "berth_placements_total" in cookie.text
 
 

@@ -14,6 +14,7 @@ the service gives.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Response
@@ -22,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from berth import __version__
 from berth.api import dashboard, metrics, schemas
-from berth.api.auth import require_token
+from berth.api.auth import SAFE_METHODS, configure, require_token
 from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
 from berth.model import Placement
@@ -35,7 +36,8 @@ API_VERSION = __version__  # the package's version is the API's (docs/openapi.js
 _DESCRIPTION = (
     "berth's API: place and boot workloads, stop them, drain and cordon nodes, register "
     "images, explain placements. Every route but /healthz needs 'Authorization: Bearer "
-    "<token>' (or the dashboard's berth_token cookie). Errors are application/problem+json."
+    "<token>' (or the dashboard's berth_session cookie; a write it authenticates must come "
+    "from the API's own origin and carry X-Berth-CSRF). Errors are application/problem+json."
 )
 
 WorkloadId = Annotated[str, Path(description="A workload id (w-<12 hex digits>)")]
@@ -51,7 +53,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
         "/workloads",
         status_code=201,
         response_model=Workload,
-        responses=problem_responses(409, 503),
+        responses=problem_responses(400, 409, 503),
         tags=["workloads"],
         summary="Place and boot a workload",
     )
@@ -61,7 +63,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/workloads",
         response_model=schemas.WorkloadList,
-        responses=problem_responses(),
+        responses=problem_responses(400, 503),
         tags=["workloads"],
         summary="List workloads (filters: namespace, node, state)",
     )
@@ -75,7 +77,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/workloads/{workload_id}",
         response_model=Workload,
-        responses=problem_responses(404),
+        responses=problem_responses(404, 503),
         tags=["workloads"],
         summary="One workload, its state asked of its node",
     )
@@ -92,7 +94,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
                 "record (stop_requested) and delivered when the node answers",
                 "model": Workload,
             },
-            **problem_responses(404, 503),
+            **problem_responses(400, 404, 503),
         },
         tags=["workloads"],
         summary="Stop a workload (idempotent; 202 when it is kept for an unreachable node)",
@@ -109,7 +111,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.post(
         "/placements",
         response_model=schemas.PlacementBody,
-        responses=problem_responses(409, 503),
+        responses=problem_responses(400, 409, 503),
         tags=["placements"],
         summary="The placement port: a lease on the chosen node, no boot",
     )
@@ -120,7 +122,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.post(
         "/explain",
         response_model=schemas.Explanation,
-        responses=problem_responses(),
+        responses=problem_responses(400, 503),
         tags=["placements"],
         summary="Every node's verdict for a request",
     )
@@ -130,7 +132,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/placements/recent",
         response_model=schemas.RecentPlacements,
-        responses=problem_responses(),
+        responses=problem_responses(400),
         tags=["placements"],
         summary="The latest placement decisions of this API, newest first",
     )
@@ -143,7 +145,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/nodes",
         response_model=schemas.NodeList,
-        responses=problem_responses(),
+        responses=problem_responses(503),
         tags=["nodes"],
         summary="Every node's latest state",
     )
@@ -153,7 +155,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/nodes/{name}",
         response_model=schemas.NodeInfo,
-        responses=problem_responses(404),
+        responses=problem_responses(404, 503),
         tags=["nodes"],
         summary="One node's latest state",
     )
@@ -183,7 +185,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.post(
         "/nodes/{name}/drain",
         response_model=schemas.DrainReport,
-        responses=problem_responses(404, 503),
+        responses=problem_responses(400, 404, 503),
         tags=["nodes"],
         summary="Cordon, stop every workload, place restartable ones again",
     )
@@ -197,7 +199,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
         "/images",
         status_code=201,
         response_model=Image,
-        responses=problem_responses(),
+        responses=problem_responses(400, 503),
         tags=["images"],
         summary="Register an image as its layers with sizes",
     )
@@ -208,7 +210,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
         "/images/oci",
         status_code=201,
         response_model=Image,
-        responses=problem_responses(),
+        responses=problem_responses(400, 503),
         tags=["images"],
         summary="Register an image read from an OCI layout directory on the server",
     )
@@ -218,7 +220,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/images",
         response_model=schemas.ImageList,
-        responses=problem_responses(),
+        responses=problem_responses(503),
         tags=["images"],
         summary="Every registered image",
     )
@@ -228,7 +230,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     @api.get(
         "/images/{name}",
         response_model=Image,
-        responses=problem_responses(404),
+        responses=problem_responses(404, 503),
         tags=["images"],
         summary="One registered image",
     )
@@ -243,9 +245,19 @@ MAX_BODY_BYTES = 1 << 20
 
 
 class BodyLimit:
-    """ASGI middleware: a body larger than ``limit`` bytes is answered ``413`` (problem+json)
-    before it is read — by its ``Content-Length``, or, for a chunked body, as soon as the
-    bytes received pass the limit (the rest is not read)."""
+    """ASGI middleware: a request body larger than ``limit`` bytes is answered ``413``
+    (problem+json), whatever the route would have said.
+
+    It counts the bytes as they arrive, so a chunked body (no ``Content-Length``) is refused
+    as soon as it passes the limit, and the rest is not read; a declared ``Content-Length``
+    over the limit is refused at the first read, before any byte.  Only a body a route reads
+    is refused (routes without a body never read one), so the answer is the route's own
+    ``413``, documented on the operations that take a body.
+
+    The refusal cannot travel as an exception: FastAPI turns any error while it reads a body
+    into its own ``400``.  So the wrapped ``receive`` notes that the limit was passed and
+    ends the body there; whatever the application answers then is dropped, and the ``413``
+    sent in its place."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -255,33 +267,38 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            await self._too_large(scope, receive, send)
-            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        declared = int(length) if length.isdigit() else 0
         received = 0
+        too_large = False
         started = False
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, too_large
+            if too_large:
+                raise _TooLarge
+            if declared > self.limit:
+                too_large = True
+                raise _TooLarge
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
+                    too_large = True
                     raise _TooLarge
             return message
 
         async def sending(message: Message) -> None:
             nonlocal started
+            if too_large and not started:
+                return  # the application's answer to a body it could not read: replaced
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooLarge):  # raised past FastAPI (a route's own read)
             await self.app(scope, limited, sending)
-        except _TooLarge:
-            if not started:
-                await self._too_large(scope, receive, send)
+        if too_large and not started:
+            await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         problem = Problem(
@@ -291,7 +308,8 @@ class BodyLimit:
 
 
 class _TooLarge(Exception):
-    """A chunked body passed the limit."""
+    """The body passed the limit (caught by :class:`BodyLimit`, or by FastAPI, which makes
+    it a ``400`` that :class:`BodyLimit` replaces)."""
 
 
 def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
@@ -304,7 +322,7 @@ def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.state.token = token
+    configure(app, token)  # the token and the dashboard's session secret (berth.api.auth)
     app.add_middleware(BodyLimit)
     if backend is not None:  # None: generated_openapi (routes declared, never called)
         app.state.metrics = backend.scheduler.metrics  # served by GET /metrics (http/metrics.py)
@@ -340,9 +358,20 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
-    for path in document.get("paths", {}).values():
-        for operation in path.values():
-            operation.get("responses", {}).pop("422", None)
+    too_large = {413: f"The request body is larger than {MAX_BODY_BYTES} bytes"}
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if path == "/healthz":
+                continue
+            added: dict[int | str, dict[str, Any]] = {}
+            if method.upper() not in SAFE_METHODS:  # the cookie's CSRF checks (api/auth.py)
+                added.update(problem_responses(403))
+            if "requestBody" in operation:  # a body a route reads is limited (BodyLimit)
+                added.update(problem_responses(413, described=too_large))
+            responses.update({str(status): entry for status, entry in added.items()})
+            operation["responses"] = {code: responses[code] for code in sorted(responses)}
     schemas_ = document.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas_.pop(name, None)

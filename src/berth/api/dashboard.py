@@ -2,11 +2,15 @@
 
 What it owns: the page's three routes — ``GET /`` (the HTML shell), ``GET
 /static/dashboard.js`` and ``GET /static/dashboard.css`` (package data in ``static/``) — and
-the token hand-off: ``GET /?token=T`` checks ``T``, stores it in the ``berth_token`` cookie
-(HttpOnly, SameSite=Strict, Path=/) and redirects to ``/``, so the token leaves the address
-bar and the history; the page's scripts then call ``/v1/nodes``, ``/v1/workloads`` and
-``/v1/placements/recent`` once a second with that cookie (the API's token dependency accepts
-it).  Without a valid token or cookie the page is a 401 telling where the right URL is.
+the token hand-off: ``GET /?token=T`` checks ``T``, trades it for a new session
+(:func:`~berth.api.auth.new_session`: a random id and its MAC, never the token) in the
+``berth_session`` cookie (HttpOnly, SameSite=Strict, Path=/) and redirects to ``/``, so the
+token leaves the address bar and the history; the page's scripts then call ``/v1/nodes``,
+``/v1/workloads`` and ``/v1/placements/recent`` once a second with that cookie (the API's
+token dependency accepts it).  The shell embeds the session's CSRF value (``<meta
+name="berth-csrf">``), which the script sends back as ``X-Berth-CSRF``: the API refuses a
+cookie-authenticated write without it, or from another origin (:mod:`berth.api.auth`).
+Without a valid token or session the page is a 401 telling where the right URL is.
 
 What it is not: an API of its own or a second renderer of cluster state — the shell carries no
 data; everything shown comes from the same JSON routes the CLI uses, drawn by
@@ -24,7 +28,7 @@ from importlib.resources import files
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from berth.api.auth import COOKIE, bearer_token, token_matches
+from berth.api.auth import COOKIE, Session, bearer_token, new_session, session_of, token_matches
 
 __all__ = ["router"]
 
@@ -54,11 +58,17 @@ def _static(name: str) -> str:
     return (files("berth.api") / "static" / name).read_text(encoding="utf-8")
 
 
+_CSRF_SLOT = "__BERTH_CSRF__"
+"""Where ``index.html`` takes the session's CSRF value (``<meta name="berth-csrf">``)."""
+
+
+def _session(request: Request) -> Session | None:
+    return session_of(request.app, request.cookies.get(COOKIE))
+
+
 def _authorized(request: Request) -> bool:
     """The API's rule (:func:`~berth.api.auth.require_token`), answered with a page."""
-    return token_matches(request, request.cookies.get(COOKIE)) or token_matches(
-        request, bearer_token(request)
-    )
+    return _session(request) is not None or token_matches(request, bearer_token(request))
 
 
 def _denied() -> HTMLResponse:
@@ -67,16 +77,19 @@ def _denied() -> HTMLResponse:
 
 @router.get("/")
 def page(request: Request, token: str | None = None) -> Response:
-    """The dashboard; ``?token=T`` trades the token for the cookie and redirects here."""
+    """The dashboard; ``?token=T`` trades the token for a session cookie and redirects here."""
     if token is not None:
         if not token_matches(request, token):
             return _denied()
         response = RedirectResponse("/", status_code=303, headers=_HEADERS)
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        issued = new_session(request.app)
+        response.set_cookie(COOKIE, issued.cookie, httponly=True, samesite="strict", path="/")
         return response
     if not _authorized(request):
         return _denied()
-    return HTMLResponse(_static("index.html"), headers=_HEADERS)
+    session = _session(request)  # None: a bearer token opened it (its page can read, not write)
+    shell = _static("index.html").replace(_CSRF_SLOT, "" if session is None else session.csrf)
+    return HTMLResponse(shell, headers=_HEADERS)
 
 
 @router.get("/static/{name}")

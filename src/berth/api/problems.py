@@ -11,14 +11,20 @@ One table says which error becomes which answer, so every route speaks the same 
 * ``IdentityTaken`` (a workload's ``namespace/name/replica`` held by a running one) → ``409``
   with ``identity`` and the holder's ``workload_id``;
 * ``Unavailable`` → ``503`` (retrying may help);
-* an unknown id → ``404``; a missing or wrong token → ``401``.
+* an unknown id → ``404``; a missing or wrong token → ``401``; a write the dashboard's
+  cookie authenticates from another origin, or without its CSRF value → ``403``
+  (:mod:`berth.api.auth`); a body over the limit → ``413`` (:class:`berth.api.app.BodyLimit`).
 
 Anything else is a bug: logged with its traceback and answered ``500`` without internals.
 Bad input never reaches that branch — everything entering is validated first — and the
 schemathesis test holds the service to it.
 
 :class:`Problem` is the exception a route raises for its own answers (``404`` …);
-:func:`problem_responses` documents the answers a route may give, for the OpenAPI document.
+:func:`problem_responses` documents the answers a route may give, for the OpenAPI document:
+``401`` on every route, and the statuses the route names — exactly those it can answer, so
+the document lists nothing a client never sees and everything it may (``403`` and ``413``,
+which come from the authentication and the body limit rather than the route, are added by
+:func:`~berth.api.app.openapi_document` to the operations they apply to).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ PROBLEM_JSON = "application/problem+json"
 _TITLES = {
     400: "bad request",
     401: "unauthorized",
+    403: "forbidden",
     404: "not found",
     405: "method not allowed",
     409: "conflict",
@@ -205,21 +212,26 @@ def install(app: FastAPI) -> None:
 
 _DESCRIPTIONS = {
     400: "Invalid input (the field and value are named), or no node runs the platforms",
-    401: "Missing or wrong API token",
+    401: "Missing or wrong API token (or dashboard session)",
+    403: "A write authenticated by the dashboard's cookie that came from another origin, or "
+    "without its X-Berth-CSRF value",
     404: "Unknown id or name",
     409: "No capacity (per-reason counts), refused by the node, or the workload's identity "
     "(namespace/name/replica) held by a running workload",
-    503: "A node or the schedulers could not be reached; retrying may help",
+    503: "A node, the schedulers or the API's registry could not be reached; retrying may help",
 }
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The OpenAPI ``responses`` entries of the problems a route may answer (401 always)."""
+def problem_responses(
+    *statuses: int, described: dict[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of the problems a route may answer: ``401`` and
+    ``statuses`` (see the module docstring)."""
     schema = {"$ref": "#/components/schemas/ProblemBody"}
     return {
         status: {
-            "description": _DESCRIPTIONS[status],
+            "description": (described or {}).get(status) or _DESCRIPTIONS[status],
             "content": {PROBLEM_JSON: {"schema": schema}},
         }
-        for status in sorted({400, 401, *statuses})
+        for status in sorted({401, *statuses})
     }

@@ -2,11 +2,16 @@
 //
 // Read-only.  Every value from the API (node names, commands, explanations) is inserted as
 // text (textContent / createTextNode), never as markup, so a workload named "<script>" shows
-// as those characters.  The token travels in the HttpOnly cookie the page's URL set.
+// as those characters.  The session travels in the HttpOnly cookie the page's URL set; every
+// call also sends the session's CSRF value, which the page embeds (<meta name="berth-csrf">),
+// as X-Berth-CSRF: the API refuses a write the cookie authenticates without it, or from
+// another origin.  The calls keep their Origin ("same-origin" referrer policy: the page's own
+// no-referrer would send "Origin: null" on a write).
 "use strict";
 
 (function () {
   const PERIOD_MS = 1000;
+  const CSRF = (document.querySelector('meta[name="berth-csrf"]') || {}).content || "";
   const PLACEMENTS = 25;
   const MAX_WORKLOADS = 200;
   let polls = 0;
@@ -194,8 +199,9 @@
   async function get(path) {
     const response = await fetch(path, {
       credentials: "same-origin",
-      headers: { Accept: "application/json" },
+      headers: { Accept: "application/json", "X-Berth-CSRF": CSRF },
       cache: "no-store",
+      referrerPolicy: "same-origin",
     });
     if (!response.ok) {
       const error = new Error(path + ": HTTP " + response.status);

@@ -25,6 +25,7 @@ enters, naming the field, before anything is reserved or booted.
 
 from __future__ import annotations
 
+import json
 import reprlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -290,14 +291,31 @@ Text = Annotated[str, AfterValidator(utf8_text)]
 """A string UTF-8 can encode (a model field's type)."""
 
 
+def _all_text(value: object) -> bool:
+    """Whether ``value`` certainly holds no string UTF-8 cannot encode: its JSON text (C code,
+    the fast path for a whole body) encodes.  ``False`` also when it is not plain data."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        return False
+    return True
+
+
 def check_text(value: object, field: str | None = None) -> None:
     """Refuse plain data (strings, lists, tables, as decoded from JSON) holding a string —
     a value or a key, at any depth — that UTF-8 cannot encode: ``Invalid`` whose ``field``
     is where the first one is (``command.1``, ``env.KEY``; under ``field``, if given)."""
+    if _all_text(value):
+        return
     # (item, where it is, whether it is a table's key), walked in document order
     stack: list[tuple[object, tuple[int | str, ...], bool]] = [(value, (), False)]
+    seen: set[int] = set()  # containers walked already: a cycle is walked once
     while stack:
         item, where, is_key = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
         if isinstance(item, str):
             if _unencodable(item):
                 place = ".".join([*([field] if field else []), *map(_part, where)])

@@ -175,7 +175,7 @@ LAYERS: Layers = (
     ("berth.checks",),
     ("berth.ownership", "berth.state", "berth.boot"),
     # leaf services: the Docker Hub data, OCI layouts, metrics and traces, the NATS wire
-    ("berth.dataset", "berth.oci", "berth.observability", "berth.nats"),
+    ("berth.dataset", "berth.oci", "berth.observability", "berth.nats", "berth.pki"),
     # what is replicated beside the nodes: node states, routes, workloads, images
     ("berth.store", "berth.registry"),
     # a node; the port a scheduler reaches it through; the schedulers

@@ -174,8 +174,10 @@ LAYERS: Layers = (
     ("berth.model",),
     ("berth.checks",),
     ("berth.ownership", "berth.state", "berth.boot"),
+    # certificates (the NATS servers' and clients' TLS, the API's HTTPS)
+    ("berth.pki",),
     # leaf services: the Docker Hub data, OCI layouts, metrics and traces, the NATS wire
-    ("berth.dataset", "berth.oci", "berth.observability", "berth.nats", "berth.pki"),
+    ("berth.dataset", "berth.oci", "berth.observability", "berth.nats"),
     # what is replicated beside the nodes: node states, routes, workloads, images
     ("berth.store", "berth.registry"),
     # a node; the port a scheduler reaches it through; the schedulers

@@ -1,0 +1,122 @@
+"""berth.nats.cluster: three real nats-servers, JetStream clustered, one killed under writes."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import KeyValueConfig
+
+from berth.errors import Invalid
+from berth.nats.cluster import SYNC_INTERVAL, NatsCluster
+from berth.pki import CertificateAuthority, write_pair
+
+
+def test_cluster_sizes_are_bounded() -> None:
+    for size in (0, 8, True, "3"):
+        with pytest.raises(Invalid) as error:
+            NatsCluster(size)  # type: ignore[arg-type]
+        assert error.value.field == "nats_servers"
+
+
+def test_configuration_routes_to_every_other_server_and_keeps_its_secret(tmp_path: Path) -> None:
+    with NatsCluster(3, base_dir=tmp_path) as cluster:
+        for index in range(3):
+            config = tmp_path / cluster.server_name(index) / "cluster.conf"
+            assert stat.S_IMODE(config.stat().st_mode) == 0o600
+            text = config.read_text()
+            assert f'server_name: "{cluster.server_name(index)}"' in text
+            assert f'sync_interval: "{SYNC_INTERVAL}"' in text
+            assert text.count("nats-route://") == 2
+            assert f":{cluster.cluster_ports[index]}@" not in text  # never a route to itself
+        assert len(cluster.url.split(",")) == 3
+
+
+async def _writes(url: str, bucket: str, count: int, killed: asyncio.Event | None) -> list[int]:
+    connection = await nats.connect(
+        url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.1
+    )
+    try:
+        js = connection.jetstream(timeout=5)
+        kv = await js.create_key_value(KeyValueConfig(bucket=bucket, replicas=3, history=1))
+        revisions = []
+        for i in range(count):
+            if killed is not None and i == count // 2:
+                killed.set()
+                await asyncio.sleep(0.2)
+            errors: list[str] = []
+            for _ in range(100):  # a write during the failover is retried until acked
+                try:
+                    revisions.append(await kv.put(f"k{i}", str(i).encode()))
+                    break
+                except Exception as error:
+                    errors.append(f"{type(error).__name__}: {error}")
+                    await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"write {i} never acknowledged: {errors[:3]} {errors[-3:]}")
+        return revisions
+    finally:
+        await connection.close()
+
+
+async def _read_all(url: str, bucket: str, count: int, timeout_s: float = 20.0) -> dict[str, bytes]:
+    """Every key, read once the stream has a leader among the servers that run (an election
+    after a server's loss takes a few seconds)."""
+    connection = await nats.connect(url.split(","), max_reconnect_attempts=-1)
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    try:
+        while True:
+            try:
+                kv = await connection.jetstream(timeout=2).key_value(bucket)
+                return {f"k{i}": (await kv.get(f"k{i}")).value or b"" for i in range(count)}
+            except Exception:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+    finally:
+        await connection.close()
+
+
+@pytest.mark.slow
+def test_an_r3_bucket_keeps_every_acknowledged_write_through_the_loss_of_a_server(
+    tmp_path: Path,
+) -> None:
+    with NatsCluster(3, base_dir=tmp_path) as cluster:
+        killed = asyncio.Event()
+
+        async def scenario() -> list[int]:
+            async def killer() -> None:
+                await killed.wait()
+                await asyncio.to_thread(cluster.kill, 0)  # the first URL clients try
+
+            writes = asyncio.create_task(_writes(cluster.url, "r3", 40, killed))
+            await killer()
+            return await writes
+
+        revisions = asyncio.run(scenario())
+        assert len(revisions) == 40
+        survivors = ",".join(cluster.urls[1:])
+        assert asyncio.run(_read_all(survivors, "r3", 40)) == {
+            f"k{i}": str(i).encode() for i in range(40)
+        }
+        cluster.restart(0)  # it rejoins and catches up from the other two …
+        cluster.wait_ready()
+        expected = {f"k{i}": str(i).encode() for i in range(40)}
+        assert asyncio.run(_read_all(cluster.url, "r3", 40)) == expected
+        cluster.kill(1)  # … so that with one of them gone it holds a majority's copy
+        assert asyncio.run(_read_all(f"{cluster.urls[0]},{cluster.urls[2]}", "r3", 40)) == expected
+
+
+@pytest.mark.slow
+def test_routes_with_mutual_tls_form_a_cluster(tmp_path: Path) -> None:
+    authority = CertificateAuthority.load_or_create(tmp_path / "pki")
+    routes = write_pair(
+        tmp_path / "pki", "route", authority.issue("route", names=("127.0.0.1",), server=True)
+    )
+    with NatsCluster(3, base_dir=tmp_path / "c", route_tls=routes) as cluster:
+        text = (tmp_path / "c" / cluster.server_name(0) / "cluster.conf").read_text()
+        assert "verify: true" in text and "authorization" not in text
+        assert asyncio.run(_writes(cluster.url, "tls_r3", 3, None)) == [1, 2, 3]

@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -53,7 +54,7 @@ from berth.nats.server import NatsServer
 from berth.pki import TlsFiles, write_private
 from berth.validation import shown
 
-__all__ = ["SYNC_INTERVAL", "NatsCluster"]
+__all__ = ["SYNC_INTERVAL", "NatsCluster", "server_config"]
 
 SYNC_INTERVAL = "always"
 """berth's JetStream durability setting: fsync every write before acknowledging it."""
@@ -71,6 +72,60 @@ def _free_port(host: str) -> int:
 
 def _quoted(path: Path) -> str:
     return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tls_block(indent: str, tls: TlsFiles, *, verify: bool) -> list[str]:
+    lines = [f"{indent}tls {{", f"{indent}  cert_file: {_quoted(tls.cert)}"]
+    lines += [f"{indent}  key_file: {_quoted(tls.key)}", f"{indent}  ca_file: {_quoted(tls.ca)}"]
+    lines += [f"{indent}  verify: {str(verify).lower()}", f"{indent}  timeout: 2", f"{indent}}}"]
+    return lines
+
+
+def server_config(
+    *,
+    server_name: str,
+    cluster_name: str,
+    cluster_listen: str,
+    routes: Sequence[str],
+    route_user: str | None = None,
+    route_password: str | None = None,
+    route_tls: TlsFiles | None = None,
+    sync_interval: str = SYNC_INTERVAL,
+    client_listen: str | None = None,
+    client_tls: TlsFiles | None = None,
+    store_dir: Path | None = None,
+    include: Path | None = None,
+) -> str:
+    """One clustered server's configuration: its name, JetStream with ``sync_interval`` (in
+    ``store_dir`` when given), its cluster listener and the ``routes`` (``host:port``) to the
+    others — authenticated by ``route_user``/``route_password`` or by mutual ``route_tls`` —,
+    optionally its client listener and the clients' mutual TLS, and ``include`` (the accounts
+    and users, :meth:`~berth.nats.auth.ClusterAuth.server_config`)."""
+    if (route_user is None) == (route_tls is None) or (route_user is None) != (
+        route_password is None
+    ):
+        raise Invalid("routes are authenticated by a user and password, or by TLS: one of them")
+    lines = [f"server_name: {json.dumps(server_name)}"]
+    if client_listen is not None:
+        lines.append(f"listen: {json.dumps(client_listen)}")
+    if client_tls is not None:
+        lines += _tls_block("", client_tls, verify=True)
+    lines += ["jetstream {", f"  sync_interval: {json.dumps(sync_interval)}"]
+    if store_dir is not None:
+        lines.append(f"  store_dir: {_quoted(store_dir)}")
+    lines += ["}", "cluster {", f"  name: {json.dumps(cluster_name)}"]
+    lines.append(f"  listen: {json.dumps(cluster_listen)}")
+    if route_tls is not None:
+        lines += _tls_block("  ", route_tls, verify=True)
+        urls = [f"nats-route://{route}" for route in routes]
+    else:
+        lines += ["  authorization {", f"    user: {json.dumps(route_user)}"]
+        lines += [f"    password: {json.dumps(route_password)}", "  }"]
+        urls = [f"nats-route://{route_user}:{route_password}@{route}" for route in routes]
+    lines += ["  routes: ["] + [f"    {json.dumps(url)}" for url in urls] + ["  ]", "}"]
+    if include is not None:
+        lines.append(f"include {_quoted(include)}")
+    return "\n".join(lines) + "\n"
 
 
 class NatsCluster:
@@ -119,33 +174,21 @@ class NatsCluster:
 
     def _config(self, index: int) -> str:
         """Server ``index``'s configuration file's text."""
-        routes = [
-            f"nats-route://{self._route_user}:{self._route_password}@{self.host}:{port}"
-            if self.route_tls is None
-            else f"nats-route://{self.host}:{port}"
-            for other, port in enumerate(self.cluster_ports)
-            if other != index
-        ]
-        lines = [f'server_name: "{self.server_name(index)}"']
-        lines += ["jetstream {", f'  sync_interval: "{self.sync_interval}"', "}"]
-        lines += ["cluster {", f'  name: "{self.name}"']
-        lines.append(f'  listen: "{self.host}:{self.cluster_ports[index]}"')
-        if self.route_tls is None:
-            lines += [
-                "  authorization {",
-                f'    user: "{self._route_user}"',
-                f'    password: "{self._route_password}"',
-                "  }",
-            ]
-        else:
-            tls = self.route_tls
-            lines += ["  tls {", f"    cert_file: {_quoted(tls.cert)}"]
-            lines += [f"    key_file: {_quoted(tls.key)}", f"    ca_file: {_quoted(tls.ca)}"]
-            lines += ["    verify: true", "    timeout: 2", "  }"]
-        lines += ["  routes: ["] + [f'    "{route}"' for route in routes] + ["  ]", "}"]
-        if self.config_file is not None:
-            lines.append(f"include {_quoted(self.config_file.resolve())}")
-        return "\n".join(lines) + "\n"
+        return server_config(
+            server_name=self.server_name(index),
+            cluster_name=self.name,
+            cluster_listen=f"{self.host}:{self.cluster_ports[index]}",
+            routes=[
+                f"{self.host}:{port}"
+                for other, port in enumerate(self.cluster_ports)
+                if other != index
+            ],
+            route_user=None if self.route_tls is not None else self._route_user,
+            route_password=None if self.route_tls is not None else self._route_password,
+            route_tls=self.route_tls,
+            sync_interval=self.sync_interval,
+            include=None if self.config_file is None else self.config_file.resolve(),
+        )
 
     # -- the processes -----------------------------------------------------------------------
     @property

@@ -188,6 +188,8 @@ LAYERS: Layers = (
     ("berth.embedded", "berth.sim", "berth.testing"),
     # the HTTP API and the process supervisor; the commands; the public API
     ("berth.api", "berth.up"),
+    # a real deployment's files (servers' configurations, credentials, certificates, units)
+    ("berth.deploy",),
     ("berth.cli",),
     ("berth",),
 )

@@ -120,3 +120,34 @@ def test_routes_with_mutual_tls_form_a_cluster(tmp_path: Path) -> None:
         text = (tmp_path / "c" / cluster.server_name(0) / "cluster.conf").read_text()
         assert "verify: true" in text and "authorization" not in text
         assert asyncio.run(_writes(cluster.url, "tls_r3", 3, None)) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_the_single_server_configuration_is_included_on_every_server(tmp_path: Path) -> None:
+    from berth.nats.auth import generate
+
+    auth = generate(["node-1"])
+    paths = auth.write(tmp_path / "auth")
+    probe = {"user": auth.scheduler.user, "password": auth.scheduler.password}
+    probe["inbox_prefix"] = auth.scheduler.inbox_prefix
+    with NatsCluster(
+        3, base_dir=tmp_path / "c", config_file=paths["server"], probe_options=probe
+    ) as c:
+
+        async def as_node_then_anonymous() -> tuple[bool, str]:
+            node = auth.nodes["node-1"]
+            connection = await nats.connect(
+                c.urls, user=node.user, password=node.password, inbox_prefix=node.inbox_prefix
+            )
+            ok = connection.is_connected
+            await connection.close()
+            try:
+                other = await nats.connect(c.urls, allow_reconnect=False, max_reconnect_attempts=0)
+            except Exception as error:
+                return ok, str(error)
+            await other.close()
+            return ok, "connected"
+
+        connected, anonymous = asyncio.run(as_node_then_anonymous())
+    assert connected
+    assert anonymous != "connected"

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import socket
@@ -100,7 +101,10 @@ def server_config(
     ``store_dir`` when given), its cluster listener and the ``routes`` (``host:port``) to the
     others — authenticated by ``route_user``/``route_password`` or by mutual ``route_tls`` —,
     optionally its client listener and the clients' mutual TLS, and ``include`` (the accounts
-    and users, :meth:`~berth.nats.auth.ClusterAuth.server_config`)."""
+    and users, :meth:`~berth.nats.auth.ClusterAuth.server_config`) — a path *relative to the
+    configuration file's directory*: nats-server joins even an absolute one to it."""
+    if include is not None and include.is_absolute():
+        raise Invalid(f"an include is relative to the configuration file, got {include}")
     if (route_user is None) == (route_tls is None) or (route_user is None) != (
         route_password is None
     ):
@@ -187,8 +191,13 @@ class NatsCluster:
             route_password=None if self.route_tls is not None else self._route_password,
             route_tls=self.route_tls,
             sync_interval=self.sync_interval,
-            include=None if self.config_file is None else self.config_file.resolve(),
+            include=None if self.config_file is None else self._include(index),
         )
+
+    def _include(self, index: int) -> Path:
+        assert self.config_file is not None
+        here = (self.base_dir / self.server_name(index)).resolve()
+        return Path(os.path.relpath(self.config_file.resolve(), here))
 
     # -- the processes -----------------------------------------------------------------------
     @property

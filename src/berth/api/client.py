@@ -11,6 +11,12 @@ errors, so the command line prints it as its usual one line:
   :class:`ApiError` (401, 404, a 409 ``identity_taken`` and anything else, with the status);
 * connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL (and,
   for a change sent but never answered, that its outcome is unknown);
+* **several endpoints** (every scheduler serves the API: ``api.json``'s ``urls``, or
+  ``--api URL,URL``): a request goes to the endpoint that answered last; one that cannot be
+  reached (connection refused — nothing was sent) is skipped for the next, whatever the
+  method; a read (``GET``) is also asked of the next one after a timeout or a ``503``.  A
+  ``POST`` carries an ``Idempotency-Key`` (the same on every attempt), so the API answers a
+  repeat with the first attempt's outcome instead of doing it twice;
 * an answer that does not match the schema → :class:`ApiError` — never a traceback.
 
 What it is not: a second definition of the API's types or rules.  Requests are sent as the
@@ -21,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +50,7 @@ API_FILE = "api.json"
 """The file under ``$BERTH_HOME`` (default ``~/.berth``) where ``berth up`` puts its API."""
 MAX_API_FILE_BYTES = 64 * 1024
 MAX_TOKEN = 4096
+MAX_ENDPOINTS = 64
 MAX_DETAIL = 2000
 """The most of a problem's ``detail`` an error line repeats (a broken server may send more)."""
 
@@ -68,11 +77,19 @@ def api_file(environ: dict[str, str] | None = None) -> Path:
 
 @dataclass(frozen=True)
 class ApiLocation:
-    """Where the API is, the token to show it, and where that came from (for error messages)."""
+    """Where the API is (``url``, and ``others`` serving the same cluster), the token to show
+    it, where that came from (for error messages) and the CA file its certificates are
+    checked against (``None``: the system's)."""
 
     url: str
     token: str | None
     source: str
+    others: tuple[str, ...] = ()
+    ca: str | None = None
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        return (self.url, *self.others)
 
 
 def _checked_url(url: str, field: str) -> str:
@@ -89,6 +106,23 @@ def _checked_url(url: str, field: str) -> str:
     if parts.query or parts.fragment:
         raise Invalid(f"expected a URL without a query, got {shown(url)}", field=field)
     return url.rstrip("/")
+
+
+def _checked_urls(urls: str | list[Any], field: str) -> tuple[str, ...]:
+    """``URL,URL,…`` (a flag) or a JSON list of URLs (``api.json``), each checked, at least
+    one, none twice."""
+    items = urls.split(",") if isinstance(urls, str) else urls
+    if not items or len(items) > MAX_ENDPOINTS:
+        raise Invalid(f"expected 1 to {MAX_ENDPOINTS} URLs, got {len(items)}", field=field)
+    checked: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise Invalid(f"expected a URL, got {shown(item)}", field=field)
+        url = _checked_url(item, field)
+        if url in checked:
+            raise Invalid(f"{url} is given twice", field=field)
+        checked.append(url)
+    return tuple(checked)
 
 
 def _checked_token(token: str | None, field: str) -> str | None:
@@ -127,6 +161,12 @@ def _read_api_file(path: Path) -> dict[str, Any] | None:
     token = document.get("token")
     if token is not None and not isinstance(token, str):
         raise Invalid(f"token: expected a string, got {shown(token)}", field=str(path))
+    urls = document.get("urls", [document["url"]])
+    if not isinstance(urls, list):
+        raise Invalid(f"urls: expected a list of URLs, got {shown(urls)}", field=str(path))
+    ca = document.get("ca")
+    if ca is not None and (not isinstance(ca, str) or not ca):
+        raise Invalid(f"ca: expected a file path, got {shown(ca)}", field=str(path))
     return document
 
 
@@ -139,12 +179,14 @@ def locate(
     path = api_file(environ)
     token = _checked_token(token, "--token")
     if api is not None:
-        url = _checked_url(api, "--api")
+        urls = _checked_urls(api, "--api")
+        ca = None
         if token is None:
             written = _read_api_file(path)
-            if written is not None and written["url"].rstrip("/") == url:
+            if written is not None and _written_urls(written, path)[0] == urls[0]:
                 token = _checked_token(written.get("token"), f"{path}: token")
-        return ApiLocation(url, token, "--api")
+                ca = written.get("ca")
+        return ApiLocation(urls[0], token, "--api", urls[1:], ca)
     written = _read_api_file(path)
     if written is None:
         raise Invalid(
@@ -152,10 +194,18 @@ def locate(
             f"`berth up` (it writes {path})",
             field="--api",
         )
-    url = _checked_url(written["url"], str(path))
+    urls = _written_urls(written, path)
     if token is None:
         token = _checked_token(written.get("token"), f"{path}: token")
-    return ApiLocation(url, token, str(path))
+    return ApiLocation(urls[0], token, str(path), urls[1:], written.get("ca"))
+
+
+def _written_urls(written: dict[str, Any], path: Path) -> tuple[str, ...]:
+    """``api.json``'s endpoints: its ``urls`` (every scheduler's API), else its ``url``."""
+    urls = written.get("urls")
+    if urls is None:
+        return (_checked_url(written["url"], str(path)),)
+    return _checked_urls(urls, f"{path}: urls")
 
 
 def _problem(response: httpx.Response) -> dict[str, Any]:
@@ -183,12 +233,13 @@ class ApiClient:
     ) -> None:
         self.location = location
         self.timeout_s = timeout_s
-        headers = {"Accept": "application/json", "User-Agent": "berth-cli"}
+        self._headers = {"Accept": "application/json", "User-Agent": "berth-cli"}
         if location.token:
-            headers["Authorization"] = f"Bearer {location.token}"
-        self._http = httpx.Client(
-            base_url=location.url, headers=headers, timeout=timeout_s, transport=transport
-        )
+            self._headers["Authorization"] = f"Bearer {location.token}"
+        self._transport = transport
+        self._clients: dict[str, httpx.Client] = {}
+        self._current = 0
+        """The endpoint that answered last (an index into ``location.urls``): asked first."""
 
     def __enter__(self) -> ApiClient:
         return self
@@ -197,7 +248,35 @@ class ApiClient:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    @property
+    def url(self) -> str:
+        """The endpoint requests go to first (the one that answered last)."""
+        return self.location.urls[self._current]
+
+    def _http(self, url: str) -> httpx.Client:
+        client = self._clients.get(url)
+        if client is None:
+            verify: ssl.SSLContext | bool = True
+            if self.location.ca is not None and url.startswith("https:"):
+                try:
+                    verify = ssl.create_default_context(cafile=self.location.ca)
+                except OSError as error:
+                    raise Invalid(
+                        f"cannot read the API's CA {self.location.ca}: {error.strerror or error}",
+                        field="ca",
+                    ) from None
+            client = self._clients[url] = httpx.Client(
+                base_url=url,
+                headers=self._headers,
+                timeout=self.timeout_s,
+                transport=self._transport,
+                verify=verify,
+            )
+        return client
 
     # -- the transport and the error mapping -------------------------------------------------
     def request(
@@ -209,26 +288,58 @@ class ApiClient:
         params: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
-        """Send one request; the decoded JSON answer, or one of berth's errors."""
-        url = self.location.url + path
+        """Send one request — to the next endpoint when one cannot be reached (see the module
+        docstring); the decoded JSON answer, or one of berth's errors."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         check_text(body)  # a lone surrogate (a non-UTF-8 byte of argv) is Invalid, not a crash
-        try:
-            response = self._http.request(
-                method, path, json=body, params=params or None, timeout=timeout
-            )
-        except httpx.ConnectError as error:
-            raise Unavailable(f"cannot reach the berth API at {url}: {_reason(error)}") from None
-        except httpx.TimeoutException as error:
-            raise Unavailable(
-                f"the berth API at {url} did not answer within {timeout:g}s"
-                f"{_outcome(method, error)}"
-            ) from None
-        except httpx.HTTPError as error:
-            raise Unavailable(
-                f"talking to the berth API at {url} failed: {_reason(error)}"
-                f"{_outcome(method, error)}"
-            ) from None
+        headers = {"Idempotency-Key": uuid.uuid4().hex} if method == "POST" else None
+        urls = self.location.urls
+        order = [(self._current + step) % len(urls) for step in range(len(urls))]
+        failures: list[Unavailable] = []
+        for position, index in enumerate(order):
+            url, last = urls[index], position == len(order) - 1
+            try:
+                response = self._http(url).request(
+                    method, path, json=body, params=params or None, timeout=timeout, headers=headers
+                )
+            except httpx.ConnectError as error:  # nothing was sent: any method may go on
+                failures.append(
+                    Unavailable(f"cannot reach the berth API at {url + path}: {_reason(error)}")
+                )
+                continue
+            except httpx.TimeoutException as error:
+                failures.append(
+                    Unavailable(
+                        f"the berth API at {url + path} did not answer within {timeout:g}s"
+                        f"{_outcome(method, error)}"
+                    )
+                )
+                if method == "GET" and not last:
+                    continue
+                raise failures[-1] from None
+            except httpx.HTTPError as error:
+                failures.append(
+                    Unavailable(
+                        f"talking to the berth API at {url + path} failed: {_reason(error)}"
+                        f"{_outcome(method, error)}"
+                    )
+                )
+                if method == "GET" and not last:
+                    continue
+                raise failures[-1] from None
+            if response.status_code == 503 and method == "GET" and not last:
+                failures.append(Unavailable(str(_problem(response).get("detail", "503"))))
+                continue
+            self._current = index
+            return self._answer(response, method, path, url)
+        if len(failures) == 1:
+            raise failures[0]
+        raise Unavailable(
+            f"none of the {len(urls)} berth API endpoints answered: "
+            + "; ".join(str(failure) for failure in failures)
+        )
+
+    def _answer(self, response: httpx.Response, method: str, path: str, url: str) -> Any:
         if response.status_code >= 400:
             raise self._error(response, method, path)
         if response.status_code == 204 or not response.content:
@@ -237,7 +348,7 @@ class ApiClient:
             return response.json()
         except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deeply
             raise ApiError(
-                f"{method} {url}: the answer is not JSON: {shown(response.text[:100])}",
+                f"{method} {url + path}: the answer is not JSON: {shown(response.text[:100])}",
                 status=response.status_code,
             ) from None
 
@@ -266,14 +377,14 @@ class ApiClient:
         if status == 401:
             why = str(problem.get("title") or detail)
             return ApiError(
-                f"the berth API at {self.location.url} refused the token ({why}): pass "
+                f"the berth API at {self.url} refused the token ({why}): pass "
                 f"--token or set BERTH_TOKEN (berth up writes it to {api_file()})",
                 status=status,
             )
         if status == 404:
             return ApiError(f"not found: {detail}", status=status)
         return ApiError(
-            f"{method} {self.location.url}{path} failed with HTTP {status}: {detail}", status=status
+            f"{method} {self.url}{path} failed with HTTP {status}: {detail}", status=status
         )
 
     def _parsed(self, model: type[M], document: Any, what: str) -> M:

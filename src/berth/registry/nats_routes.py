@@ -14,7 +14,10 @@ reservation it indexes:
   its budget no longer holds, on every heartbeat, and all of its own routes when it starts:
   a fresh agent holds nothing);
 * **purged** for a node that leaves the cluster (expired or shut down): every scheduler
-  purges the node's routes when the node leaves its replica.
+  purges the node's routes when the node leaves its replica;
+* **rewritten** by the node itself when it comes back from a silence and still holds their
+  reservations (:meth:`NatsRoutes.restore`: exactly as they were, and only where the bucket
+  holds nothing for the key, so neither a newer route nor a deliberate delete is undone).
 
 **Every scheduler follows the registry** (:meth:`NatsRoutes.follow`, an ordered consumer
 of the bucket like the state store's watch): a route carries its function's identity
@@ -52,7 +55,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, KeyValueConfig
-from nats.js.errors import APIError, BadRequestError
+from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
@@ -69,13 +72,22 @@ from berth.nats.wire import (
 from berth.registry.nats import WRONG_LAST_SEQUENCE
 from berth.registry.port import Route, RouteEvent, RouteListener
 
-__all__ = ["NatsRouteWatch", "NatsRoutes", "decode_route", "encode_route"]
+__all__ = [
+    "NatsRouteWatch",
+    "NatsRoutes",
+    "decode_route",
+    "encode_route",
+    "route_document",
+    "route_of",
+]
 
 log = logging.getLogger("berth.registry.routes")
 
 
-def encode_route(route: Route) -> bytes:
-    document = {
+def route_document(route: Route) -> dict[str, Any]:
+    """``route`` as the JSON document the bucket stores (and a node's own copy of its routes,
+    :mod:`berth.nodeclient.nats_node`, keeps)."""
+    document: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "workload": route.workload,
         "node": route.node,
@@ -85,7 +97,11 @@ def encode_route(route: Route) -> bytes:
     }
     if route.function is not None:
         document["namespace"], document["name"] = route.function
-    return json.dumps(document, separators=(",", ":")).encode()
+    return document
+
+
+def encode_route(route: Route) -> bytes:
+    return json.dumps(route_document(route), separators=(",", ":")).encode()
 
 
 def decode_route(data: bytes, *, source: str) -> Route:
@@ -94,6 +110,11 @@ def decode_route(data: bytes, *, source: str) -> Route:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"not JSON ({error})", source=source) from None
+    return route_of(document, source=source)
+
+
+def route_of(document: object, *, source: str) -> Route:
+    """The route a decoded JSON document holds; :class:`MalformedMessage` when it is not one."""
     if not isinstance(document, dict) or document.get("v") != SCHEMA_VERSION:
         raise MalformedMessage(
             f"not a berth route (version {SCHEMA_VERSION})", source=source, field="v"
@@ -179,6 +200,20 @@ class NatsRoutes:
             name,
         )
         return await self._bucket().put(self.key(workload, route.node), encode_route(route))
+
+    async def restore(self, route: Route) -> int | None:
+        """Store ``route`` exactly as it is (its reservation, spec, function and
+        ``placed_at``) where the bucket holds nothing under its key — the key was never
+        written, or was purged with its node's routes; its revision, or ``None`` when the key
+        holds a route or a delete (a route stored meanwhile is never overwritten, a route
+        removed on purpose never revived).  One compare-and-set: the write expects the key's
+        last revision to be 0.  What a node does for its own routes after a lapse."""
+        try:
+            return await self._bucket().update(
+                self.key(route.workload, route.node), encode_route(route), last=0
+            )
+        except KeyWrongLastSequenceError:
+            return None
 
     async def remove(self, workload: str, node: str, *, revision: int | None = None) -> None:
         """The workload ended (idempotent).  With ``revision`` (from :meth:`on_node`), only

@@ -23,8 +23,12 @@ left to time out.
 
 On a confirmed placement the service records a route (:mod:`berth.registry.nats_routes`) when it
 has a registry, and on ``release`` removes it; when a node leaves its replica (expired or
-shut down) it purges that node's routes.  Registry failures are logged, never a failed
-placement: the node's reservation is the truth, the route an index of it.
+shut down) it purges that node's routes.  A node that only fell silent and comes back
+writes its missing routes again itself (:mod:`berth.nodeclient.nats_node`), on every beat
+while they are missing, so a purge that lands after its return costs a beat, not the routes;
+the purge runs even then, because every follower forgot the node's replicas when it left
+and only routes written again bring them back.  Registry failures are logged, never a
+failed placement: the node's reservation is the truth, the route an index of it.
 
 **Replicas are shared through the routes** (``share_replicas``, on by default with a
 registry): a route names its function, and every service follows the registry

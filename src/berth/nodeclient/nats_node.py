@@ -103,6 +103,7 @@ class NodeService:
         self._own_routes: dict[str, Route] = {}
         """This node's routes as its last pass read them (workload → route), for the
         reservations it held: what a rewrite writes."""
+        self._routes_kept = True  # the file says what _own_routes says (or there is none)
         self._routes_pass = asyncio.Lock()
 
     @property
@@ -201,7 +202,7 @@ class NodeService:
 
     def _remember(self, routes: dict[str, Route]) -> None:
         """Keep ``routes`` as the node's copy, and in its state directory when it changed."""
-        changed = routes != self._own_routes
+        changed = routes != self._own_routes or not self._routes_kept
         self._own_routes = routes
         if not changed or self._routes_file is None:
             return
@@ -210,7 +211,9 @@ class NodeService:
         try:
             temporary.write_text(json.dumps(document, separators=(",", ":")))
             os.replace(temporary, self._routes_file)
-        except OSError as error:  # the copy in memory still serves this process
+            self._routes_kept = True
+        except OSError as error:  # the copy in memory serves this process; the next pass retries
+            self._routes_kept = False
             log.warning("node %s could not keep its routes in %s: %s", self.name, temporary, error)
 
     def _load_routes(self) -> dict[str, Route]:

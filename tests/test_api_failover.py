@@ -19,11 +19,11 @@ Handler = Callable[[httpx.Request], httpx.Response]
 def test_the_file_and_the_flag_name_every_endpoint(tmp_path: Path) -> None:
     env = {"BERTH_HOME": str(tmp_path)}
     document = {"url": "https://a:1", "urls": ["https://a:1", "https://b:2/"], "token": "t"}
-    document["ca"] = str(tmp_path / "ca.pem")
+    document["ca"] = "tls/ca.pem"  # relative: to the file's own directory
     (tmp_path / "api.json").write_text(json.dumps(document))
     located = locate(None, None, environ=env)
     assert located.urls == ("https://a:1", "https://b:2")
-    assert located.ca == str(tmp_path / "ca.pem") and located.token == "t"
+    assert located.ca == str(tmp_path / "tls" / "ca.pem") and located.token == "t"
     flagged = locate("http://x:1,http://y:2", None, environ=env)
     assert flagged.urls == ("http://x:1", "http://y:2") and flagged.token is None
     # the file's token (and CA) go with the file's first endpoint

@@ -312,9 +312,10 @@ def write_deployment(directory: Path, plan: Plan, *, auth: ClusterAuth | None = 
         )
 
     clients = _Machine(directory / "clients", plan)
-    client_tls = clients.tls(_tls(clients.directory / "tls", authority, "client", "operator"))
+    _tls(clients.directory / "tls", authority, "client", "operator")
     _write_creds(clients.directory / "creds.json", auth.client)
-    api = {"url": api_urls[0], "urls": api_urls, "token": token, "ca": str(client_tls.ca)}
+    # the operator's ~/.berth: the CA named relative to api.json, wherever it is copied to
+    api = {"url": api_urls[0], "urls": api_urls, "token": token, "ca": f"tls/{CA_CERT}"}
     write_private(clients.directory / "api.json", json.dumps(api, indent=2).encode())
     (directory / "README.md").write_text(_readme(plan))
     return directory

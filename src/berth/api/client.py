@@ -185,7 +185,7 @@ def locate(
             written = _read_api_file(path)
             if written is not None and _written_urls(written, path)[0] == urls[0]:
                 token = _checked_token(written.get("token"), f"{path}: token")
-                ca = written.get("ca")
+                ca = _written_ca(written, path)
         return ApiLocation(urls[0], token, "--api", urls[1:], ca)
     written = _read_api_file(path)
     if written is None:
@@ -197,7 +197,13 @@ def locate(
     urls = _written_urls(written, path)
     if token is None:
         token = _checked_token(written.get("token"), f"{path}: token")
-    return ApiLocation(urls[0], token, str(path), urls[1:], written.get("ca"))
+    return ApiLocation(urls[0], token, str(path), urls[1:], _written_ca(written, path))
+
+
+def _written_ca(written: dict[str, Any], path: Path) -> str | None:
+    """``api.json``'s CA file, a relative one taken from the file's own directory."""
+    ca = written.get("ca")
+    return None if ca is None else str(path.parent / ca)
 
 
 def _written_urls(written: dict[str, Any], path: Path) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from typer.core import TyperGroup
 
 from berth.cli.cluster import parse_layer_flag
 from berth.cli.cluster import register as register_cluster
+from berth.cli.deploy import register as register_deploy
 from berth.cli.microvm import register as register_microvm
 from berth.cli.operator import register as register_operator
 from berth.cli.sim import register as register_sim
@@ -361,6 +362,7 @@ register_sim(app)
 register_cluster(app)
 register_microvm(app)
 register_operator(app)
+register_deploy(app)
 
 
 def main() -> None:

@@ -313,22 +313,14 @@ class ApiClient:
                     Unavailable(f"cannot reach the berth API at {url + path}: {_reason(error)}")
                 )
                 continue
-            except httpx.TimeoutException as error:
-                failures.append(
-                    Unavailable(
-                        f"the berth API at {url + path} did not answer within {timeout:g}s"
-                        f"{_outcome(method, error)}"
-                    )
+            except httpx.HTTPError as error:  # sent, perhaps done: only a read goes on
+                what = (
+                    f"did not answer within {timeout:g}s"
+                    if isinstance(error, httpx.TimeoutException)
+                    else f"failed: {_reason(error)}"
                 )
-                if method == "GET" and not last:
-                    continue
-                raise failures[-1] from None
-            except httpx.HTTPError as error:
                 failures.append(
-                    Unavailable(
-                        f"talking to the berth API at {url + path} failed: {_reason(error)}"
-                        f"{_outcome(method, error)}"
-                    )
+                    Unavailable(f"the berth API at {url + path} {what}{_outcome(method, error)}")
                 )
                 if method == "GET" and not last:
                     continue

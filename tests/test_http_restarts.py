@@ -62,8 +62,9 @@ async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhaust
         assert workload.restart is not None and workload.restart.mode == "on-failure"
 
         async def failed() -> Workload | None:
+            # its end arrives as the node's event; the reschedule follows the end
             found = await read(api, workload.id)
-            return found if found.state == "failed" else None
+            return found if found.state == "failed" and found.replaced_by else None
 
         ended = await eventually(failed, timeout_s=15.0)
         assert ended.detail is not None and "restarts exhausted" in ended.detail, ended

@@ -178,8 +178,8 @@ LAYERS: Layers = (
     ("berth.pki",),
     # leaf services: the Docker Hub data, OCI layouts, metrics and traces, the NATS wire
     ("berth.dataset", "berth.oci", "berth.observability", "berth.nats"),
-    # what is replicated beside the nodes: node states, routes, workloads, images
-    ("berth.store", "berth.registry"),
+    # what is replicated beside the nodes: node states, routes, workloads, images, events
+    ("berth.store", "berth.registry", "berth.events"),
     # a node; the port a scheduler reaches it through; the schedulers
     ("berth.node",),
     ("berth.nodeclient",),

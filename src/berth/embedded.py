@@ -27,6 +27,7 @@ from typing import Literal
 
 from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid, NoCapacity
+from berth.events.port import EventSink
 from berth.model import Request, checked_platforms
 from berth.node.agent import Agent
 from berth.node.budget import IDLE
@@ -106,6 +107,7 @@ class EmbeddedCluster:
         *,
         live_monitors: bool = False,
         policy: Policy | None = None,
+        events: EventSink | None = None,
     ) -> None:
         if isinstance(configs, str | bytes) or not isinstance(configs, Sequence):
             raise Invalid(f"expected a list of AgentConfig, got {shown(configs)}", field="configs")
@@ -131,7 +133,9 @@ class EmbeddedCluster:
         self.client = AgentNodes()
         self.agents: dict[str, Agent] = {}
         for config in configs:
-            agent = Agent.from_config(config, self.store, readings=None if live_monitors else IDLE)
+            agent = Agent.from_config(
+                config, self.store, readings=None if live_monitors else IDLE, events=events
+            )
             self.agents[agent.name] = agent
             self.client.add(agent)
         self.scheduler = ClusterScheduler(self.store, self.client, policy=policy)

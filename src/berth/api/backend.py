@@ -27,7 +27,16 @@ turns the record ``running`` by compare-and-set; still unanswered, the record st
 reason, tells the schedulers (``release``) so their assume caches drop it, frees the claim
 and is ``409``.  A registry that fails to record the intent is ``503`` with nothing booted.
 
-**State** follows the node: reading a live workload asks its node (``status``) and records
+**Ends are pushed** (issue 20, part 6): a node publishes each workload's end and restart as
+an event (:mod:`berth.events`), and :meth:`ClusterBackend.apply_event` — which the served API
+runs on every event of the shared feed — records it with the same rules a read applies to
+the node's ``status`` answer, by compare-and-set; an event of a workload no live record of
+its node names (a ghost's, a replaced record's) changes nothing (counted ``unrecorded`` or
+``stale``).  So **a listing reads the records** and asks no node; what a listing shows
+is as fresh as the last event, read or reconciler pass (a node that does not answer is noticed
+by the reconciler, within its period).
+
+**State** follows the node: reading one live workload asks its node (``status``) and records
 ``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended — ``failed``
 for one the node does not know only once the node's report of its workloads is whole (not
 while a restarted agent is still adopting them: ``node_starting``).  **Unknown is
@@ -70,6 +79,7 @@ from berth.api.problems import Problem
 from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import NODE_GONE_AFTER_S, RUN_TIMEOUT_S
 from berth.errors import Invalid, NoCapacity, Unavailable
+from berth.events.port import WorkloadEvent
 from berth.model import INTERVAL_RULE, Placement, Request, ReschedulePolicy
 from berth.node.runtime.port import checked_grace
 from berth.nodeclient.port import AgentClient
@@ -521,9 +531,36 @@ class ClusterBackend:
     async def list_workloads(
         self, namespace: str | None, node: str | None, state: str | None
     ) -> list[StoredWorkload]:
+        """The records as they are (no node is asked: ends arrive as events)."""
         found = await self.workloads.list(namespace=namespace, node=node)
-        refreshed = await asyncio.gather(*(self._refresh(workload) for workload in found))
-        return [workload for workload in refreshed if state is None or workload.state == state]
+        return [workload for workload in found if state is None or workload.state == state]
+
+    async def apply_event(self, event: WorkloadEvent) -> str:
+        """Record what a node's event says (see the module docstring): ``applied``,
+        ``stale`` (the record had it already, or has ended) or ``unrecorded`` (no record of
+        that node names the workload).  A registry that cannot be reached raises
+        ``Unavailable``: the feed hands the event out again."""
+        workload = await self.workloads.get(event.workload_id)
+        if (
+            workload is None
+            or workload.node != event.node
+            or workload.node_workload_id != event.workload_id
+        ):
+            outcome = "unrecorded"
+        elif workload.state not in LIVE_STATES:
+            outcome = "stale"
+        elif event.kind == "restarted":
+            moved = await self._restarted(workload, event.status())
+            await self._runs(moved)  # the node restarted it: it runs (a kept stop delivered)
+            outcome = "stale" if moved is workload and workload.state == "running" else "applied"
+        else:
+            ended = await self._node_ended(workload, event.status())
+            outcome = "applied" if ended.state not in LIVE_STATES else "stale"
+        if outcome != "applied":
+            log.debug("event %s: %s", event.key, outcome)
+        if self.scheduler.metrics is not None:  # berth_events_applied_total{outcome}
+            self.scheduler.metrics.event_applied(outcome, max(0.0, self.clock() - event.at))
+        return outcome
 
     async def sweep(self) -> int:
         """Refresh every live workload (:meth:`_refresh`), as a read would: unknown ones are
@@ -588,16 +625,30 @@ class ClusterBackend:
                 "state": "failed",
                 "detail": f"node {workload.node} no longer knows it (the agent restarted?)",
             }
-        else:
-            kind = (
-                "stopped"
-                if status.stopped
-                else (
-                    "exited" if status.exit_code is not None and not status.exhausted else "failed"
-                )
-            )
-            update = {"state": kind, "exit_code": status.exit_code, "detail": status.reason}
-            update["restarts"] = max(workload.restarts, status.restarts)
+            return await self._record_end(workload, update, exhausted=False)
+        return await self._node_ended(workload, status)
+
+    async def _node_ended(self, workload: StoredWorkload, status: WorkloadStatus) -> StoredWorkload:
+        """The node says the workload ended (its ``status`` answer or its event): record
+        ``stopped``, ``exited`` or ``failed`` with the exit code and the node's reason."""
+        kind = (
+            "stopped"
+            if status.stopped
+            else ("exited" if status.exit_code is not None and not status.exhausted else "failed")
+        )
+        update: dict[str, object] = {
+            "state": kind,
+            "exit_code": status.exit_code,
+            "detail": status.reason,
+            "restarts": max(workload.restarts, status.restarts),
+        }
+        return await self._record_end(workload, update, exhausted=status.exhausted)
+
+    async def _record_end(
+        self, workload: StoredWorkload, update: dict[str, object], *, exhausted: bool
+    ) -> StoredWorkload:
+        """End the record with ``update`` and an event in its history; one whose restarts
+        ran out (``exhausted``) and ended ``failed`` is placed again as its policy allows."""
         history = with_event(
             workload.history,
             self.clock(),
@@ -607,7 +658,7 @@ class ClusterBackend:
         )
         update["history"] = _dumped(history)
         ended = await self._end(workload, update)
-        if status.exhausted and ended.state == "failed":
+        if exhausted and ended.state == "failed":
             return await self._reschedule(ended)
         return ended
 

@@ -38,6 +38,7 @@ from berth.api.client import api_file
 from berth.api.reconciler import Reconciler
 from berth.defaults import NODE_GONE_AFTER_S, RECONCILE_EVERY_S, RECONCILE_LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
+from berth.events.nats import NatsEvents
 from berth.nodeclient.nats import NatsNodes
 from berth.registry.nats import NatsImages, NatsWorkloads
 from berth.registry.nats_lease import NatsLease
@@ -211,8 +212,10 @@ async def scheduler_api(
     reconciler (:mod:`berth.api.reconciler`) every ``reconcile_every_s``, while this process
     holds its lease (``berth_leases``, ``lease_ttl_s``): one scheduler service of the cluster
     reconciles at a time — kept stops delivered, gone nodes noticed, ghosts stopped, with
-    nobody reading.  ``node_gone_after_s``: how long a workload's node stays unreachable
-    before its workloads are ``lost``.  Each interval ``Invalid`` naming it unless positive."""
+    nobody reading — and takes the nodes' workload events (:mod:`berth.events`) from the
+    durable consumer every API process shares.  ``node_gone_after_s``: how long a workload's
+    node stays unreachable before its workloads are ``lost``.  Each interval ``Invalid``
+    naming it unless positive."""
     nodes = service.scheduler.nodes
     if not isinstance(nodes, NatsNodes):
         raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
@@ -228,14 +231,17 @@ async def scheduler_api(
         node_gone_after_s=node_gone_after_s,
     )
     reconciler = Reconciler(backend, every_s=reconcile_every_s)
+    events = await NatsEvents(client).start()
     lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
     api = await ApiServer(create_app(backend, token=token), host, port).start()
     holder = f"scheduler-{service.id}"
     sweeper = asyncio.create_task(reconciler.run(lease, holder), name="berth reconciler")
+    consumer = asyncio.create_task(events.consume(backend.apply_event), name="berth events")
     try:
         yield api
     finally:
-        sweeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in (consumer, sweeper):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await api.stop()

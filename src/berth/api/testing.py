@@ -12,7 +12,10 @@ get one, so the same tests run both ways:
   (:mod:`berth.registry.memory`), reached through httpx's ASGI transport: no server, no
   socket, no NATS — seconds faster, and every part of the API but uvicorn exercised.  The
   backend reaches the agents through a :class:`~berth.nodeclient.faults.FaultyNodes`
-  (:attr:`ApiUnderTest.faults`), so a test cuts a node off or loses a run's answer;
+  (:attr:`ApiUnderTest.faults`), so a test cuts a node off or loses a run's answer; the
+  agents push their workload events into an in-process feed
+  (:class:`~berth.events.memory.MemoryEvents`) the backend consumes, through a
+  :class:`~berth.nodeclient.faults.FaultyEvents` cut along with the node;
 * :func:`remote_api` — a served API at ``url`` (``berth up``'s, say), with the claims it keeps
   given by the caller (its bucket on NATS).
 
@@ -24,6 +27,7 @@ embedded cluster — both above :mod:`berth.testing` in the layers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -37,7 +41,8 @@ from berth.api.backend import ClusterBackend
 from berth.api.placements import LocalPlacements
 from berth.defaults import NODE_GONE_AFTER_S
 from berth.embedded import EmbeddedCluster, embedded_configs
-from berth.nodeclient.faults import FaultyNodes
+from berth.events.memory import MemoryEvents
+from berth.nodeclient.faults import FaultyEvents, FaultyNodes
 from berth.registry.memory import MemoryImages, MemoryWorkloads
 from berth.registry.port import IdentityClaims
 
@@ -89,9 +94,10 @@ async def embedded_api(
     :func:`~berth.embedded.embedded_configs` gives them) and in-memory registries; ``clock``
     is the backend's (its records' times, the claims' ages, ``node_gone_after``)."""
     configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
-    async with EmbeddedCluster(configs) as cluster:
+    events, cut = MemoryEvents(), set[str]()
+    async with EmbeddedCluster(configs, events=FaultyEvents(events, cut)) as cluster:
         workloads = MemoryWorkloads()
-        faults = FaultyNodes(cluster.client)
+        faults = FaultyNodes(cluster.client, cut=cut)
         backend = ClusterBackend(
             cluster.scheduler,
             faults,
@@ -102,15 +108,21 @@ async def embedded_api(
             clock=clock,
         )
         app = create_app(backend, token=token)
-        yield ApiUnderTest(
-            base_url=_IN_PROCESS_URL,
-            token=token,
-            claims=workloads.claims,
-            transport=httpx.ASGITransport(app=app),
-            backend=backend,
-            cluster=cluster,
-            faults=faults,
-        )
+        consumer = asyncio.create_task(events.consume(backend.apply_event), name="berth events")
+        try:
+            yield ApiUnderTest(
+                base_url=_IN_PROCESS_URL,
+                token=token,
+                claims=workloads.claims,
+                transport=httpx.ASGITransport(app=app),
+                backend=backend,
+                cluster=cluster,
+                faults=faults,
+            )
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
 
 
 @contextlib.asynccontextmanager

@@ -263,6 +263,7 @@ def _serve_agents(
     state_dir: Path | None = None,
     orphan_grace: float | None = None,
 ) -> None:
+    from berth.events.nats import NatsEvents
     from berth.nats.wire import node_token
     from berth.node.budget import IDLE
     from berth.node.config import load_config
@@ -307,6 +308,7 @@ def _serve_agents(
                     config.node.name, credentials_of(config.node.name)
                 )
                 routes = await NatsRoutes(client).start()
+                events = NatsEvents(client)
                 node_dir = None if state_dir is None else state_dir / node_token(config.node.name)
                 service = NodeService(
                     client,
@@ -314,6 +316,7 @@ def _serve_agents(
                     routes=routes,
                     readings=IDLE if idle_load else None,
                     state_dir=node_dir,
+                    events=events,
                 )
                 await stack.enter_async_context(service)
                 accel = getattr(service.agent.runtime, "accel_detail", None)

@@ -6,14 +6,16 @@ configuration that confines each one (an account with JetStream, per-user publis
 subscribe allow lists):
 
 * **a node** (one user per node) may publish *only its own key* in the nodes bucket and its
-  own routes, subscribe *only to its own subjects* (``berth.node.<node>.*``) and answer the
+  own routes, publish *only its own* workload events (``berth.events.<node>``), subscribe
+  *only to its own subjects* (``berth.node.<node>.*``) and answer the
   requests it receives (``allow_responses``) — so it cannot overwrite another node's state,
   nor answer for another node;
 * **a scheduler** may read the node states (JetStream consumers on the nodes bucket, never a
   publish to it), send requests to any node, serve the scheduler subjects and keep the routing
   registry — and, for the HTTP API it may serve, ask the scheduler queue group and keep the
   API's bucket of workloads and images (``berth_api``) and the reconciler's lease
-  (``berth_leases``);
+  (``berth_leases``), and consume the nodes' workload events (``berth_events``, the API's
+  durable consumer: fetch, acknowledge — never publish an event);
 * **a client** (the caller of the placement port, ``berth place``, ``berth routes``) may ask
   the schedulers, bind or release on nodes, and read the routes.
 
@@ -96,6 +98,10 @@ class ClusterAuth:
             "$JS.FC.>",
             *self._js(s.nodes_bucket, read=False),
             *self._js(s.routes_bucket, read=True),
+            # its own workload events, stored with an acknowledgement (berth.events.nats)
+            f"{s.events_prefix}.{token}",
+            f"$JS.API.STREAM.INFO.{s.events_stream}",
+            f"$JS.API.STREAM.CREATE.{s.events_stream}",
         ]
         subscribe = [f"{s.node_prefix}.{token}.*", f"{self.nodes[node].inbox_prefix}.>"]
         return {"publish": publish, "subscribe": subscribe, "allow_responses": True}
@@ -118,6 +124,15 @@ class ClusterAuth:
             # the one reconciler at a time: its lease (berth.registry.nats_lease)
             f"$KV.{LEASE_BUCKET}.>",
             *self._js(LEASE_BUCKET, read=True),
+            # the nodes' workload events: the API's durable pull consumer (berth.events.nats)
+            f"$JS.API.STREAM.INFO.{s.events_stream}",
+            f"$JS.API.STREAM.CREATE.{s.events_stream}",
+            f"$JS.API.CONSUMER.CREATE.{s.events_stream}",
+            f"$JS.API.CONSUMER.CREATE.{s.events_stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{s.events_stream}.>",
+            f"$JS.API.CONSUMER.INFO.{s.events_stream}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{s.events_stream}.>",
+            f"$JS.ACK.{s.events_stream}.>",
         ]
         subscribe = [f"{s.scheduler_prefix}.*", f"{self.scheduler.inbox_prefix}.>"]
         return {"publish": publish, "subscribe": subscribe, "allow_responses": True}

@@ -1,4 +1,4 @@
-"""Where a berth cluster lives on a NATS server: its two buckets and its subject prefixes.
+"""Where a berth cluster lives on a NATS server: its buckets, its stream and its subjects.
 
 One value names them all (the API's two buckets, ``berth_api`` and ``berth_leases``, are
 not namespaced: one API per server), so the services, the permissions ``berth up`` writes
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "API_BUCKET",
+    "EVENTS_PREFIX",
+    "EVENTS_STREAM",
     "LEASE_BUCKET",
     "NODES_BUCKET",
     "NODE_PREFIX",
@@ -28,6 +30,8 @@ LEASE_BUCKET = (
 )
 NODE_PREFIX = "berth.node"  # berth.node.<node>.<operation> (berth.nodeclient.nats_server)
 SCHEDULER_PREFIX = "berth.scheduler"  # the placement port's queue group (scheduler.nats_server)
+EVENTS_STREAM = "berth_events"  # the nodes' workload events (berth.events.nats)
+EVENTS_PREFIX = "berth.events"  # berth.events.<node>: where a node publishes its events
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class Names:
     routes_bucket: str = ROUTES_BUCKET
     node_prefix: str = NODE_PREFIX
     scheduler_prefix: str = SCHEDULER_PREFIX
+    events_stream: str = EVENTS_STREAM
+    events_prefix: str = EVENTS_PREFIX
 
     @classmethod
     def namespaced(cls, namespace: str) -> Names:
@@ -47,4 +53,6 @@ class Names:
             routes_bucket=f"{namespace}_routes",
             node_prefix=f"{namespace}.node",
             scheduler_prefix=f"{namespace}.scheduler",
+            events_stream=f"{namespace}_events",
+            events_prefix=f"{namespace}.events",
         )

@@ -34,6 +34,17 @@ subjects may already be answered), so an admission sent during a restart is refu
 never an over-commit.  Without a state directory nothing of this happens: there is no journal,
 and the process runtime's workloads die ``orphan_grace_s`` after their agent.
 
+**Pushing ends** (issue 20, part 6) — with an :class:`~berth.events.port.EventSink`
+(``events``) the agent publishes every workload's end and restart as an event
+(:mod:`berth.events`): a *reporter* task takes the core's unreported events oldest first,
+publishes each and tells the core once the sink stored it (the journal entry of an ended
+workload goes only then); a sink that cannot be reached is tried again with a backoff
+(:data:`REPORT_RETRY_S` doubling up to :data:`REPORT_RETRY_MAX_S`), the events kept
+meanwhile — in memory and, marked ended, in the journal.  A clean stop stops the workloads,
+then waits up to :data:`REPORT_FLUSH_S` for their ends to be stored (not at all once the sink
+failed); what is still unreported then is published by the next start on the same state
+directory.
+
 ``try_run``, ``admit``, ``bind``, ``release``, ``stop_workload``, ``workloads`` and
 ``snapshot`` are the core's (see :mod:`berth.node.core` for the try-run order: mount, start,
 admit owned by the workload, stop on refusal).  The agent is deliberately not a scheduler (it
@@ -61,6 +72,7 @@ from typing import TYPE_CHECKING, TypeGuard
 from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid
+from berth.events.port import EventSink
 from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
@@ -79,9 +91,16 @@ from berth.validation import shown
 if TYPE_CHECKING:
     from berth.node.runtime.microvm import MicrovmRuntime
 
-__all__ = ["Agent"]
+__all__ = ["REPORT_FLUSH_S", "REPORT_RETRY_MAX_S", "REPORT_RETRY_S", "Agent"]
 
 log = logging.getLogger("berth.agent")
+
+REPORT_RETRY_S = 0.25
+"""The pause before publishing again after the event sink could not be reached (doubling)."""
+REPORT_RETRY_MAX_S = 5.0
+"""The longest pause between attempts to publish to an unreachable event sink."""
+REPORT_FLUSH_S = 5.0
+"""How long a clean stop waits for the ends of the workloads it stopped to be stored."""
 
 
 class Agent:
@@ -101,8 +120,11 @@ class Agent:
         heartbeat_s: float = HEARTBEAT_S,
         wall_clock: Callable[[], float] = time.time,
         state_dir: Path | None = None,
+        events: EventSink | None = None,
     ) -> None:
         heartbeat_s = INTERVAL_RULE(heartbeat_s, "heartbeat_s")
+        if events is not None and not callable(getattr(events, "publish", None)):
+            raise Invalid(f"{shown(events)} has no publish() method", field="events")
         if not callable(getattr(store, "publish", None)):
             raise Invalid(f"{shown(store)} has no publish() method", field="store")
         if not callable(wall_clock):
@@ -114,8 +136,18 @@ class Agent:
             raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
         journal = None if state_dir is None else Journal(state_dir)
         self.core = NodeCore(
-            name, platform, budget, runtime, layers=layers, labels=labels, journal=journal
+            name,
+            platform,
+            budget,
+            runtime,
+            layers=layers,
+            labels=labels,
+            journal=journal,
+            wall_clock=wall_clock,
         )
+        self.events = events
+        if events is not None:
+            self.core.push_events()  # before recover(): ends found there are pushed too
         self.state_dir = state_dir
         self.recovery: Recovery | None = None
         """What the last start found in the journal (``None`` before a start)."""
@@ -133,7 +165,14 @@ class Agent:
         self._advertiser: asyncio.Task[None] | None = None
         self._stopping = False
         self.published = 0
+        self.reported = 0
+        """Events the sink stored (ends and restarts)."""
+        self._unreported = asyncio.Event()
+        self._reporter: asyncio.Task[None] | None = None
+        self._reporting = False
+        self._report_failed = False
         self.core.add_change_listener(self._mark_changed)
+        self.core.add_event_listener(lambda: self._wake(self._unreported))
 
     # The core's parts, read-only here: the agent holds no second copy of the node's state.
     @property
@@ -169,6 +208,7 @@ class Agent:
         runtime: Runtime | None = None,
         readings: LoadReadings | None = None,
         state_dir: Path | None = None,
+        events: EventSink | None = None,
     ) -> Agent:
         """Build an agent from a validated configuration (live monitors unless ``readings``)."""
         if not isinstance(config, AgentConfig):
@@ -208,6 +248,7 @@ class Agent:
             labels=labels,
             heartbeat_s=options.heartbeat_s,
             state_dir=state_dir,
+            events=events,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -224,6 +265,9 @@ class Agent:
                 self._let_go()
                 raise
             self._ready = True
+        if self.events is not None and self._reporter is None:
+            self._reporting = True
+            self._reporter = asyncio.create_task(self._report(), name=f"report {self.name}")
         if self.monitor is not None:
             self.monitor.start()
         await self.advertise()
@@ -232,8 +276,10 @@ class Agent:
         )
 
     async def stop(self) -> None:
-        """Stop every workload, stop advertising and leave the cluster."""
+        """Stop every workload (their ends reported: up to :data:`REPORT_FLUSH_S`), stop
+        advertising and leave the cluster."""
         await self.core.stop_all()
+        await self._stop_reporting()
         if self._advertiser is not None:
             # A flag and a wake-up, not cancel(): on Python 3.11 ``wait_for`` can swallow a
             # cancellation that lands as the awaited event fires, and the loop would go on.
@@ -288,6 +334,66 @@ class Agent:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    # -- reporting: the core's events published -----------------------------------------------
+    async def _report(self) -> None:
+        """Publish the core's unreported events, oldest first, until told to stop."""
+        assert self.events is not None
+        failures = 0
+        while self._reporting:
+            self._unreported.clear()
+            pending = self.core.unreported()
+            if not pending:
+                await self._unreported.wait()
+                continue
+            for event in pending:
+                try:
+                    await self.events.publish(event)
+                except Exception as error:  # Unavailable, or a driver's surprise: kept
+                    failures += 1
+                    self._report_failed = True
+                    pause = min(REPORT_RETRY_MAX_S, REPORT_RETRY_S * 2 ** (failures - 1))
+                    log.info(
+                        "node %s: event %s not stored (%s); again in %.2gs",
+                        self.name,
+                        event.key,
+                        error,
+                        pause,
+                    )
+                    with contextlib.suppress(TimeoutError):  # a stop cuts the pause short
+                        await asyncio.wait_for(self._unreported.wait(), pause)
+                    break
+                failures = 0
+                self._report_failed = False
+                self.core.reported(event)
+                self.reported += 1
+
+    async def _stop_reporting(self) -> None:
+        reporter, self._reporter = self._reporter, None
+        if reporter is None:
+            return
+        deadline = time.monotonic() + REPORT_FLUSH_S
+        # an unreachable sink is not waited for: the journal keeps what it did not store
+        while (
+            self.core.unreported()
+            and time.monotonic() < deadline
+            and not reporter.done()
+            and not self._report_failed
+        ):
+            await asyncio.sleep(0.02)
+        left = len(self.core.unreported())
+        if left:
+            log.warning(
+                "node %s stops with %d event(s) unreported; its next start publishes them",
+                self.name,
+                left,
+            )
+        # A flag and a wake-up, not cancel(): nats-py's wait_for can swallow a cancellation.
+        self._reporting = False
+        self._unreported.set()
+        _, late = await asyncio.wait({reporter}, timeout=REPORT_FLUSH_S)
+        for task in late:
+            task.cancel()
+
     # -- advertising -------------------------------------------------------------------------
     def snapshot(self) -> NodeState:
         """This node's state now (wall clock), with the next generation number."""
@@ -312,6 +418,10 @@ class Agent:
                 log.exception("node %s could not advertise", self.name)
 
     def _mark_changed(self) -> None:
+        self._wake(self._changed)
+
+    def _wake(self, flag: asyncio.Event) -> None:
+        """Set ``flag`` from this loop or from another thread (e.g. a future's callback)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -320,9 +430,9 @@ class Agent:
         except RuntimeError:
             running = None
         if running is loop:
-            self._changed.set()
-        else:  # a budget change from another thread (e.g. a future's callback)
-            loop.call_soon_threadsafe(self._changed.set)
+            flag.set()
+        else:  # a change from another thread (e.g. a future's callback)
+            loop.call_soon_threadsafe(flag.set)
 
     # -- the node's side of the node client port: the core's -----------------------------
     async def try_run(

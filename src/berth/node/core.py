@@ -46,6 +46,15 @@ snapshot: rare, and cheap next to a leak).  On the leased path, any failure also
 reservation at once: nothing will ever bind it, and waiting for the lease to expire would
 hold memory for nothing.
 
+**Ends are pushed** (issue 20, part 6) once :meth:`NodeCore.push_events` was called (the
+agent does when it has an :class:`~berth.events.port.EventSink`): each workload's end, and
+each restart under its policy, is kept as a :class:`~berth.events.port.WorkloadEvent` until
+the agent reports that the sink stored it (:meth:`NodeCore.reported`).  With a journal an
+ended workload's entry then stays — marked ``ended`` with its status — until its event is
+stored, so a node that dies between the end and the report publishes the end again when it
+restarts (:meth:`NodeCore.recover`).  Without it an entry goes as soon as the end is
+recorded, as before: the API learns of the end by asking (``status``).
+
 A boot may name its workload's id (``workload_id``, the id the API or a scheduler chose):
 then it is **idempotent by id** — a retry after a lost answer, or a second caller racing the
 first, boots nothing again; it gets the first boot's outcome (see :meth:`NodeCore.boot`).
@@ -77,6 +86,7 @@ from dataclasses import dataclass, field
 from berth.boot import BootFailed, BootSpec, WorkloadStatus
 from berth.checks import CORDONED, CORDONED_DETAIL
 from berth.errors import BerthError, Invalid
+from berth.events.port import EventKind, WorkloadEvent
 from berth.model import (
     INTERVAL_RULE,
     NAME_RULE,
@@ -224,6 +234,7 @@ class NodeCore:
         journal: Journal | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         name = NAME_RULE(name, "name")
         if journal is not None and not isinstance(journal, Journal):
@@ -260,11 +271,68 @@ class NodeCore:
         self.journal = journal
         self._ids = WorkloadIds()  # with a journal, ids are chosen here, before the start
         self._clock, self._sleep = clock, sleep  # a restart's backoff and attempt window
+        self._wall_clock = wall_clock  # when an event happened, as the API reads it
+        self._outbox: OrderedDict[tuple[str, EventKind], WorkloadEvent] | None = None
+        """Ends and restarts not yet reported stored (``None``: events are not pushed)."""
+        self._event_listeners: list[Callable[[], None]] = []
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change of reservations or of mounted/cached layers."""
         self.budget.add_change_listener(listener)
         self.layers.add_change_listener(listener)
+
+    # -- events: ends and restarts pushed ---------------------------------------------------
+    def push_events(self) -> None:
+        """Keep each end and restart as an event until :meth:`reported` (see the module
+        docstring).  Called before :meth:`recover`, so ends found there are pushed too."""
+        if self._outbox is None:
+            self._outbox = OrderedDict()
+
+    def add_event_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever an event is added to those not yet reported."""
+        self._event_listeners.append(listener)
+
+    def unreported(self) -> list[WorkloadEvent]:
+        """The events not yet reported stored, oldest first."""
+        return [] if self._outbox is None else list(self._outbox.values())
+
+    def reported(self, event: WorkloadEvent) -> None:
+        """``event`` is stored: forget it — and for an end, the workload's journal entry —
+        unless a newer event of its workload and kind replaced it meanwhile."""
+        if self._outbox is None:
+            return
+        slot = (event.workload_id, event.kind)
+        current = self._outbox.get(slot)
+        if current is None or current.key != event.key:
+            return
+        del self._outbox[slot]
+        ended = event.kind == "ended" and event.workload_id not in self._running
+        if ended and self.journal is not None:
+            self._unjournal(event.workload_id)
+
+    def _emit(self, workload_id: str, status: WorkloadStatus) -> None:
+        if self._outbox is None:
+            return
+        event = WorkloadEvent.of(self.name, workload_id, status, self._wall_clock())
+        slot = (workload_id, event.kind)
+        self._outbox.pop(slot, None)  # a newer restart replaces an older one: it says more
+        self._outbox[slot] = event
+        for listener in self._event_listeners:
+            listener()
+
+    def _journal_end(self, workload_id: str, status: WorkloadStatus) -> None:
+        """Record ``status`` as the end of ``workload_id``: its journal entry goes now, or —
+        events pushed — is marked ended and goes once the end's event is stored."""
+        if self.journal is None:
+            return
+        if self._outbox is None:
+            self._unjournal(workload_id)
+            return
+        try:
+            self.journal.mark_ended(workload_id, status.to_dict())
+        except OSError as error:
+            self.end_errors.append(f"workload {workload_id}: journal entry not marked: {error}")
+            log.error("node %s: marking %s ended in the journal: %s", self.name, workload_id, error)
 
     # -- the lifecycle -----------------------------------------------------------------------
     async def boot(
@@ -561,8 +629,8 @@ class NodeCore:
         )
         while len(self._ended_recently) > ENDED_MEMORY:
             self._ended_recently.popitem(last=False)
-        if self.journal is not None:
-            self._unjournal(workload_id)
+        self._journal_end(workload_id, status)
+        self._emit(workload_id, status)
         try:
             self._unmount(layer_ids)
         except BerthError as error:
@@ -667,6 +735,7 @@ class NodeCore:
             entry = running.entry.model_copy(update={"restarts": running.restarts})
             self._journal_started(entry, workload, running.booted.admission)
         log.info("node %s restarted %s (restart %d)", self.name, workload_id, running.restarts)
+        self._emit(workload_id, self.status(workload_id))
         if running.stopping:  # a stop came while it was starting
             await self.runtime.stop(workload_id)
 
@@ -689,7 +758,10 @@ class NodeCore:
         entries, unreadable = self.journal.read()
         recovery = Recovery(unreadable=tuple(str(problem) for problem in unreadable))
         for entry in entries:
-            if self._readopt(entry):
+            if entry.ended is not None:  # it ended before: its end not yet reported stored
+                self._ended_before(entry)
+                recovery.ended.append(entry.workload_id)
+            elif self._readopt(entry):
                 recovery.adopted.append(entry.workload_id)
             else:
                 recovery.ended.append(entry.workload_id)
@@ -700,6 +772,20 @@ class NodeCore:
             log.warning("node %s is over-committed after its restart: %s", self.name, over)
         log.info("node %s recovered its journal: %s", self.name, recovery)
         return recovery
+
+    def _ended_before(self, entry: JournalEntry) -> None:
+        """An entry marked ended: remember how, and push its end again (or forget it)."""
+        try:
+            status = WorkloadStatus.from_dict(entry.ended)
+        except Invalid as error:
+            status = WorkloadStatus(
+                "ended", None, f"ended; its recorded status is unreadable: {error}"
+            )
+        self._ended_recently[entry.workload_id] = _Ended(status, None)
+        if self._outbox is None:
+            self._unjournal(entry.workload_id)
+        else:
+            self._emit(entry.workload_id, status)
 
     def _readopt(self, entry: JournalEntry) -> bool:
         """Adopt ``entry``'s workload if it runs; else record its end.  Whether adopted."""
@@ -742,7 +828,8 @@ class NodeCore:
                 runtime.abandon(workload_id, entry.locator)
             _kill_by_locator(entry.locator)
         self._ended_recently[workload_id] = _Ended(status, None)
-        self._unjournal(workload_id)
+        self._journal_end(workload_id, status)
+        self._emit(workload_id, status)
         log.info(
             "node %s: %s ended while its agent was down: %s", self.name, workload_id, status.reason
         )

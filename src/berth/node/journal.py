@@ -10,7 +10,10 @@ A node with a state directory keeps ``<state_dir>/workloads/<id>.json`` for each
   ``locator``: for the process runtime, its supervisor's and its own pid and start time) and
   the reservation's id (a restarted node re-reserves under the same id, so the routes and
   records that name it stay true);
-* **removed after the node has recorded its end** (its status answers ``status(id)``).
+* **removed after the node has recorded its end** (its status answers ``status(id)``) — or,
+  when the node pushes its ends as events, **marked ended** with the end's status then and
+  removed only once the event is stored (:meth:`Journal.mark_ended`), so a restart between
+  the two publishes the end again.
 
 Every write is atomic (:func:`~berth.node.runtime.supervisor.atomic_write`: a temporary
 file, fsync, rename, fsync of the directory), so a reader sees a whole entry or none.  Beside
@@ -67,6 +70,9 @@ class JournalEntry(BerthModel):
     reservation: Name | None = None
     locator: dict[str, Any] | None = None
     restarts: int = Field(default=0, ge=0)
+    ended: dict[str, Any] | None = None
+    """How it ended (a :class:`~berth.boot.WorkloadStatus` as data) once it has, while its
+    end's event is not yet stored."""
     recorded_at: float = Field(default=0.0, allow_inf_nan=False)
 
 
@@ -108,6 +114,13 @@ class Journal:
                 os.fsync(directory)
             finally:
                 os.close(directory)
+
+    def mark_ended(self, workload_id: str, status: dict[str, Any]) -> None:
+        """Mark ``workload_id``'s entry ended with ``status`` (atomically; an absent or
+        unreadable entry is left as it is).  ``OSError`` if the disk refuses."""
+        entry = self._entry(self.files(workload_id).entry)
+        if isinstance(entry, JournalEntry):
+            self.record(entry.model_copy(update={"ended": status}))
 
     def forget_exit(self, workload_id: str) -> None:
         """Remove a workload's supervisor records before it is restarted under its id (they

@@ -7,7 +7,9 @@ a node unreachable (:meth:`FaultyNodes.cut`: every call to it is ``Unavailable``
 nothing) or loses the answers of runs (:meth:`FaultyNodes.lose_run_answers`: the run *is*
 delivered and the node boots, then the caller hears ``Unavailable`` — the outcome unknown).
 It counts every run delivered (:attr:`FaultyNodes.runs`), so a test can say how many boots a
-retry caused.
+retry caused.  :class:`FaultyEvents` is the same cut on the way back: a node's workload
+events (:mod:`berth.events`) are not stored while it is cut off — its agent keeps them and
+publishes them again, as over a partition — when both share one set of cut nodes.
 
 What it is not: a simulation of the node.  The wrapped driver's nodes answer everything
 that is delivered; this only decides what is delivered and what is heard.  It is passed in
@@ -21,20 +23,22 @@ from collections.abc import Sequence
 
 from berth.boot import BootSpec, WorkloadStatus
 from berth.errors import Unavailable
+from berth.events.port import EventSink, WorkloadEvent
 from berth.model import Layer, Spec
 from berth.nodeclient.port import AgentClient
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
 
-__all__ = ["FaultyNodes"]
+__all__ = ["FaultyEvents", "FaultyNodes"]
 
 
 class FaultyNodes:
     """``AgentClient`` forwarding to ``nodes``, with nodes cut off and run answers lost."""
 
-    def __init__(self, nodes: AgentClient) -> None:
+    def __init__(self, nodes: AgentClient, *, cut: set[str] | None = None) -> None:
         self._nodes = nodes
-        self._cut: set[str] = set()
+        self._cut: set[str] = set() if cut is None else cut
+        """The nodes cut off (shared with a :class:`FaultyEvents` when given)."""
         self._lose_runs = 0
         self.runs: list[tuple[str, str | None]] = []
         """Every run delivered to a node: ``(node, workload_id)``, in order."""
@@ -113,3 +117,17 @@ class FaultyNodes:
     async def uncordon(self, node: str) -> bool:
         self._reach(node)
         return await self._nodes.uncordon(node)
+
+
+class FaultyEvents:
+    """``EventSink`` forwarding to ``events``, except for the nodes in ``cut``: their events
+    are ``Unavailable`` (not stored) while they are cut off."""
+
+    def __init__(self, events: EventSink, cut: set[str]) -> None:
+        self._events = events
+        self.cut = cut
+
+    async def publish(self, event: WorkloadEvent) -> None:
+        if event.node in self.cut:
+            raise Unavailable(f"node {event.node!r} is cut off: its event was not stored")
+        await self._events.publish(event)

@@ -36,6 +36,10 @@ A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the clu
   never read (placed less than a heartbeat before the node fell silent) cannot be
   rewritten.
 
+With an event stream (``events``, :class:`~berth.events.nats.NatsEvents`) the agent pushes
+each workload's end and restart to it (:mod:`berth.events`): the API learns of them without
+asking, and the journal entry of an ended workload goes only once the stream stored its end.
+
 Stopping is the clean shutdown: stop answering, stop the agent (its workloads stop and its
 key is deleted at once, so it leaves every replica without waiting for expiry), remove its
 routes and its copy of them.
@@ -56,6 +60,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from berth.events.nats import NatsEvents
 from berth.nats.wire import PREFIX, MalformedMessage
 from berth.node.agent import Agent
 from berth.node.budget import LoadReadings
@@ -87,15 +92,19 @@ class NodeService:
         routes: NatsRoutes | None = None,
         readings: LoadReadings | None = None,
         state_dir: Path | None = None,
+        events: NatsEvents | None = None,
     ) -> None:
         self.client = client
+        self.events = events
         self.config = config
         self.routes = routes
         self.store = NatsStore(
             client, bucket=bucket, ttl_s=bucket_ttl_s(config.agent.heartbeat_s), watch=False
         )
         # state_dir keeps what must survive a restart of the agent (its cordon)
-        self.agent = Agent.from_config(config, self.store, readings=readings, state_dir=state_dir)
+        self.agent = Agent.from_config(
+            config, self.store, readings=readings, state_dir=state_dir, events=events
+        )
         self.server = NodeServer(client, self.agent, prefix=prefix)
         self._reconciler: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -112,6 +121,8 @@ class NodeService:
 
     async def start(self) -> NodeService:
         await self.store.start()
+        if self.events is not None:
+            await self.events.start()
         await self.server.start()
         await self.agent.start()  # adopts what its journal says still runs
         if self.routes is not None:

@@ -81,6 +81,7 @@ from berth.state import NodeState
 __all__ = [
     "CONTENT_TYPE",
     "DECISION_BUCKETS",
+    "EVENT_OUTCOMES",
     "OUTCOMES",
     "ClusterCollector",
     "Metrics",
@@ -118,6 +119,8 @@ OUTCOMES = ("placed", "no_capacity", "invalid", "unavailable", "error")
 API_OUTCOMES = ("placed", "no_capacity", "invalid", "unavailable", "refused", "error")
 """What an API placement request ended in, as the API reports it (``refused``: the chosen
 node refused the boot)."""
+EVENT_OUTCOMES = ("applied", "stale", "unrecorded")
+"""What the API did with a node's workload event (:meth:`Metrics.event_applied`)."""
 
 NODE_STATES = ("ready", "cordoned", "stale")
 
@@ -220,6 +223,20 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
+        self.events_applied = Counter(
+            "berth_events_applied",
+            "Workload events from the nodes taken by this process's API, by outcome "
+            "(applied, stale: the record had it, unrecorded: no record names it).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.event_lag_seconds = Histogram(
+            "berth_events_lag_seconds",
+            "From a node recording a workload's end or restart to the API applying it "
+            "(the node's wall clock against this process's).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=registry,
+        )
         self._outcomes = {outcome: self.placements.labels(outcome) for outcome in OUTCOMES}
         self._api = {outcome: self.api_placements.labels(outcome) for outcome in API_OUTCOMES}
         self._reasons: dict[str, Counter] = {}
@@ -253,6 +270,12 @@ class Metrics:
 
     def adopted(self) -> None:
         self.reconciler_adoptions.inc()
+
+    def event_applied(self, outcome: str, lag_s: float) -> None:
+        """A node's event was taken: ``outcome`` of :data:`EVENT_OUTCOMES` (any other word
+        counts as ``stale``), ``lag_s`` after the node recorded it."""
+        self.events_applied.labels(outcome if outcome in EVENT_OUTCOMES else "stale").inc()
+        self.event_lag_seconds.observe(lag_s)
 
     def reconciler_pass(self, done: bool) -> None:
         self.reconciler_passes.labels("done" if done else "failed").inc()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client
 
 from berth.defaults import HEARTBEAT_S, LEASE_TTL_S
+from berth.events.nats import NatsEvents
 from berth.nats.auth import ClusterAuth
 from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
@@ -112,6 +113,7 @@ async def nats_cluster(
                 prefix=names.node_prefix,
                 routes=node_routes,
                 readings=None if live_monitors else IDLE,
+                events=NatsEvents(node_side, names=names),
             )
             await stack.enter_async_context(node)
             cluster.node_services[node.name] = node

@@ -236,6 +236,24 @@ def test_preferred_node_is_tried_first_when_it_fits() -> None:
     assert asyncio.run(cluster.scheduler.schedule(cannot)).worker_node == "a"
 
 
+def test_an_avoided_node_is_asked_only_when_no_other_takes_the_request() -> None:
+    cluster = Cluster()
+    cluster.add("a", layers=frozenset({"l"}))
+    cluster.add("b")
+    base = {"namespace": "n", "name": "x", "spec": "micro", "layers": (("l", 5),)}
+    assert asyncio.run(cluster.scheduler.schedule(Request(**base))).worker_node == "a"
+    avoiding = Request(**base).avoiding("a")
+    assert avoiding.avoid_nodes == ("a",)
+    assert asyncio.run(cluster.scheduler.schedule(avoiding)).worker_node == "b"
+    both = avoiding.avoiding("b")  # a soft hint: with every node avoided, the best one
+    assert both.avoid_nodes == ("a", "b")
+    assert asyncio.run(cluster.scheduler.schedule(both)).worker_node == "a"
+    many = Request(**base)
+    for index in range(40):
+        many = many.avoiding(f"n{index}")
+    assert len(many.avoid_nodes) == 16 and many.avoid_nodes[-1] == "n39"
+
+
 def test_explain_gives_every_verdict_with_rank() -> None:
     cluster = Cluster()
     cluster.add("a", layers=frozenset({"l"}))

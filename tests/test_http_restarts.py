@@ -81,6 +81,8 @@ async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhaust
         assert restarted and restarted[-1].endswith("after its run exited with code 1")
         replacement = await read(api, ended.replaced_by)
         assert replacement.reschedules == 1 and replacement.restart == ended.restart
+        # the node it failed on is avoided (three nodes: another one takes it)
+        assert replacement.node != workload.node
         assert replacement.history[0].reason is not None
         assert workload.id in replacement.history[0].reason
 

@@ -205,6 +205,31 @@ def test_preferred_node_walk_also_keeps_its_ranking(ranker: RankerName) -> None:
     assert walk.tried == ["d", "a", "b", "c", "e", "0-amd"]
 
 
+@pytest.mark.parametrize("ranker", RANKERS)
+def test_avoided_nodes_are_asked_last_in_their_ranked_order(ranker: RankerName) -> None:
+    walk = Walk(ranker)
+
+    async def attempt(node: str) -> str:
+        reservation = await walk.attempt(node)
+        await walk.nodes.release(node, reservation)
+        raise Refused("cpu_saturated", node=node)
+
+    with pytest.raises(NoCapacity):
+        asyncio.run(
+            walk.scheduler.place(SPEC, LAYERS, attempt, AMD64, avoid_nodes=["a", "c", "gone"])
+        )
+    # the first pass asks them last; a node that joined meanwhile gets a pass of its own
+    assert walk.tried == ["b", "d", "e", "a", "c", "0-amd"]
+
+
+def test_a_malformed_avoid_nodes_is_invalid_naming_it() -> None:
+    walk = Walk(RANKERS[0])
+    for bad in ("a", ["a", ""], [3]):
+        with pytest.raises(Invalid) as caught:
+            asyncio.run(walk.scheduler.place(SPEC, LAYERS, walk.attempt, AMD64, avoid_nodes=bad))  # type: ignore[arg-type]
+        assert caught.value.field == "avoid_nodes"
+
+
 # --- the ranking value itself ----------------------------------------------------------------
 
 

@@ -198,7 +198,12 @@ class EmbeddedCluster:
 
         try:
             return await self.scheduler.place(
-                spec, request.layers, try_run, request.platforms, request.preferred_node
+                spec,
+                request.layers,
+                try_run,
+                request.platforms,
+                request.preferred_node,
+                request.avoid_nodes,
             )
         except NoCapacity as error:
             if not details:

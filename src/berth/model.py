@@ -70,6 +70,7 @@ from berth.validation import BerthModel, Rule, shown
 __all__ = [
     "INSTANCE_TYPES",
     "INTERVAL_RULE",
+    "MAX_AVOID_NODES",
     "MAX_BYTES",
     "MAX_CORES",
     "MAX_DURATION_S",
@@ -114,6 +115,8 @@ MAX_LAYERS = 1024
 """The most layers one request lists (real images have well under 128)."""
 MAX_PLATFORMS = 64
 """The most platforms one request lists."""
+MAX_AVOID_NODES = 16
+"""The most nodes one request avoids (a reschedule adds the node it left)."""
 MAX_LABELS = 64
 """The most labels one node advertises."""
 MAX_REPLICA = 2**31 - 1
@@ -489,6 +492,8 @@ class Request(BerthModel):
     ``spec`` — resources (a ``Spec`` or an instance-type name); ``None`` declares none.
     ``layers`` — the image's layers as ``Layer`` or ``(id, size)`` pairs; ids are unique.
     ``preferred_node`` — a soft hint (e.g. where a forked VM's parent runs), never a rule.
+    ``avoid_nodes`` — soft hints the other way (e.g. where a rescheduled workload failed):
+    those nodes are asked only after every other candidate; never a rule.
     ``spread`` — how replicas of this function spread (:class:`Spread`); ``None``: no rule.
     """
 
@@ -501,6 +506,7 @@ class Request(BerthModel):
         tuple[Annotated[Layer, BeforeValidator(_layer_input)], ...], Field(max_length=MAX_LAYERS)
     ] = ()
     preferred_node: Name | None = None
+    avoid_nodes: Annotated[tuple[Name, ...], Field(max_length=MAX_AVOID_NODES)] = ()
     spread: Spread | None = None
 
     _unique_layers = field_validator("layers")(unique_layers)
@@ -509,6 +515,13 @@ class Request(BerthModel):
     def key(self) -> str:
         """``namespace/name/replica``: the replica's identity."""
         return f"{self.namespace}/{self.name}/{self.replica}"
+
+    def avoiding(self, node: str) -> Request:
+        """This request with ``node`` added to the nodes it avoids (the newest
+        :data:`MAX_AVOID_NODES` kept)."""
+        node = NAME_RULE(node, "node")
+        kept = (*tuple(n for n in self.avoid_nodes if n != node), node)
+        return self.model_copy(update={"avoid_nodes": kept[-MAX_AVOID_NODES:]})
 
 
 class Placement(BerthModel):

@@ -946,9 +946,10 @@ class ClusterBackend:
         )
 
     async def _replace(self, workload: StoredWorkload, *, counted: bool = True) -> StoredWorkload:
-        """Place and boot ``workload`` again from its recorded request, under a new id;
+        """Place and boot ``workload`` again from its recorded request, under a new id,
+        avoiding the node it ran on (a soft hint: asked only if no other node takes it);
         ``counted``: as one more reschedule of its line (a drain's is not)."""
-        request = Request.from_dict(workload.request)
+        request = Request.from_dict(workload.request).avoiding(workload.node)
         image = None if workload.image is None else await self.images.get(workload.image)
         new_id = new_workload_id()
         boot = BootSpec(

@@ -89,7 +89,6 @@ class NatsEvents:
         self.rejected = 0
         """Messages that were not events (each logged and terminated)."""
         self._js = client.jetstream()
-        self._started = False
 
     def subject(self, node: str) -> str:
         """Where ``node`` publishes its events."""
@@ -118,7 +117,6 @@ class NatsEvents:
                 ) from None
         except (NatsError, TimeoutError) as error:
             raise Unavailable(f"cannot create stream {self.stream}: {error}") from None
-        self._started = True
         return self
 
     async def publish(self, event: WorkloadEvent) -> None:
@@ -157,8 +155,7 @@ class NatsEvents:
                     await subscription.unsubscribe()
 
     async def _subscribe(self) -> Any:
-        if not self._started:
-            await self.start()
+        await self.start()  # a stream removed meanwhile is made again
         config = ConsumerConfig(
             durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,

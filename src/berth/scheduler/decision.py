@@ -99,6 +99,7 @@ class Decision(Generic[T]):
     attempt: Callable[[str], Awaitable[T]]
     preferred_node: str | None = None
     rules: RequestRules = NO_RULES
+    avoid_nodes: frozenset[str] = frozenset()
     probe: Probe = SILENT
     refusals: dict[str, str] = field(default_factory=dict)
     current: PassRules = field(default=NO_RULES, init=False)
@@ -135,6 +136,20 @@ class Decision(Generic[T]):
             yield index, node
 
     def _preferred_first(self, ranking: Ranking) -> Iterator[tuple[int, str]]:
+        """The preferred node first (if it ranks), the avoided ones last, each in rank order."""
+        avoided = self.avoid_nodes
+        if not avoided:
+            yield from self._preferred_then_ranked(ranking)
+            return
+        later: list[tuple[int, str]] = []
+        for index, node in self._preferred_then_ranked(ranking):
+            if node in avoided:
+                later.append((index, node))
+            else:
+                yield index, node
+        yield from later
+
+    def _preferred_then_ranked(self, ranking: Ranking) -> Iterator[tuple[int, str]]:
         preferred = self.preferred_node
         if preferred is not None and self.stages.sets_back(preferred):
             preferred = None  # a tier demoted it (a filter left it out): no preference

@@ -54,7 +54,8 @@ tracing on it is a ``berth.scheduler.place`` span.  Without either the probe is 
 
 Snapshots are approximate; the only authority is the node, which refuses what no longer fits.
 A ``preferred_node`` in the request is a soft hint: if that node fits it is tried first
-(unless a soft spread moved it to the second tier: then it keeps its place there).
+(unless a soft spread moved it to the second tier: then it keeps its place there); nodes in
+its ``avoid_nodes`` are asked only after every other candidate of a pass, in ranked order.
 ``NoMatchingPlatform`` when no live node runs any requested platform; ``NoCapacity`` (with
 every node's reason) when some does but none fits or all refuse, or the cluster is empty.
 """
@@ -349,6 +350,7 @@ class ClusterScheduler:
         attempt: Callable[[str], Awaitable[T]],
         platforms: Sequence[Platform] = (),
         preferred_node: str | None = None,
+        avoid_nodes: Sequence[str] = (),
     ) -> Confirmed[T]:
         """Walk the candidates calling ``attempt(node)`` until one confirms.
 
@@ -364,7 +366,14 @@ class ClusterScheduler:
         _callable(attempt, "attempt")
         if preferred_node is not None:
             preferred_node = NAME_RULE(preferred_node, "preferred_node")
-        return await self._place(Decision(spec, layers, platforms, attempt, preferred_node))
+        if isinstance(avoid_nodes, str) or not isinstance(avoid_nodes, Sequence):
+            raise Invalid(
+                f"expected a list of node names, got {shown(avoid_nodes)}", field="avoid_nodes"
+            )
+        avoided = frozenset(NAME_RULE(node, "avoid_nodes") for node in avoid_nodes)
+        return await self._place(
+            Decision(spec, layers, platforms, attempt, preferred_node, avoid_nodes=avoided)
+        )
 
     async def _place(self, decision: Decision[T]) -> Confirmed[T]:
         # One decision, measured (metrics, spans) by its probe: berth.observability.probe.
@@ -477,7 +486,15 @@ class ClusterScheduler:
             return admission
 
         placed = await self._place(
-            Decision(spec, layers, platforms, confirm, request.preferred_node, self._rules(request))
+            Decision(
+                spec,
+                layers,
+                platforms,
+                confirm,
+                request.preferred_node,
+                self._rules(request),
+                avoid_nodes=frozenset(request.avoid_nodes),
+            )
         )
         return Placement(
             worker_node=placed.node,

@@ -70,6 +70,8 @@ def test_bad_values_are_refused_before_anything_starts() -> None:
         (("up", "--heartbeat", "inf"), "--heartbeat"),
         (("up", "--nodes", "100000"), "--nodes"),
         (("up", "--schedulers", "0"), "--schedulers"),
+        (("up", "--node-gone-after", "0"), "--node-gone-after"),
+        (("up", "--node-gone-after", "nan"), "--node-gone-after"),
         (("scheduler", "--grace", "-1"), "--grace"),
         (("scheduler", "--heartbeat", "inf"), "--heartbeat"),
         (("scheduler", "--node-gone-after", "0"), "--node-gone-after"),

@@ -48,9 +48,10 @@ from typing import Literal
 
 import httpx
 
-from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, MICROVM_STOP_GRACE_S
+from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, MICROVM_STOP_GRACE_S, NODE_GONE_AFTER_S
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
+from berth.model import INTERVAL_RULE
 from berth.nats.auth import ClusterAuth, generate
 from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
@@ -113,6 +114,7 @@ class LocalCluster:
         api_token: str | None = None,
         microvm_data_dir: Path | None = None,
         policy: str = "seed",
+        node_gone_after_s: float = NODE_GONE_AFTER_S,
     ) -> None:
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
@@ -138,6 +140,7 @@ class LocalCluster:
         self.ready_timeout_s = ready_timeout_s
         self.lease_ttl_s = lease_ttl_s
         self.policy = policy_name(policy, field="--policy")  # every scheduler's
+        self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "--node-gone-after")
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
         if runtime == "microvm":  # each node's layer files and guest consoles go with the cluster
@@ -261,7 +264,14 @@ class LocalCluster:
         token_file.write_text(self.api_token + "\n")
         shown_host = f"[{host}]" if ":" in host else host
         self.api_url = f"http://{shown_host}:{port}"
-        return ["--http", f"{shown_host}:{port}", "--token-file", str(token_file)]
+        return [
+            "--http",
+            f"{shown_host}:{port}",
+            "--token-file",
+            str(token_file),
+            "--node-gone-after",
+            f"{self.node_gone_after_s:g}",
+        ]
 
     async def _await_api(self, deadline: float) -> None:
         assert self.api_url is not None

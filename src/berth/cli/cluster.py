@@ -495,6 +495,14 @@ def up(
     ] = "127.0.0.1:8080",
     http_public: HttpPublicOption = False,
     policy: PolicyOption = "seed",
+    node_gone_after: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a workload's node may stay unreachable and out of the cluster "
+            "before the API declares it gone: its workloads lost, restartable ones placed "
+            "again."
+        ),
+    ] = NODE_GONE_AFTER_S,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.up import LocalCluster, wait_for_signal
@@ -506,6 +514,7 @@ def up(
     _UP_NODES(nodes, "--nodes")
     _UP_SCHEDULERS(schedulers, "--schedulers")
     INTERVAL_RULE(heartbeat, "--heartbeat")
+    INTERVAL_RULE(node_gone_after, "--node-gone-after")
     if per_process is not None:
         _UP_NODES(per_process, "--per-process")
     traces = tracing.otlp_traces_url(otlp)  # checked here; the processes started export
@@ -523,6 +532,7 @@ def up(
         runtime=runtime,  # type: ignore[arg-type]
         per_process=per_process,
         policy=policy,
+        node_gone_after_s=node_gone_after,
     )
     console.print(f"starting nats-server, {nodes} agents and {schedulers} scheduler(s)…")
 

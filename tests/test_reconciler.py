@@ -193,6 +193,9 @@ async def test_a_retried_run_the_node_refuses_ends_failed_with_its_reason() -> N
 
 async def test_a_running_record_whose_node_no_longer_runs_it_ends_with_its_exit_code() -> None:
     async with reconciled() as (under_test, api, _, reconciler, _, metrics):
+        assert under_test.events is not None and under_test.cluster is not None
+        # its node's events held back: the end must be found by the reconciler's pass
+        under_test.events.held.update(under_test.cluster.agents)
         workload = await created(api, command=["sh", "-c", "sleep 0.3; exit 3"])
         await eventually(lambda: _async(on_node(under_test, workload.node, workload.id) == "ended"))
         assert (await stored(backend_of(under_test), workload.id)).state == "running"

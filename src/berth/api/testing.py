@@ -69,6 +69,9 @@ class ApiUnderTest:
     faults: FaultyNodes | None = None
     """The backend's way to its nodes, when the API runs in this process: cut one off, lose
     a run's answer."""
+    events: FaultyEvents | None = None
+    """The agents' way to push their workload events, when the API runs in this process:
+    hold a node's events back (``events.held.add(node)``)."""
 
     def client(self, *, token: bool = True, **options: Any) -> httpx.AsyncClient:
         """A client of the API (``async with``), the bearer token set unless ``token`` is
@@ -95,7 +98,8 @@ async def embedded_api(
     is the backend's (its records' times, the claims' ages, ``node_gone_after``)."""
     configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
     events, cut = MemoryEvents(), set[str]()
-    async with EmbeddedCluster(configs, events=FaultyEvents(events, cut)) as cluster:
+    sink = FaultyEvents(events, cut)
+    async with EmbeddedCluster(configs, events=sink) as cluster:
         workloads = MemoryWorkloads()
         faults = FaultyNodes(cluster.client, cut=cut)
         backend = ClusterBackend(
@@ -118,6 +122,7 @@ async def embedded_api(
                 backend=backend,
                 cluster=cluster,
                 faults=faults,
+                events=sink,
             )
         finally:
             consumer.cancel()

@@ -120,14 +120,16 @@ class FaultyNodes:
 
 
 class FaultyEvents:
-    """``EventSink`` forwarding to ``events``, except for the nodes in ``cut``: their events
-    are ``Unavailable`` (not stored) while they are cut off."""
+    """``EventSink`` forwarding to ``events``, except for the nodes in ``cut`` (cut off
+    altogether) or in :attr:`held` (only their events held back, so a test sees what the
+    reconciler does without them): their events are ``Unavailable`` (not stored)."""
 
     def __init__(self, events: EventSink, cut: set[str]) -> None:
         self._events = events
         self.cut = cut
+        self.held: set[str] = set()
 
     async def publish(self, event: WorkloadEvent) -> None:
-        if event.node in self.cut:
+        if event.node in self.cut or event.node in self.held:
             raise Unavailable(f"node {event.node!r} is cut off: its event was not stored")
         await self._events.publish(event)

@@ -223,7 +223,9 @@ class Agent:
                 # the microVM stack (QEMU, erofs, OCI reading) is loaded only when asked for
                 from berth.node.runtime.microvm import MicrovmRuntime
 
-                runtime = MicrovmRuntime.from_config(config)
+                runtime = MicrovmRuntime.from_config(
+                    config, state_dir=state_dir, orphan_grace_s=options.orphan_grace_s
+                )
             elif options.runtime == "process":
                 runtime = ProcessRuntime(
                     stop_grace_s=options.stop_grace_s,

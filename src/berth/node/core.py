@@ -815,7 +815,7 @@ class NodeCore:
         assert self.journal is not None
         runtime, workload_id = self.runtime, entry.workload_id
         if adoptable and isinstance(runtime, AdoptingRuntime):
-            record = runtime.ended(workload_id)
+            record = runtime.ended(workload_id, entry.locator)
             status = _lost_status(record)
         else:
             status = WorkloadStatus(

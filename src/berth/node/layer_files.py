@@ -138,6 +138,17 @@ class LayerFiles:
             raise
         return tuple(paths)
 
+    def hold(self, layer: OciLayer) -> Path | None:
+        """Take one reference on ``layer`` if its image file is on this node — a guest adopted
+        after its agent's restart still uses the file it booted from — without converting
+        anything; ``None`` (nothing taken) when the file is not here."""
+        path = self.path(layer)
+        with self._lock:
+            if layer.digest not in self._files or not path.exists():
+                return None
+            self.registry.mount(layer.digest, layer.size)
+        return path
+
     def release(self, digest: str) -> UnmountResult:
         """Drop one reference taken by :meth:`acquire`; the last one caches the layer (or,
         past the budget, deletes older files).  Releasing a layer not held is ``Invalid``."""

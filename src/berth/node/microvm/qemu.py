@@ -11,6 +11,14 @@ option.  :func:`qemu_argv` builds::
         -drive id=upper,file=UPPER,format=raw,if=none
         -device virtio-blk-device,drive=upper,serial=berth-upper
 
+A workload's guest gets its serial console as a *socket* QEMU serves
+(``-chardev socket,…,server=on,wait=off,logfile=LOG,logappend=on -serial chardev:console``,
+:class:`GuestConsole`) rather than QEMU's stdio: QEMU writes every byte of the console to the
+log file whether or not anyone is connected (checked on QEMU 7.2), so the host *reads* the
+console from that file — a restarted agent reads it again from the start — and connects to the
+socket only to write (the stop request).  Nothing the host does or fails to do can block the
+guest's output.  The probe boot keeps ``-serial stdio``.
+
 Facts it relies on (checked on Debian 12's QEMU 7.2 with Debian's cloud kernel 6.1): the
 legacy PIT and PIC are not needed (the kernel uses the TSC and the IO-APIC; dropping them
 saves ~0.2 s of a ~1.5 s boot under TCG — dropping the RTC too makes the boot 2 s slower);
@@ -42,6 +50,7 @@ __all__ = [
     "MAX_DISKS",
     "MAX_LAYERS",
     "MIN_GUEST_MEM",
+    "GuestConsole",
     "VmSize",
     "host_tsc_khz",
     "kernel_cmdline",
@@ -56,6 +65,23 @@ MAX_DISKS = 24
 """virtio-mmio transports of QEMU's microvm machine: one disk each."""
 MAX_LAYERS = MAX_DISKS - 1
 """Layers one guest can stack (the last transport carries the writable upper disk)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GuestConsole:
+    """Where one guest's serial console is: the socket QEMU serves it on (the host writes to
+    it) and the file QEMU logs all of it to (the host reads it)."""
+
+    socket: Path
+    log: Path
+
+    def argv(self) -> list[str]:
+        """QEMU's options for this console."""
+        chardev = (
+            f"socket,id=console,path={_option_value(self.socket)},server=on,wait=off,"
+            f"logfile={_option_value(self.log)},logappend=on"
+        )
+        return ["-chardev", chardev, "-serial", "chardev:console"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +149,7 @@ def qemu_argv(
     cmdline: str,
     layers: Sequence[Path] = (),
     upper: Path | None = None,
+    console: GuestConsole | None = None,
 ) -> list[str]:
     """The command line of one guest (see the module docstring)."""
     if len(layers) > MAX_LAYERS:
@@ -143,8 +170,7 @@ def qemu_argv(
         "-no-user-config",
         "-display",
         "none",
-        "-serial",
-        "stdio",
+        *(["-serial", "stdio"] if console is None else console.argv()),
         "-no-reboot",
         "-kernel",
         str(kernel),

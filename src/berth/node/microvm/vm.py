@@ -1,13 +1,15 @@
-"""One running guest seen from the host: a QEMU process, its console, its protocol lines.
+"""One running guest seen from the host: its QEMU, its console, its protocol lines.
 
-This module owns the host side of a microVM's life: starting QEMU (in its own session, and
-killed by the kernel if the process that started it dies — ``PR_SET_PDEATHSIG`` — so no guest
-outlives its node), reading the serial console without ever letting it block the guest,
+This module owns the host side of a microVM's life once QEMU runs: reading the serial
+console — from the log file QEMU writes it to (:class:`~berth.node.microvm.qemu.GuestConsole`),
+so the host never blocks the guest and a restarted agent reads it again from the start —
 recognising the init's protocol lines (``berth:<nonce>:<event>``, see
-:mod:`berth.node.microvm.initramfs`), asking the init to stop (a ``berth-stop`` line on the
-console) and killing QEMU when asked.  What it reports is raw: the exit status the init
-printed, the OOM kills it counted, the reason a boot failed, how QEMU ended.  Turning that
-into a workload's end is the runtime driver's job (:mod:`berth.node.runtime.microvm`).
+:mod:`berth.node.microvm.initramfs`), asking the init to stop (a ``berth-stop`` line written
+to the console's socket) and killing QEMU when asked.  Starting QEMU is not its job: the
+runtime driver runs it under a supervisor (:mod:`berth.node.runtime.microvm`), which is what
+lets a guest outlive its agent for the orphan grace and be adopted.  What this module reports
+is raw: the exit status the init printed, the OOM kills it counted, the reason a boot failed,
+how QEMU ended.  Turning that into a workload's end is the runtime driver's job.
 
 :func:`probe` boots a guest that only says hello: ``berth microvm setup`` and the runtime use
 it to find out whether KVM can run the guest kernel on this host (a nested hypervisor may
@@ -29,16 +31,30 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from berth.node.microvm.initramfs import GuestConfig, config_archive
 from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
-from berth.node.microvm.qemu import host_tsc_khz, kernel_cmdline, qemu_argv, vm_size
+from berth.node.microvm.qemu import (
+    GuestConsole,
+    host_tsc_khz,
+    kernel_cmdline,
+    qemu_argv,
+    vm_size,
+)
 
-__all__ = ["GuestBootFailed", "GuestEnd", "MicroVM", "new_nonce", "probe", "write_initrd"]
+__all__ = [
+    "GuestBootFailed",
+    "GuestEnd",
+    "MicroVM",
+    "console_status",
+    "new_nonce",
+    "probe",
+    "write_initrd",
+]
 
 log = logging.getLogger("berth.microvm")
 
@@ -46,6 +62,10 @@ MAX_LINE = 4096
 """Console lines longer than this are cut into pieces (a guest could print without newlines)."""
 OUTPUT_LINES = 1000
 """How many lines of a workload's console output a guest keeps for its caller."""
+CONSOLE_POLL_S = 0.02
+"""How often a guest's console log is read for new lines while its QEMU runs."""
+STOP_CONNECT_S = 2.0
+"""How long a stop waits to connect to a guest's console socket."""
 _KERNEL_LINE = re.compile(r"\[\s*\d+\.\d+\] ")
 _PR_SET_PDEATHSIG = 1
 
@@ -93,23 +113,37 @@ def _pdeathsig() -> Callable[[], None] | None:
 
 
 class MicroVM:
-    """A QEMU guest started by :meth:`launch`.
+    """One guest's QEMU seen through its console (see the module docstring).
+
+    ``pid`` is QEMU's; ``ended`` completes with QEMU's exit status (negative: the signal that
+    killed it) once it has ended; ``kill`` kills it at once.  The console is read from its
+    log file (:class:`~berth.node.microvm.qemu.GuestConsole`), from the start — for a guest
+    another process started (``adopted``), its protocol lines say again how far it got — and
+    the stop request written to its socket.
 
     ``running`` completes when the init reports the workload started (or fails with the boot
     failure's reason); ``output`` holds the workload's last :data:`OUTPUT_LINES` console lines
     (kernel messages included, protocol lines not), ``first_output_at`` the monotonic time of
-    its first line.  ``console_log`` — a file receiving every console line, if given.
+    its first line.  ``console_log`` — a file receiving every console line read from now on
+    (an adopted guest's earlier lines are not copied again); ``stderr`` — the file QEMU's own
+    messages go to, read for a failure's reason.
     """
 
     def __init__(
         self,
-        process: asyncio.subprocess.Process,
+        pid: int,
         nonce: str,
+        console: GuestConsole,
+        ended: Awaitable[int],
+        kill: Callable[[], None],
+        *,
         console_log: IO[str] | None = None,
+        stderr: Path | None = None,
+        adopted: bool = False,
     ) -> None:
-        self.process = process
-        self.pid = process.pid
+        self.pid = pid
         self.nonce = nonce
+        self.console = console
         self.launched_at = time.monotonic()
         self.running_at: float | None = None
         self.first_output_at: float | None = None
@@ -118,53 +152,41 @@ class MicroVM:
         self.oom_kills = 0
         self.boot_failed: str | None = None
         self.killed = False
+        self._kill = kill
+        self._stderr = stderr
         self._console_log = console_log
+        self._copy_from = _size(console.log) if adopted else 0
         self._prefix = f"berth:{nonce}:"
-        self._stderr: deque[str] = deque(maxlen=20)
         self._first_output = asyncio.Event()
         loop = asyncio.get_running_loop()
         self.running: asyncio.Future[None] = loop.create_future()
         self._end: asyncio.Future[GuestEnd] = loop.create_future()
-        self._reader = loop.create_task(self._read(), name=f"berth-microvm-{self.pid}")
-
-    @classmethod
-    async def launch(
-        cls,
-        argv: Sequence[str],
-        nonce: str,
-        *,
-        console_log: IO[str] | None = None,
-    ) -> MicroVM:
-        """Start QEMU with ``argv``; ``OSError`` when it cannot be executed."""
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=_pdeathsig(),
-        )
-        return cls(process, nonce, console_log)
+        self._reader = loop.create_task(self._read(ended), name=f"berth-microvm-{pid}")
 
     # -- the console ------------------------------------------------------------------------
-    async def _read(self) -> None:
-        assert self.process.stdout is not None and self.process.stderr is not None
-        errors = asyncio.get_running_loop().create_task(self._read_stderr(self.process.stderr))
-        pending = b""
+    async def _read(self, ended: Awaitable[int]) -> None:
+        exited = asyncio.ensure_future(ended)
+        offset, pending = 0, b""
         try:
-            while chunk := await self.process.stdout.read(65536):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    self._line(raw)
-                while len(pending) > MAX_LINE:
-                    self._line(pending[:MAX_LINE])
-                    pending = pending[MAX_LINE:]
+            while True:
+                finished = exited.done()  # asked before the read: nothing written after is lost
+                chunk, offset = _read_from(self.console.log, offset)
+                if chunk:
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for raw in lines:
+                        self._line(raw, offset)
+                    while len(pending) > MAX_LINE:
+                        self._line(pending[:MAX_LINE], offset)
+                        pending = pending[MAX_LINE:]
+                if finished:
+                    break
+                await asyncio.wait({exited}, timeout=CONSOLE_POLL_S)
             if pending:
-                self._line(pending)
-            await errors
-            returncode = await self.process.wait()
+                self._line(pending, offset)
+            returncode = exited.result()
         except BaseException as error:
+            exited.cancel()
             if not self.running.done():
                 self.running.set_exception(error)
                 self.running.exception()  # retrieved: the end reports it
@@ -185,21 +207,17 @@ class MicroVM:
             GuestEnd(self.status, self.oom_kills, self.boot_failed, returncode, self.killed)
         )
 
-    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        while line := await stream.readline():
-            self._stderr.append(line[:MAX_LINE].decode("utf-8", "replace").rstrip())
-
     def _qemu_failure(self, returncode: int) -> str:
-        said = "; ".join(line for line in self._stderr if line)
+        said = "; ".join(line for line in _last_lines(self._stderr) if line)
         if said:
             return f"qemu: {said}"
         if self.killed:
             return "the guest was killed before its workload started"
         return f"the guest ended before its workload started (qemu exit status {returncode})"
 
-    def _line(self, raw: bytes) -> None:
+    def _line(self, raw: bytes, offset: int) -> None:
         line = raw.decode("utf-8", "replace").rstrip("\r")
-        if self._console_log is not None:
+        if self._console_log is not None and offset > self._copy_from:
             with contextlib.suppress(OSError):
                 self._console_log.write(line + "\n")
                 self._console_log.flush()
@@ -228,24 +246,35 @@ class MicroVM:
                 self.oom_kills = int(args[1]) if len(args) > 1 else 0
 
     # -- control ----------------------------------------------------------------------------
-    async def _send(self, line: bytes) -> None:
-        stdin = self.process.stdin
-        if stdin is None or stdin.is_closing():
-            return
-        with contextlib.suppress(OSError, RuntimeError):
-            stdin.write(line)
-            await stdin.drain()
-
     async def request_stop(self) -> None:
-        """Ask the init to ``SIGTERM`` the workload (it reports the exit and powers off)."""
-        await self._send(b"berth-stop\n")
+        """Ask the init to ``SIGTERM`` the workload (it reports the exit and powers off): a
+        ``berth-stop`` line written to the console's socket.  A socket that cannot be reached
+        (QEMU ending) is no error: the stop's grace then kills it."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(self.console.socket)), STOP_CONNECT_S
+            )
+        except (OSError, TimeoutError) as error:
+            log.info("microVM %d: cannot reach its console to stop it: %s", self.pid, error)
+            return
+        try:
+            writer.write(b"berth-stop\n")
+            await writer.drain()
+            # keep the connection while QEMU takes the line in; what it echoes is dropped
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reader.read(65536), 0.2)
+        except OSError as error:
+            log.info("microVM %d: writing its stop request: %s", self.pid, error)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
     def kill(self) -> None:
         """Kill QEMU at once."""
-        if self.process.returncode is None:
+        if not self._end.done():
             self.killed = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self._kill()
 
     async def first_output(self) -> float | None:
         """The monotonic time of the workload's first line, once there is one; ``None`` if
@@ -260,6 +289,55 @@ class MicroVM:
     async def wait(self) -> GuestEnd:
         """How the guest ended, once QEMU has exited and its console is read to the end."""
         return await asyncio.shield(self._end)
+
+
+def console_status(log_path: Path, nonce: str) -> tuple[int | None, int]:
+    """The exit status and OOM kills a guest's console log reports (``(None, 0)`` if none):
+    how a guest that ended while no agent read its console ended."""
+    status, oom_kills = None, 0
+    prefix = f"berth:{nonce}:exit "
+    try:
+        text = log_path.read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return None, 0
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            words = line[len(prefix) :].split()
+            with contextlib.suppress(ValueError, IndexError):
+                status = int(words[0])
+                oom_kills = int(words[1]) if len(words) > 1 else 0
+    return status, oom_kills
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """What ``path`` holds past ``offset`` (nothing if it does not exist yet), and the new
+    offset."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(offset)
+            chunk = file.read(1 << 20)
+    except OSError:
+        return b"", offset
+    return chunk, offset + len(chunk)
+
+
+def _last_lines(path: Path | None, count: int = 20) -> list[str]:
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as file:
+            file.seek(max(0, _size(path) - 8192))
+            text = file.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line.rstrip()[:MAX_LINE] for line in text.splitlines()[-count:]]
 
 
 class GuestBootFailed(Exception):

@@ -26,12 +26,23 @@ workload killed by signal N is reported as that signal — and the console outpu
 (:attr:`MicrovmWorkload.output`, and ``<log_dir>/<id>.log`` when a log directory is given).
 ``stop`` asks the init to ``SIGTERM`` the workload (a line on the serial console), waits the
 stop's ``grace_s`` (else ``stop_grace_s``) for the guest to power off, then kills QEMU.  A
-guest's scratch directory (its initramfs copy and upper disk) is removed when it ends, and its
-layers are released to the node's cache; QEMU dies with the process that started it
-(``PR_SET_PDEATHSIG``).  So a guest does not survive its agent's restart: with a state
-directory the node journals it like any workload (QEMU's pid and start time as its locator),
-and a restarted agent ends its entry as *not adoptable* and kills that QEMU if it somehow
-still runs (adopting guests — reattaching to their consoles — is not done yet).
+guest's scratch directory (its initramfs copy, upper disk, console log and socket) is removed
+when it ends, and its layers are released to the node's cache.
+
+**Guests outlive their agent, and are adopted** (issue 20).  QEMU runs under a supervisor of
+its own, exactly as a process workload does (a :class:`~berth.node.runtime.process.ProcessRuntime`
+per guest: ``<state_dir>/workloads/<id>.run`` and ``.exit`` beside the node's journal entry),
+and its serial console is a socket QEMU serves plus a log file QEMU writes all of it to
+(:class:`~berth.node.microvm.qemu.GuestConsole`): nothing ties the guest to the agent's
+process.  When the agent dies the guest runs on for ``orphan_grace_s``, then its supervisor
+kills QEMU (with a state directory: when no live agent has owned the directory for that long;
+without one: when the agent that started it is gone).  A restarted agent **adopts** a guest
+whose supervisor still runs (:meth:`MicrovmRuntime.adopt`: the supervisor's pid and start
+time, through a pidfd; its layer files held again; its console log read again from the start,
+so the protocol lines say how far it got), and for one that ended while it was down reads the
+exit status the init printed in that log (:meth:`MicrovmRuntime.ended`).  The workload's
+locator in the journal holds the supervisor's and QEMU's pid and start time, the boot's nonce,
+its scratch directory and socket, and its layers' digests.
 
 Acceleration: ``kvm`` only when a probe guest booted under it (``berth microvm setup``
 records the probe; ``auto`` reads it, or probes once), ``tcg`` otherwise; :attr:`labels`
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import posixpath
@@ -53,9 +65,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
-from berth.defaults import MICROVM_STOP_GRACE_S
+from berth.defaults import MICROVM_STOP_GRACE_S, ORPHAN_GRACE_S
 from berth.errors import BerthError, Invalid
 from berth.node.erofs import pid_alive
 from berth.node.layer_files import LayerFiles
@@ -64,13 +76,22 @@ from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.paths import Accel, GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
+    GuestConsole,
     VmSize,
     host_tsc_khz,
     kernel_cmdline,
     qemu_argv,
     vm_size,
 )
-from berth.node.microvm.vm import GuestBootFailed, GuestEnd, MicroVM, new_nonce, probe, write_initrd
+from berth.node.microvm.vm import (
+    GuestBootFailed,
+    GuestEnd,
+    MicroVM,
+    console_status,
+    new_nonce,
+    probe,
+    write_initrd,
+)
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
@@ -83,7 +104,8 @@ from berth.node.runtime.port import (
     end_within_grace,
     stop_grace,
 )
-from berth.node.runtime.supervisor import file_stem, start_ticks
+from berth.node.runtime.process import ProcessRuntime
+from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record
 from berth.oci import OciImage, read_layout
 from berth.units import MiB
 from berth.validation import shown
@@ -148,11 +170,10 @@ class MicrovmWorkload(WorkloadHandle):
         image: OciImage,
         started_at: float,
         console_log: Path | None,
+        locator: dict[str, Any],
     ) -> None:
         super().__init__(workload_id, spec, pid=vm.pid)
-        # not to adopt it (a guest dies with its agent), but so that a restarted agent can
-        # make sure of that: the journal keeps QEMU's pid and start time
-        self.locator = {"qemu": [vm.pid, start_ticks(vm.pid)]}
+        self.locator = locator  # how a restarted agent finds the guest (module docstring)
         self.vm = vm
         self.accel = accel
         self.size = size
@@ -199,6 +220,7 @@ class _Attempt:
     layers: tuple[str, ...]
     scratch: Path | None = None
     vm: MicroVM | None = None
+    locator: dict[str, Any] | None = None
 
 
 def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
@@ -215,6 +237,70 @@ def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
 
 
 _SCRATCH = re.compile(r".+\.([0-9]{1,10})\.[^.]+")
+GUEST_FILE = "guest.json"
+"""In a guest's scratch directory: its workload id, nonce and supervisor (pid, start time)."""
+MAX_SOCKET_PATH = 100
+"""A console socket's longest path (a Unix socket's is at most 107 bytes); a scratch directory
+deeper than that gets its socket in a private directory under the system's temporary one."""
+
+
+def _console_of(scratch: Path, nonce: str) -> GuestConsole:
+    """Where a guest's console is: its socket and log in its scratch directory (the socket
+    in a private temporary directory when the scratch path is too long for one)."""
+    socket = scratch / "console.sock"
+    if len(str(socket)) > MAX_SOCKET_PATH:
+        private = Path(tempfile.gettempdir()) / f"berth-{os.getuid()}"
+        private.mkdir(mode=0o700, exist_ok=True)
+        socket = private / f"{nonce}.sock"
+    return GuestConsole(socket, scratch / "console.log")
+
+
+def _nonce_in(scratch: Path) -> str:
+    record = read_record(scratch / GUEST_FILE) or {}
+    nonce = record.get("nonce")
+    return nonce if isinstance(nonce, str) else "none"
+
+
+def _guest_runs(scratch: Path) -> bool:
+    """Whether the supervisor a scratch directory's :data:`GUEST_FILE` names still runs."""
+    record = read_record(scratch / GUEST_FILE) or {}
+    found = record.get("supervisor")
+    return (
+        isinstance(found, list)
+        and len(found) == 2
+        and all(isinstance(part, int) and not isinstance(part, bool) for part in found)
+        and alive(found[0], found[1])
+    )
+
+
+def _located(locator: dict[str, Any] | None) -> tuple[Path, str, Path, tuple[str, ...]] | None:
+    """A guest's scratch directory, nonce, console socket and layer digests from its
+    locator; ``None`` unless it has them all (an older agent's locator has not)."""
+    if not isinstance(locator, dict):
+        return None
+    scratch, nonce, socket, layers = (
+        locator.get("scratch"),
+        locator.get("nonce"),
+        locator.get("socket"),
+        locator.get("layers"),
+    )
+    if not (
+        isinstance(scratch, str)
+        and isinstance(nonce, str)
+        and isinstance(socket, str)
+        and isinstance(layers, list)
+        and all(isinstance(digest, str) for digest in layers)
+    ):
+        return None
+    return Path(scratch), nonce, Path(socket), tuple(layers)
+
+
+async def _returncode(handle: WorkloadHandle) -> int:
+    """QEMU's exit status once its process has ended (negative: the signal that ended it)."""
+    ended = await handle.wait()
+    if ended.code is not None:
+        return ended.code
+    return -(ended.signal or signal.SIGKILL)
 
 
 def _workdir(working_dir: str) -> str:
@@ -261,6 +347,8 @@ class MicrovmRuntime:
         boot_timeout_s: float = BOOT_TIMEOUT_S,
         work_dir: str | Path | None = None,
         log_dir: str | Path | None = None,
+        state_dir: Path | None = None,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
     ) -> None:
         if not isinstance(layers, LayerFiles):
             raise Invalid(f"expected the node's LayerFiles, got {shown(layers)}", field="layers")
@@ -288,6 +376,10 @@ class MicrovmRuntime:
         self.boot_timeout_s = float(boot_timeout_s)
         self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        # checked by the process runtime that runs each guest's QEMU
+        ProcessRuntime(state_dir=state_dir, orphan_grace_s=orphan_grace_s)
+        self.state_dir = state_dir
+        self.orphan_grace_s = orphan_grace_s
         self.accel, self.accel_detail = self._choose_accel(accel)
         self.cmdline = kernel_cmdline(host_tsc_khz())
         self._guests: dict[str, _Guest] = {}
@@ -299,8 +391,9 @@ class MicrovmRuntime:
         log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
 
     def _remove_orphans(self) -> None:
-        """Delete scratch directories left by a process that has died (its guests died with
-        it: ``PR_SET_PDEATHSIG``); a live process's are kept, whoever it is."""
+        """Delete scratch directories left by a process that has died whose guest no longer
+        runs either (its supervisor, named in the directory's :data:`GUEST_FILE`, is gone);
+        a live process's, or a guest's that a restarted agent may adopt, are kept."""
         try:
             entries = list(os.scandir(self.work_dir))
         except OSError:
@@ -310,16 +403,24 @@ class MicrovmRuntime:
             if match is None or not entry.is_dir(follow_symlinks=False):
                 continue
             pid = int(match.group(1))
-            if pid_alive(pid):
+            if pid_alive(pid) or _guest_runs(Path(entry.path)):
                 continue
             log.info("removing %s, left by process %d", entry.path, pid)
             shutil.rmtree(entry.path, ignore_errors=True)
 
     @classmethod
-    def from_config(cls, config: AgentSettings) -> MicrovmRuntime:
+    def from_config(
+        cls,
+        config: AgentSettings,
+        *,
+        state_dir: Path | None = None,
+        orphan_grace_s: float = ORPHAN_GRACE_S,
+    ) -> MicrovmRuntime:
         """The runtime an agent's ``[microvm]`` table describes: its layers under
         ``<node_dir>/layers`` (default ``<data_dir>/nodes/<node>``) with the agent's
-        ``layer_cache`` budget, its guests' scratch under ``<node_dir>/run``."""
+        ``layer_cache`` budget, its guests' scratch under ``<node_dir>/run``; ``state_dir``
+        and ``orphan_grace_s`` the agent's (where its journal is, how long a guest outlives
+        it)."""
         section = config.microvm
         files = GuestFiles.at(section.data_dir)
         if section.node_dir:
@@ -337,6 +438,8 @@ class MicrovmRuntime:
             boot_timeout_s=section.boot_timeout_s,
             work_dir=node_dir / "run",
             log_dir=Path(section.log_dir).expanduser() if section.log_dir else None,
+            state_dir=state_dir,
+            orphan_grace_s=orphan_grace_s,
         )
 
     def _choose_accel(self, accel: AccelChoice) -> tuple[Accel, str]:
@@ -407,6 +510,7 @@ class MicrovmRuntime:
                     f"cannot make the guest's files: {error.strerror or error}{where}"
                 ) from None
             raise
+        assert attempt.scratch is not None and attempt.locator is not None
         workload = MicrovmWorkload(
             workload_id,
             spec,
@@ -416,8 +520,8 @@ class MicrovmRuntime:
             image=image,
             started_at=started_at,
             console_log=console_path,
+            locator=attempt.locator,
         )
-        assert attempt.scratch is not None
         self._adopt(_Guest(workload, attempt.scratch, attempt.layers))
         return workload
 
@@ -478,6 +582,7 @@ class MicrovmRuntime:
         initrd = await self._write_initrd(
             scratch, nonce, workload_id, spec, image, size=size, layers=len(layers), upper=upper
         )
+        console = _console_of(scratch, nonce)
         argv = qemu_argv(
             self.qemu,
             kernel=kernel,
@@ -487,9 +592,9 @@ class MicrovmRuntime:
             cmdline=self.cmdline,
             layers=layers,
             upper=upper,
+            console=console,
         )
-        vm, console_path = await self._launch(argv, nonce, workload_id)
-        attempt.vm = vm
+        vm, console_path = await self._launch(attempt, argv, nonce, workload_id, console)
         await self._wait_running(vm, spec, image)
         return vm, console_path
 
@@ -528,20 +633,62 @@ class MicrovmRuntime:
         await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
         return initrd
 
+    def _processes(self, scratch: Path) -> ProcessRuntime:
+        """The process runtime one guest's QEMU runs under (its messages in ``scratch``)."""
+        return ProcessRuntime(
+            stop_grace_s=self.stop_grace_s,
+            log_dir=scratch,
+            state_dir=self.state_dir,
+            orphan_grace_s=self.orphan_grace_s,
+        )
+
     async def _launch(
-        self, argv: Sequence[str], nonce: str, workload_id: str
+        self,
+        attempt: _Attempt,
+        argv: Sequence[str],
+        nonce: str,
+        workload_id: str,
+        console: GuestConsole,
     ) -> tuple[MicroVM, Path | None]:
-        """Start QEMU with its console going to the workload's log, if any; the console log is
-        closed if the launch does not happen (a missing QEMU is a ``BootFailed``)."""
-        console, console_path = self._console(workload_id)
+        """Start QEMU under its supervisor, with its console copied to the workload's log, if
+        any; the console log is closed if the launch does not happen (a missing QEMU is a
+        ``BootFailed``).  What a restarted agent needs to find the guest is recorded in
+        ``attempt.locator`` and in the scratch directory's :data:`GUEST_FILE`."""
+        scratch = attempt.scratch
+        assert scratch is not None
+        log_file, console_path = self._console(workload_id)
+        processes = self._processes(scratch)
         try:
-            vm = await MicroVM.launch(argv, nonce, console_log=console)
+            handle = await processes.start(
+                BootSpec(name=workload_id, command=tuple(argv)), workload_id=workload_id
+            )
         except BaseException as error:
-            if console is not None:
-                console.close()
-            if isinstance(error, OSError):
-                raise BootFailed(f"cannot run {self.qemu}: {error.strerror or error}") from None
+            if log_file is not None:
+                log_file.close()
+            if isinstance(error, BootFailed):
+                raise BootFailed(f"cannot run {self.qemu}: {error.reason}") from None
             raise
+        assert handle.locator is not None and handle.pid is not None
+        attempt.locator = {
+            **handle.locator,
+            "nonce": nonce,
+            "scratch": str(scratch),
+            "socket": str(console.socket),
+            "layers": list(attempt.layers),
+        }
+        atomic_write(
+            scratch / GUEST_FILE, json.dumps({"workload_id": workload_id, **attempt.locator})
+        )
+        vm = MicroVM(
+            handle.pid,
+            nonce,
+            console,
+            _returncode(handle),
+            lambda: processes.kill(workload_id),
+            console_log=log_file,
+            stderr=processes.log_of(workload_id),
+        )
+        attempt.vm = vm
         return vm, console_path
 
     async def _wait_running(self, vm: MicroVM, spec: BootSpec, image: OciImage) -> None:
@@ -665,6 +812,9 @@ class MicrovmRuntime:
 
     def _cleanup(self, scratch: Path | None, digests: tuple[str, ...]) -> None:
         if scratch is not None:
+            socket = _console_of(scratch, _nonce_in(scratch)).socket
+            if socket.parent != scratch:  # a socket kept outside: its own file
+                socket.unlink(missing_ok=True)
             shutil.rmtree(scratch, ignore_errors=True)
         for digest in digests:
             try:
@@ -683,6 +833,113 @@ class MicrovmRuntime:
         workload = guest.workload
         await workload.vm.request_stop()
         await end_within_grace(workload, grace, workload.vm.kill)
+
+    # -- finding guests again after a restart -----------------------------------------------
+    def adopt(
+        self, workload_id: str, spec: BootSpec, locator: dict[str, Any] | None
+    ) -> WorkloadHandle | None:
+        """Watch (and be able to stop) a guest another agent on this state directory started,
+        found by ``locator`` (its workload's, in the journal): its QEMU's supervisor must
+        still run (pid and start time, through a pidfd), its image must still name the
+        layers it booted from and their files must be here; ``None`` otherwise (a guest that
+        runs but cannot be adopted is killed)."""
+        found = _located(locator)
+        if found is None or workload_id in self._guests or workload_id in self._starting:
+            return None
+        scratch, nonce, socket, digests = found
+        assert locator is not None
+        processes = self._processes(scratch)
+        handle = processes.adopt(workload_id, spec, locator)
+        if handle is None:
+            return None
+        held = self._hold_layers(workload_id, spec, digests)
+        if held is None:
+            processes.kill(workload_id)
+            return None
+        image, layers = held
+        console = GuestConsole(socket, scratch / "console.log")
+        log_file, console_path = self._console(workload_id)
+        vm = MicroVM(
+            handle.pid or 0,
+            nonce,
+            console,
+            _returncode(handle),
+            lambda: processes.kill(workload_id),
+            console_log=log_file,
+            stderr=processes.log_of(workload_id),
+            adopted=True,
+        )
+        workload = MicrovmWorkload(
+            workload_id,
+            spec,
+            vm,
+            accel=self.accel,
+            size=vm_size(spec.vcpus, spec.mem_limit),
+            image=image,
+            started_at=time.monotonic(),
+            console_log=console_path,
+            locator=dict(locator),
+        )
+        self._adopt(_Guest(workload, scratch, layers))
+        log.info("adopted microVM %s (QEMU %s)", workload_id, handle.pid)
+        return workload
+
+    def _hold_layers(
+        self, workload_id: str, spec: BootSpec, digests: tuple[str, ...]
+    ) -> tuple[OciImage, tuple[str, ...]] | None:
+        """Hold the layer files an adopted guest booted from; ``None`` (nothing held) when
+        its image no longer names them or a file is gone."""
+        try:
+            image = self._image(spec.image)
+        except BootFailed as error:
+            log.warning("microVM %s is not adopted: %s", workload_id, error.reason)
+            return None
+        if tuple(layer.digest for layer in image.layers) != digests:
+            log.warning("microVM %s is not adopted: its image's layers changed", workload_id)
+            return None
+        held: list[str] = []
+        for layer in image.layers:
+            if self.layer_files.hold(layer) is None:
+                for digest in held:
+                    self.layer_files.release(digest)
+                log.warning(
+                    "microVM %s is not adopted: layer %s is gone", workload_id, layer.digest
+                )
+                return None
+            held.append(layer.digest)
+        return image, tuple(held)
+
+    def ended(
+        self, workload_id: str, locator: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
+        """How a guest that ended while no agent watched it ended: the exit status its init
+        printed in its console log (``code``, or ``signal`` for the shell's 128 + N), else its
+        supervisor's record of QEMU's end; ``None`` if neither is known.  What the guest
+        left (its scratch directory) is removed."""
+        found = _located(locator)
+        record = ProcessRuntime(state_dir=self.state_dir).ended(workload_id)
+        if found is None:
+            return record
+        scratch, nonce, _, _ = found
+        status, oom_kills = console_status(scratch / "console.log", nonce)
+        self._cleanup(scratch, ())
+        if status is None:
+            return record
+        ended = _status(GuestEnd(status, oom_kills, None, 0, False), False)
+        result: dict[str, Any] = (
+            {"code": ended.code} if ended.code is not None else {"signal": ended.signal}
+        )
+        if oom_kills:
+            result["lost"] = f"the guest's OOM killer ran {oom_kills} time(s)"
+        return result
+
+    def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None:
+        """Kill a guest of this state directory that will not be adopted, if it runs, and
+        remove what it left."""
+        ProcessRuntime(state_dir=self.state_dir).abandon(workload_id, locator)
+        found = _located(locator)
+        if found is not None:
+            self._cleanup(found[0], ())
 
     async def aclose(self) -> None:
         """Stop every guest."""

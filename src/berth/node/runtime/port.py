@@ -252,8 +252,9 @@ class AdoptingRuntime(Runtime, Protocol):
     * ``adopt(workload_id, spec, locator)`` — a handle watching (and able to stop) a workload
       a previous agent on this state directory started, found by ``locator`` (the handle's
       :attr:`WorkloadHandle.locator` it recorded); ``None`` when it no longer runs;
-    * ``ended(workload_id)`` — how one that no longer runs ended, if the driver recorded it
-      (``code`` or ``signal``; ``orphaned``: why it was killed);
+    * ``ended(workload_id, locator)`` — how one that no longer runs ended, if the driver
+      recorded it (``code`` or ``signal``; ``orphaned``: why it was killed); the driver may
+      clean up what it left then;
     * ``abandon(workload_id, locator)`` — kill one that will not be adopted, if it runs.
     """
 
@@ -261,7 +262,9 @@ class AdoptingRuntime(Runtime, Protocol):
         self, workload_id: str, spec: BootSpec, locator: dict[str, Any] | None
     ) -> WorkloadHandle | None: ...
 
-    def ended(self, workload_id: str) -> dict[str, Any] | None: ...
+    def ended(
+        self, workload_id: str, locator: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None: ...
 
     def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None: ...
 

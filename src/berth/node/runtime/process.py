@@ -157,6 +157,12 @@ class ProcessRuntime:
     def _taken(self) -> set[str]:
         return self._running.keys() | self._starting
 
+    def log_of(self, workload_id: str) -> Path | None:
+        """Where ``workload_id``'s output goes (with a ``log_dir``)."""
+        if self.log_dir is None:
+            return None
+        return self.log_dir / f"{file_stem(workload_id)}.log"
+
     def files(self, workload_id: str) -> WorkloadFiles | None:
         """Where ``workload_id``'s journal entry and supervisor records are (with a state dir)."""
         if self.state_dir is None:
@@ -174,7 +180,7 @@ class ProcessRuntime:
         log = None
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            log = str(self.log_dir / f"{file_stem(workload_id)}.log")
+            log = str(self.log_of(workload_id))
         me = os.getpid()
         return {
             "workload_id": workload_id,
@@ -289,6 +295,13 @@ class ProcessRuntime:
         entry.signal(signal.SIGTERM)  # the supervisor passes it on to the workload's group
         await end_within_grace(entry.workload, grace, lambda: entry.signal(signal.SIGUSR1))
 
+    def kill(self, workload_id: str) -> None:
+        """Kill ``workload_id``'s whole tree now, without a graceful signal (its end is
+        reported as any end is); an unknown or ended id is harmless."""
+        entry = self._running.get(workload_id)
+        if entry is not None and not entry.workload.done:
+            entry.signal(signal.SIGUSR1)
+
     # -- finding workloads again after a restart ------------------------------------------------
     def adopt(
         self, workload_id: str, spec: BootSpec, locator: dict[str, Any] | None
@@ -321,7 +334,9 @@ class ProcessRuntime:
         logger.info("adopted workload %s (supervisor %d)", workload_id, pid)
         return workload
 
-    def ended(self, workload_id: str) -> dict[str, Any] | None:
+    def ended(
+        self, workload_id: str, locator: dict[str, Any] | None = None
+    ) -> dict[str, Any] | None:
         """The supervisor's record of how ``workload_id`` ended (``code`` or ``signal``, and
         ``orphaned`` with why it killed it); ``None`` if none was written."""
         files = self.files(workload_id)

@@ -26,8 +26,10 @@ from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
 from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
+from berth.node.runtime.port import AdoptingRuntime
+from berth.node.runtime.supervisor import write_owner
 from berth.oci import directory, file, opaque, read_layout, whiteout
-from berth.testing.runtime_contract import ExitLog, RuntimeContract, run
+from berth.testing.runtime_contract import AdoptingRuntimeContract, ExitLog, RuntimeContract, run
 from berth.units import MiB
 
 FILES = GuestFiles.at(None)
@@ -451,3 +453,25 @@ def test_the_demo_places_a_second_guest_where_its_layers_are_and_skips_the_conve
     assert second.colocated_bytes == first.converted_bytes > 0
     assert first.output == second.output == "app build 100"
     assert "colocated starts" in summary(starts) and "s saved per start" in summary(starts)
+
+
+class TestMicrovmRuntimeAdoptionContract(AdoptingRuntimeContract):
+    """A second runtime on the same state directory (a restarted agent's) adopts a running
+    guest — its QEMU under a supervisor, its console read again from its log — stops it
+    through its console, knows how one that ended did, and refuses a forged locator."""
+
+    timeout_s = GUEST_TIMEOUT_S
+
+    @pytest.fixture(autouse=True)
+    def _node(self, guests: tuple[LayerFiles, Path], layout: Path) -> None:
+        self.guests, self.layout = guests, layout
+
+    def make_runtime(self, state_dir: Path) -> AdoptingRuntime:
+        write_owner(state_dir / "agent.pid")  # this process owns the directory
+        return make(self.guests, self.layout, stop_grace_s=5.0, state_dir=state_dir)
+
+    def long_running_spec(self) -> BootSpec:
+        return BootSpec(name="kept", image="busybox", command=("sleep", "600"))
+
+    def exiting_spec(self, code: int) -> BootSpec:
+        return BootSpec(name="quitter", image="busybox", command=("sh", "-c", f"exit {code}"))

@@ -288,11 +288,10 @@ def _located(locator: dict[str, Any] | None) -> tuple[Path, str, Path, tuple[str
         isinstance(scratch, str)
         and isinstance(nonce, str)
         and isinstance(socket, str)
-        and isinstance(layers, list)
-        and all(isinstance(digest, str) for digest in layers)
+        and isinstance(layers, str)
     ):
         return None
-    return Path(scratch), nonce, Path(socket), tuple(layers)
+    return Path(scratch), nonce, Path(socket), tuple(filter(None, layers.split(",")))
 
 
 async def _returncode(handle: WorkloadHandle) -> int:
@@ -392,8 +391,9 @@ class MicrovmRuntime:
 
     def _remove_orphans(self) -> None:
         """Delete scratch directories left by a process that has died whose guest no longer
-        runs either (its supervisor, named in the directory's :data:`GUEST_FILE`, is gone);
-        a live process's, or a guest's that a restarted agent may adopt, are kept."""
+        runs either (its supervisor, named in the directory's :data:`GUEST_FILE`, is gone)
+        and that the node's journal no longer names; a live process's, a guest's that a
+        restarted agent may adopt, or one whose end it is to read, are kept."""
         try:
             entries = list(os.scandir(self.work_dir))
         except OSError:
@@ -403,10 +403,18 @@ class MicrovmRuntime:
             if match is None or not entry.is_dir(follow_symlinks=False):
                 continue
             pid = int(match.group(1))
-            if pid_alive(pid) or _guest_runs(Path(entry.path)):
+            if pid_alive(pid) or _guest_runs(Path(entry.path)) or self._journaled(Path(entry.path)):
                 continue
             log.info("removing %s, left by process %d", entry.path, pid)
             shutil.rmtree(entry.path, ignore_errors=True)
+
+    def _journaled(self, scratch: Path) -> bool:
+        """Whether the node's journal still names the guest of ``scratch``: then a restarted
+        agent reads how it ended there (:meth:`ended`), which removes it."""
+        record = read_record(scratch / GUEST_FILE) or {}
+        workload_id = record.get("workload_id")
+        files = ProcessRuntime(state_dir=self.state_dir).files(str(workload_id))
+        return isinstance(workload_id, str) and files is not None and files.entry.exists()
 
     @classmethod
     def from_config(
@@ -674,7 +682,7 @@ class MicrovmRuntime:
             "nonce": nonce,
             "scratch": str(scratch),
             "socket": str(console.socket),
-            "layers": list(attempt.layers),
+            "layers": ",".join(attempt.layers),
         }
         atomic_write(
             scratch / GUEST_FILE, json.dumps({"workload_id": workload_id, **attempt.locator})
@@ -806,9 +814,24 @@ class MicrovmRuntime:
                 "microVM %s: the guest's OOM killer ran %d time(s)", workload.id, workload.oom_kills
             )
         self._guests.pop(workload.id, None)
+        self._record_end(workload.id, status)
         self._cleanup(guest.scratch, guest.layers)
         if workload._end(status):
             self._listeners.notify(workload)
+
+    def _record_end(self, workload_id: str, status: WorkloadExit) -> None:
+        """Make the supervisor's exit record (QEMU's end) the guest's: how its workload
+        ended, so :meth:`ended` answers it after its scratch directory is gone."""
+        if self.state_dir is None:
+            return
+        files = ProcessRuntime(state_dir=self.state_dir).files(workload_id)
+        if files is None or not files.exit.exists():
+            return
+        record = read_record(files.exit) or {}
+        ended = {"code": status.code} if status.code is not None else {"signal": status.signal}
+        with contextlib.suppress(OSError):
+            kept = {key: value for key, value in record.items() if key not in ("code", "signal")}
+            atomic_write(files.exit, json.dumps({**kept, **ended, "qemu": record}))
 
     def _cleanup(self, scratch: Path | None, digests: tuple[str, ...]) -> None:
         if scratch is not None:

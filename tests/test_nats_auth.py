@@ -96,3 +96,39 @@ def test_a_node_cannot_speak_for_another(secured: tuple[NatsServer, ClusterAuth]
                 assert state.mem_free > 1 and state.generation < forged.generation
 
     asyncio.run(scenario())
+
+
+def test_a_nodes_rollup_cannot_purge_the_other_nodes_keys(
+    secured: tuple[NatsServer, ClusterAuth],
+) -> None:
+    """Finding 2 of the security review: a message on a node's own key with ``Nats-Rollup:
+    all`` would purge every key of the bucket.  The scheduler closes the routes bucket to
+    rollups; the node-states bucket cannot be (see berth.nats.streams)."""
+    server, auth = secured
+    configs = embedded_configs(2, runtime="fake", heartbeat_s=1.0)
+
+    async def scenario() -> None:
+        async with nats_cluster(server.url, configs, auth=auth) as running:
+            placed = [
+                await running.scheduler.schedule(Request(namespace="r", name=f"fn{i}", spec=SMALL))
+                for i in range(6)
+            ]
+            before = len(await running.routes.list())
+            assert before == len(placed)
+            async with client(server.url, credentials=auth.nodes["node-01"]) as intruder:
+                js = intruder.jetstream()
+                rollup = {"KV-Operation": "DEL", "Nats-Rollup": "all"}
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await js.publish("$KV.berth_routes.node-01.x", headers=rollup, timeout=1.0)
+                # the node-states bucket keeps rollups (its expiry markers need them, and the
+                # server forces them on): a purge there lasts until each node's next beat
+                await js.publish("$KV.berth_nodes.node-01", headers=rollup, timeout=1.0)
+            assert len(await running.routes.list()) == before  # nobody's routes went
+            states = running.scheduler_services[0].scheduler.states
+            for _ in range(60):
+                if {"node-00", "node-01"} <= set(states()):
+                    break
+                await asyncio.sleep(0.05)
+            assert {"node-00", "node-01"} <= set(states())
+
+    asyncio.run(scenario())

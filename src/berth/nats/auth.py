@@ -113,6 +113,9 @@ class ClusterAuth:
             f"$KV.{s.routes_bucket}.>",
             "$JS.API.INFO",
             f"$JS.API.STREAM.PURGE.KV_{s.routes_bucket}",
+            # closing the buckets nodes write to rollups (berth.nats.streams)
+            f"$JS.API.STREAM.UPDATE.KV_{s.nodes_bucket}",
+            f"$JS.API.STREAM.UPDATE.KV_{s.routes_bucket}",
             "$JS.FC.>",
             *self._js(s.nodes_bucket, read=True),
             *self._js(s.routes_bucket, read=True),

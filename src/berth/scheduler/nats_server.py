@@ -80,6 +80,7 @@ from berth.errors import Unavailable
 from berth.model import Placement, Request
 from berth.nats.connection import settle
 from berth.nats.names import SCHEDULER_PREFIX
+from berth.nats.streams import forbid_rollups
 from berth.nats.wire import (
     PLACEMENT_REPLIES,
     PREFIX,
@@ -248,6 +249,10 @@ class SchedulerService:
         return self._responder.rejected
 
     async def start(self) -> SchedulerService:
+        # the buckets nodes write refuse rollups: one node's user cannot purge them all
+        for bucket in (getattr(self.store, "bucket", None), getattr(self.routes, "bucket", None)):
+            if isinstance(bucket, str):
+                await forbid_rollups(self.client, bucket)
         if self.routes is not None and self.shared is not None:
             # before joining the queue group: count the replicas placed so far first
             try:

@@ -11,7 +11,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import pytest
 
 from berth.errors import Invalid
-from berth.nats.wire import MalformedMessage, node_token
+from berth.model import Placement
+from berth.nats.wire import MAX_TOKEN, MalformedMessage, node_token
+from berth.registry.nats_routes import NatsRoutes
 from berth.store.nats import NatsStore, decode_state, encode_state
 from berth.store.port import StateEvent, StateStore
 from berth.testing.nats import NatsServer, client, unique_name
@@ -124,5 +126,32 @@ def test_a_restarted_publisher_continues_the_generation(nats_server: NatsServer)
                 await second.publish(sample_state("n1", 1, mem_free=7))
             await _eventually(lambda: _generation(reader, "n1") == 6)
             assert reader._replica["n1"].mem_free == 7
+
+    asyncio.run(scenario())
+
+
+def test_a_token_that_would_be_too_long_is_a_digest_and_works_on_the_server(
+    nats_server: NatsServer,
+) -> None:
+    """Security finding 1: 253 x U+1F600 as a namespace and a name made a route key of over
+    4 KiB; the server closed the connection for good on it."""
+    huge = "\U0001f600" * 253
+    token = node_token(huge)
+    assert len(token) <= MAX_TOKEN and token.startswith("=H")
+    assert node_token(huge[:-1]) != token and node_token("a" * 200) == "a" * 200
+    assert node_token("a" * 201).startswith("=H")
+    workload = f"{huge}/{huge}/0"
+
+    async def scenario() -> None:
+        async with client(nats_server.url) as nc:
+            routes = await NatsRoutes(nc, bucket=unique_name("routes")).start()
+            placement = Placement(worker_node=huge, reservation_id="r1", colocated_bytes=0, rank=0)
+            await routes.record(workload, placement)
+            found = await routes.whereis(workload)
+            assert found is not None and found.node == huge
+            assert [route.workload for route in await routes.list(huge)] == [workload]
+            assert nc.is_connected  # and the connection is still up
+            await routes.remove(workload, huge)
+            assert await routes.whereis(workload) is None
 
     asyncio.run(scenario())

@@ -31,8 +31,11 @@ operations and fields:
 
 Also here, because every NATS module needs them: node names as one subject token or KV key
 (:func:`node_token` escapes every character outside ``[A-Za-z0-9_-]`` as ``=XX``, the hex of
-its UTF-8 bytes: ``node.1`` → ``node=2E1``), the KV headers that mark deletes and expiry
-markers, and the node protocol's addressing — one subject per node and operation,
+its UTF-8 bytes: ``node.1`` → ``node=2E1``; a token that would be longer than
+:data:`MAX_TOKEN` — a name of 253 emoji escapes to 3,036 characters, and a KV key or subject
+over the server's 4 KiB control line closes the connection for good — is ``=H`` and the
+SHA-256 of the name instead, which no escaped name can be), the KV headers that mark
+deletes and expiry markers, and the node protocol's addressing — one subject per node and operation,
 ``berth.node.<node token>.<op>`` (:func:`subject`; per-node subjects are what lets NATS
 permissions say "this agent answers only for itself"), an ``admit`` carrying an idempotency
 key in the :data:`IDEMPOTENCY_HEADER` header.  The node protocol's operations and fields are
@@ -42,6 +45,7 @@ key in the :data:`IDEMPOTENCY_HEADER` header.  The node protocol's operations an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -96,6 +100,9 @@ IDEMPOTENCY_HEADER = "Berth-Idempotency-Key"
 KV_OPERATION = "KV-Operation"
 MARKER_REASON = "Nats-Marker-Reason"  # nats-server >= 2.11: a limit marker (expiry)
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
+MAX_TOKEN = 200
+"""The longest token :func:`node_token` writes out; a longer one becomes a digest (a key of
+two tokens, a subject or a credentials file name then stays well within every limit)."""
 
 
 class MalformedMessage(Invalid):
@@ -115,10 +122,13 @@ def node_token(node: str) -> str:
     """``node`` as one NATS subject token / KV key (see the module docstring)."""
     if not node:
         raise Invalid("must not be empty", field="node")
-    return "".join(
+    token = "".join(
         ch if _SAFE.fullmatch(ch) else "".join(f"={byte:02X}" for byte in ch.encode())
         for ch in node
     )
+    if len(token) <= MAX_TOKEN:
+        return token
+    return "=H" + hashlib.sha256(node.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def subject(node: str, operation: str, prefix: str = PREFIX) -> str:

@@ -292,6 +292,7 @@ def test_an_end_reaches_the_record_by_its_event_and_a_listing_asks_no_node() -> 
                 if record.state != "running":
                     break
                 await asyncio.sleep(0.02)
+            assert record is not None
             assert record.state == "exited" and record.exit_code == 3, record
             assert (await listed(api))[quitter.id].state == "exited"
 

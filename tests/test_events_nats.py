@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,7 +52,9 @@ async def _create(api: httpx.AsyncClient, name: str, script: str) -> str:
     return str(created.json()["id"])
 
 
-async def _listed_until_ended(api: httpx.AsyncClient, workload_id: str, limit_s: float) -> dict:
+async def _listed_until_ended(
+    api: httpx.AsyncClient, workload_id: str, limit_s: float
+) -> dict[str, Any]:
     started = time.monotonic()
     while True:
         response = await api.get("/v1/workloads")

@@ -146,7 +146,10 @@ def test_an_end_stays_in_the_journal_marked_until_its_event_is_stored(tmp_path: 
         node = core(runtime, tmp_path)
         booted = await node.boot(SPEC, LAYERS, BootSpec(name="w", command=("x",)))
         workload_id = booted.workload.id
-        assert node.unreported() == []
+        (started,) = node.unreported()  # its boot is done: it runs
+        assert (started.kind, started.workload_id, started.restarts) == ("started", workload_id, 0)
+        node.reported(started)
+        assert node.unreported() == [] and entry_of(tmp_path, workload_id)["ended"] is None
         runtime.finish(workload_id, 3)
         (event,) = node.unreported()
         assert (event.node, event.workload_id, event.kind) == ("n1", workload_id, "ended")
@@ -165,11 +168,15 @@ def test_a_restarted_core_publishes_an_end_that_was_not_stored(tmp_path: Path) -
         first = core(ProcessRuntime(state_dir=tmp_path), tmp_path)
         booted = await first.boot(SPEC, LAYERS, BootSpec(name="q", command=("sh", "-c", "exit 5")))
         await booted.workload.wait()
+
+        def ends() -> list[WorkloadEvent]:
+            return [event for event in first.unreported() if event.kind == "ended"]
+
         for _ in range(100):
-            if first.unreported():
+            if ends():
                 break
             await asyncio.sleep(0.01)
-        (lost,) = first.unreported()  # the agent dies before its sink stored it
+        (lost,) = ends()  # the agent dies before its sink stored it
         second = core(ProcessRuntime(state_dir=tmp_path), tmp_path)
         recovery = await second.recover()
         assert recovery.ended == [booted.workload.id] and recovery.adopted == []
@@ -178,6 +185,25 @@ def test_a_restarted_core_publishes_an_end_that_was_not_stored(tmp_path: Path) -
         assert second.status(booted.workload.id).exit_code == 5
         second.reported(again)
         assert os.listdir(tmp_path / "workloads") == []
+
+    run(test)
+
+
+def test_a_restarted_core_publishes_the_start_of_each_workload_it_adopts(tmp_path: Path) -> None:
+    async def test() -> None:
+        first = core(ProcessRuntime(state_dir=tmp_path), tmp_path)
+        booted = await first.boot(SPEC, LAYERS, BootSpec(name="s", command=("sleep", "30")))
+        workload_id = booted.workload.id
+        second = core(ProcessRuntime(state_dir=tmp_path), tmp_path)  # the first died unheard
+        try:
+            recovery = await second.recover()
+            assert recovery.adopted == [workload_id]
+            (started,) = second.unreported()  # its boot's event may never have been stored
+            assert (started.kind, started.workload_id) == ("started", workload_id)
+            second.reported(started)
+            assert entry_of(tmp_path, workload_id)["ended"] is None  # it runs: its entry stays
+        finally:
+            await second.stop_all()
 
     run(test)
 
@@ -233,8 +259,15 @@ def test_an_agent_publishes_again_until_its_sink_stores_the_end(tmp_path: Path) 
                 if sink.stored:
                     break
                 await asyncio.sleep(0.01)
-            assert [e.workload_id for e in sink.stored] == [workload.id]
-            assert agent.reported == 1 and agent.core.unreported() == []
+            for _ in range(400):
+                if len(sink.stored) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert [(e.workload_id, e.kind) for e in sink.stored] == [
+                (workload.id, "started"),
+                (workload.id, "ended"),
+            ]
+            assert agent.reported == 2 and agent.core.unreported() == []
             assert not list((tmp_path / "workloads").glob("*.json"))
 
     run(test)
@@ -256,8 +289,9 @@ def test_a_clean_stop_reports_the_ends_of_the_workloads_it_stopped(tmp_path: Pat
                 (await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("x",)))).id
                 for _ in range(3)
             ]
-        assert sorted(e.workload_id for e in sink.stored) == sorted(ids)
-        assert all(e.stopped for e in sink.stored)
+        ends = [e for e in sink.stored if e.kind == "ended"]
+        assert sorted(e.workload_id for e in ends) == sorted(ids)
+        assert all(e.stopped for e in ends)
 
     run(test)
 

@@ -25,7 +25,7 @@ from berth.api.schemas import Workload
 from berth.api.testing import ApiUnderTest, embedded_api
 from berth.errors import Invalid
 from berth.nodeclient.faults import FaultyNodes
-from berth.registry.port import CLAIM_PENDING_S
+from berth.registry.port import CLAIM_PENDING_S, StoredWorkload
 from berth.testing.clock import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -163,9 +163,16 @@ async def test_a_create_whose_run_answer_is_lost_once_boots_exactly_once() -> No
         assert len(agent.budget.reservations()) == 1
 
 
+def hold_events(under_test: ApiUnderTest) -> None:
+    """Hold back every node's events: the API learns what runs only by asking."""
+    assert under_test.events is not None and under_test.cluster is not None
+    under_test.events.held.update(under_test.cluster.agents)
+
+
 async def test_a_create_never_answered_stays_pending_and_holds_its_identity() -> None:
     async with api_with_faults() as (under_test, api, faults):
         assert under_test.backend is not None
+        hold_events(under_test)  # its start's event would move it (see the next test)
         faults.lose_run_answers(RUN_ATTEMPTS)
         body = {"name": "job", "type": "micro", "command": ["sleep", "60"]}
         unanswered = problem(await api.post("/v1/workloads", json=body), 503)
@@ -180,6 +187,25 @@ async def test_a_create_never_answered_stays_pending_and_holds_its_identity() ->
         problem(await api.post("/v1/workloads", json=body), 409)
 
 
+async def test_a_create_never_answered_runs_by_its_start_event_with_nobody_reading() -> None:
+    async with api_with_faults() as (under_test, api, faults):
+        assert under_test.backend is not None
+        faults.lose_run_answers(RUN_ATTEMPTS)
+        body = {"name": "job", "type": "micro", "command": ["sleep", "60"]}
+        problem(await api.post("/v1/workloads", json=body), 503)
+        backend = under_test.backend
+        (record,) = await backend.workloads.list()
+
+        async def moved() -> StoredWorkload | None:
+            found = await backend.workloads.get(record.id)
+            return found if found is not None and found.state != "pending" else None
+
+        found = await eventually(moved, 5.0)  # no read, no reconciler: its start event did
+        assert found.state == "running" and found.detail is None, found
+        assert len(faults.runs) == RUN_ATTEMPTS  # nobody asked the node again
+        problem(await api.post("/v1/workloads", json=body), 409)
+
+
 async def test_a_pending_workload_of_a_gone_node_is_lost_only_after_the_claims_grace() -> None:
     """A create never answered, then its node gone: the record stays ``pending`` (its create
     might still be asking) until both ``node_gone_after`` and :data:`CLAIM_PENDING_S` have
@@ -191,6 +217,7 @@ async def test_a_pending_workload_of_a_gone_node_is_lost_only_after_the_claims_g
         faults,
     ):
         assert under_test.backend is not None and under_test.cluster is not None
+        hold_events(under_test)
         faults.lose_run_answers(RUN_ATTEMPTS)
         body = {"name": "job", "type": "micro", "command": ["sleep", "60"]}
         problem(await api.post("/v1/workloads", json=body), 503)

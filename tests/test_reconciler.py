@@ -56,12 +56,16 @@ async def reconciled(
     tuple[ApiUnderTest, httpx.AsyncClient, FaultyNodes, Reconciler, FakeClock, Metrics]
 ]:
     """An embedded API, its faults, and a reconciler over its backend (``monotonic`` a fake
-    clock the test moves; the backend's wall clock ``clock`` when given)."""
+    clock the test moves; the backend's wall clock ``clock`` when given).  The nodes' events
+    are held back: what is tested is what the reconciler converges to without them (a lost
+    event, an API down while it was kept)."""
     monotonic = FakeClock()
     if clock is not None:
         options["clock"] = clock
     async with embedded_api(3, **options) as under_test, under_test.client() as api:
         assert under_test.faults is not None and under_test.backend is not None
+        assert under_test.events is not None and under_test.cluster is not None
+        under_test.events.held.update(under_test.cluster.agents)
         metrics = Metrics()
         reconciler = Reconciler(
             under_test.backend, every_s=PERIOD_S, monotonic=monotonic, metrics=metrics

@@ -27,14 +27,16 @@ turns the record ``running`` by compare-and-set; still unanswered, the record st
 reason, tells the schedulers (``release``) so their assume caches drop it, frees the claim
 and is ``409``.  A registry that fails to record the intent is ``503`` with nothing booted.
 
-**Ends are pushed** (issue 20, part 6): a node publishes each workload's end and restart as
-an event (:mod:`berth.events`), and :meth:`ClusterBackend.apply_event` — which the served API
-runs on every event of the shared feed — records it with the same rules a read applies to
-the node's ``status`` answer, by compare-and-set; an event of a workload no live record of
-its node names (a ghost's, a replaced record's) changes nothing (counted ``unrecorded`` or
-``stale``).  So **a listing reads the records** and asks no node; what a listing shows
-is as fresh as the last event, read or reconciler pass (a node that does not answer is noticed
-by the reconciler, within its period).
+**Ends are pushed** (issue 20, part 6): a node publishes each workload's start, end and
+restart as an event (:mod:`berth.events`), and :meth:`ClusterBackend.apply_event` — which the
+served API runs on every event of the shared feed — records it with the same rules a read
+applies to the node's ``status`` answer, by compare-and-set; an event of a workload no live
+record of its node names (a ghost's, a replaced record's) changes nothing (counted
+``unrecorded`` or ``stale``).  A start moves a ``pending`` record whose run's answer was lost
+(its caller died, the connection dropped) to ``running`` at once, without a read.  So **a
+listing reads the records** and asks no node; what a listing shows is as fresh as the last
+event, read or reconciler pass (a node that does not answer is noticed by the reconciler,
+within its period).
 
 **State** follows the node: reading one live workload asks its node (``status``) and records
 ``exited`` (with the exit code), ``stopped`` or ``failed`` when it has ended — ``failed``
@@ -549,6 +551,9 @@ class ClusterBackend:
             outcome = "unrecorded"
         elif workload.state not in LIVE_STATES:
             outcome = "stale"
+        elif event.kind == "started":  # its run's answer may never have come: it runs
+            moved = await self._runs(workload)
+            outcome = "applied" if moved.state != workload.state else "stale"
         elif event.kind == "restarted":
             moved = await self._restarted(workload, event.status())
             await self._runs(moved)  # the node restarted it: it runs (a kept stop delivered)

@@ -1,8 +1,9 @@
-"""The workload events port: a node's word that a workload ended or restarted, pushed.
+"""The workload events port: a node's word that a workload started, ended or restarted, pushed.
 
-A node is the authority on what runs on it; the API learns how a workload ended by being
-*told*, not by asking every node on each listing (issue 20, part 6).  Each end — and each
-restart under a restart policy — becomes a :class:`WorkloadEvent` the node's agent publishes
+A node is the authority on what runs on it; the API learns that a workload runs and how it
+ended by being *told*, not by asking every node on each listing (issue 20, part 6).  Each
+start (a boot done, or a workload adopted by a restarted agent), each end — and each restart
+under a restart policy — becomes a :class:`WorkloadEvent` the node's agent publishes
 through an :class:`EventSink`; the API consumes them from an :class:`EventFeed` and applies
 each to the workload's record with a compare-and-set
 (:meth:`~berth.api.backend.ClusterBackend.apply_event`).
@@ -51,12 +52,12 @@ __all__ = [
 EVENT_MAX_AGE_S = 86400.0
 """How long a published event is kept for a consumer that has not taken it (a day)."""
 
-EventKind = Literal["ended", "restarted"]
+EventKind = Literal["started", "ended", "restarted"]
 
 
 class WorkloadEvent(BerthModel):
-    """One node's word about one workload: it ``ended`` (for good: how) or was
-    ``restarted`` under its policy (how often, and how its last run ended)."""
+    """One node's word about one workload: it ``started`` (booted: it runs), ``ended`` (for
+    good: how) or was ``restarted`` under its policy (how often, how its last run ended)."""
 
     node: Name
     workload_id: Name
@@ -70,12 +71,22 @@ class WorkloadEvent(BerthModel):
     """When the node recorded it (its wall clock, seconds since the epoch)."""
 
     @classmethod
-    def of(cls, node: str, workload_id: str, status: WorkloadStatus, at: float) -> WorkloadEvent:
-        """The event of ``status`` (an end's, or a running one's after a restart)."""
+    def of(
+        cls,
+        node: str,
+        workload_id: str,
+        status: WorkloadStatus,
+        at: float,
+        kind: EventKind | None = None,
+    ) -> WorkloadEvent:
+        """The event of ``status``: an end's, or a running one's after a restart — or
+        ``kind`` when given (``started``: its boot is done)."""
+        if kind is None:
+            kind = "ended" if status.state == "ended" else "restarted"
         return cls(
             node=node,
             workload_id=workload_id,
-            kind="ended" if status.state == "ended" else "restarted",
+            kind=kind,
             exit_code=status.exit_code,
             reason=None if status.reason is None else status.reason[:4096],
             stopped=status.stopped,

@@ -47,8 +47,9 @@ reservation at once: nothing will ever bind it, and waiting for the lease to exp
 hold memory for nothing.
 
 **Ends are pushed** (issue 20, part 6) once :meth:`NodeCore.push_events` was called (the
-agent does when it has an :class:`~berth.events.port.EventSink`): each workload's end, and
-each restart under its policy, is kept as a :class:`~berth.events.port.WorkloadEvent` until
+agent does when it has an :class:`~berth.events.port.EventSink`): each workload's start (a
+boot done, or an adoption after a restart), its end, and each restart under its policy, is
+kept as a :class:`~berth.events.port.WorkloadEvent` until
 the agent reports that the sink stored it (:meth:`NodeCore.reported`).  With a journal an
 ended workload's entry then stays — marked ``ended`` with its status — until its event is
 stored, so a node that dies between the end and the report publishes the end again when it
@@ -273,7 +274,7 @@ class NodeCore:
         self._clock, self._sleep = clock, sleep  # a restart's backoff and attempt window
         self._wall_clock = wall_clock  # when an event happened, as the API reads it
         self._outbox: OrderedDict[tuple[str, EventKind], WorkloadEvent] | None = None
-        """Ends and restarts not yet reported stored (``None``: events are not pushed)."""
+        """Starts, ends and restarts not yet reported stored (``None``: events are not pushed)."""
         self._event_listeners: list[Callable[[], None]] = []
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
@@ -281,9 +282,9 @@ class NodeCore:
         self.budget.add_change_listener(listener)
         self.layers.add_change_listener(listener)
 
-    # -- events: ends and restarts pushed ---------------------------------------------------
+    # -- events: starts, ends and restarts pushed------------------------------------------------
     def push_events(self) -> None:
-        """Keep each end and restart as an event until :meth:`reported` (see the module
+        """Keep each start, end and restart as an event until :meth:`reported` (see the module
         docstring).  Called before :meth:`recover`, so ends found there are pushed too."""
         if self._outbox is None:
             self._outbox = OrderedDict()
@@ -310,10 +311,12 @@ class NodeCore:
         if ended and self.journal is not None:
             self._unjournal(event.workload_id)
 
-    def _emit(self, workload_id: str, status: WorkloadStatus) -> None:
+    def _emit(
+        self, workload_id: str, status: WorkloadStatus, kind: EventKind | None = None
+    ) -> None:
         if self._outbox is None:
             return
-        event = WorkloadEvent.of(self.name, workload_id, status, self._wall_clock())
+        event = WorkloadEvent.of(self.name, workload_id, status, self._wall_clock(), kind)
         slot = (workload_id, event.kind)
         self._outbox.pop(slot, None)  # a newer restart replaces an older one: it says more
         self._outbox[slot] = event
@@ -441,6 +444,7 @@ class NodeCore:
         running = self._running.get(workload.id)
         if running is not None and running.workload is workload:
             running.booted = booted
+            self._emit(workload.id, self.status(workload.id), "started")
         else:  # it ended already: remember the run, so a repeat of its id boots nothing
             ended = self._ended_recently.get(workload.id)
             if ended is not None:
@@ -807,6 +811,7 @@ class NodeCore:
         running.booted = Booted(handle, held.admission, mounts)
         if not handle.done:
             self._journal_started(entry, handle, held.admission)
+            self._emit(workload_id, self.status(workload_id), "started")  # its boot's may be lost
         log.info("node %s adopted %s (reservation %s)", self.name, workload_id, held.id)
         return True
 

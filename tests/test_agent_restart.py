@@ -19,16 +19,20 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from berth.api.server import scheduler_api
 from berth.errors import BerthError
 from berth.model import Layer, Spec
 from berth.nats.connection import connect
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive, read_record, start_ticks
 from berth.nodeclient.nats import NatsNodes
+from berth.scheduler.nats_server import SchedulerService
 from berth.state import NodeState
 from berth.store.nats import NatsStore, bucket_ttl_s
+from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer
 from berth.units import MiB
 from berth.up import berth_command
@@ -155,6 +159,32 @@ async def first_state_after(store: NatsStore, moment: float, limit_s: float = 20
             return state
         assert time.monotonic() - started < limit_s, "the agent published nothing"
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def served_api(
+    url: str, token: str, **options: float
+) -> AsyncIterator[tuple[SchedulerService, httpx.AsyncClient]]:
+    """A scheduler service on ``url`` serving the API (port 0; ``options`` as
+    :func:`~berth.api.server.scheduler_api` takes them) and a client of it, once the
+    service sees the agent :data:`NODE`."""
+    async with nats_cluster(url, [], schedulers=1) as cluster:
+        service = cluster.scheduler_services[0]
+        async with (
+            scheduler_api(
+                service.client, service, host="127.0.0.1", port=0, token=token, **options
+            ) as api_server,
+            httpx.AsyncClient(
+                base_url=api_server.url, headers={"Authorization": f"Bearer {token}"}, timeout=20
+            ) as api,
+        ):
+            for _ in range(400):
+                if NODE in service.scheduler.states():
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the scheduler never saw the agent")
+            yield service, api
 
 
 def reserved(state: NodeState) -> int:

@@ -23,12 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from berth.api.server import scheduler_api
 from berth.observability.metrics import Metrics
-from berth.scheduler.nats_server import SchedulerService
-from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer
-from test_agent_restart import NODE, Agents, connected, first_state_after, kill_9
+from test_agent_restart import Agents, connected, first_state_after, kill_9, served_api
 
 pytestmark = pytest.mark.slow  # an agent process on a real nats-server, ~15 s
 
@@ -67,14 +64,6 @@ async def _listed_until_ended(
         await asyncio.sleep(0.05)
 
 
-async def _wait_for_the_node(service: SchedulerService) -> None:
-    for _ in range(400):
-        if NODE in service.scheduler.states():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the scheduler never saw the node")
-
-
 def test_ends_reach_the_listing_as_events_across_a_kill_9_and_a_missing_stream(
     agents: Agents,
 ) -> None:
@@ -82,74 +71,57 @@ def test_ends_reach_the_listing_as_events_across_a_kill_9_and_a_missing_stream(
         async with connected(agents.url) as (_, store):
             agent = agents.start()
             await first_state_after(store, 0)
-            async with nats_cluster(agents.url, [], schedulers=1) as cluster:
-                service = cluster.scheduler_services[0]
-                async with (
-                    scheduler_api(
-                        service.client,
-                        service,
-                        host="127.0.0.1",
-                        port=0,
-                        token=TOKEN,
-                        reconcile_every_s=3600.0,
-                    ) as api_server,
-                    httpx.AsyncClient(
-                        base_url=api_server.url,
-                        headers={"Authorization": f"Bearer {TOKEN}"},
-                        timeout=20,
-                    ) as api,
-                ):
-                    await _wait_for_the_node(service)
-                    # 1. pushed while the agent lives
-                    quick = await _create(api, "quick", "sleep 0.3; exit 3")
-                    created = time.monotonic()
-                    ended = await _listed_until_ended(api, quick, 10.0)
-                    print(f"an exit reached the listing {time.monotonic() - created:.2f}s after")
-                    assert ended["state"] == "exited" and ended["exit_code"] == 3, ended
+            async with served_api(agents.url, TOKEN, reconcile_every_s=3600.0) as (service, api):
+                # 1. pushed while the agent lives
+                quick = await _create(api, "quick", "sleep 0.3; exit 3")
+                created = time.monotonic()
+                ended = await _listed_until_ended(api, quick, 10.0)
+                print(f"an exit reached the listing {time.monotonic() - created:.2f}s after")
+                assert ended["state"] == "exited" and ended["exit_code"] == 3, ended
 
-                    # 2. the end of a workload that exits while its agent is dead
-                    late = await _create(api, "late", "sleep 1.5; exit 4")
-                    kill_9(agent)
-                    journal = agents.journal
-                    for _ in range(200):  # the supervisor records the exit by itself
-                        if list(journal.glob("*.exit")):
-                            break
-                        await asyncio.sleep(0.05)
-                    assert list(journal.glob("*.exit")), "the workload never exited"
-                    restarted_at = time.time()
-                    agent = agents.start()
-                    await first_state_after(store, restarted_at)
-                    ended = await _listed_until_ended(api, late, 15.0)
-                    assert ended["state"] == "exited" and ended["exit_code"] == 4, ended
+                # 2. the end of a workload that exits while its agent is dead
+                late = await _create(api, "late", "sleep 1.5; exit 4")
+                kill_9(agent)
+                journal = agents.journal
+                for _ in range(200):  # the supervisor records the exit by itself
+                    if list(journal.glob("*.exit")):
+                        break
+                    await asyncio.sleep(0.05)
+                assert list(journal.glob("*.exit")), "the workload never exited"
+                restarted_at = time.time()
+                agent = agents.start()
+                await first_state_after(store, restarted_at)
+                ended = await _listed_until_ended(api, late, 15.0)
+                assert ended["state"] == "exited" and ended["exit_code"] == 4, ended
 
-                    # 3. the stream away: the end waits in the journal, marked ended
-                    js = service.client.jetstream()
-                    held = await _create(api, "held", "sleep 1; exit 5")
-                    await js.delete_stream("berth_events")
-                    entry = journal / f"{held}.json"
-                    for _ in range(200):
-                        if entry.exists() and json.loads(entry.read_text()).get("ended"):
-                            break
-                        await asyncio.sleep(0.05)
-                    marked = json.loads(entry.read_text())["ended"]
-                    assert marked["exit_code"] == 5, marked
-                    response = await api.get("/v1/workloads")
-                    found = {i["id"]: i for i in response.json()["items"]}
-                    assert found[held]["state"] == "running"  # not known yet, not guessed
-                    # the API's consumer makes the stream again; the agent's retry lands
-                    ended = await _listed_until_ended(api, held, 20.0)
-                    assert ended["state"] == "exited" and ended["exit_code"] == 5, ended
-                    for _ in range(100):
-                        if not entry.exists():
-                            break
-                        await asyncio.sleep(0.05)
-                    assert not entry.exists(), "the entry outlived its stored end"
+                # 3. the stream away: the end waits in the journal, marked ended
+                js = service.client.jetstream()
+                held = await _create(api, "held", "sleep 1; exit 5")
+                await js.delete_stream("berth_events")
+                entry = journal / f"{held}.json"
+                for _ in range(200):
+                    if entry.exists() and json.loads(entry.read_text()).get("ended"):
+                        break
+                    await asyncio.sleep(0.05)
+                marked = json.loads(entry.read_text())["ended"]
+                assert marked["exit_code"] == 5, marked
+                response = await api.get("/v1/workloads")
+                found = {i["id"]: i for i in response.json()["items"]}
+                assert found[held]["state"] == "running"  # not known yet, not guessed
+                # the API's consumer makes the stream again; the agent's retry lands
+                ended = await _listed_until_ended(api, held, 20.0)
+                assert ended["state"] == "exited" and ended["exit_code"] == 5, ended
+                for _ in range(100):
+                    if not entry.exists():
+                        break
+                    await asyncio.sleep(0.05)
+                assert not entry.exists(), "the entry outlived its stored end"
 
-                    metrics = service.scheduler.metrics
-                    assert isinstance(metrics, Metrics)
-                    applied = metrics.registry.get_sample_value(
-                        "berth_events_applied_total", {"outcome": "applied"}
-                    )
-                    assert applied is not None and applied >= 3
+                metrics = service.scheduler.metrics
+                assert isinstance(metrics, Metrics)
+                applied = metrics.registry.get_sample_value(
+                    "berth_events_applied_total", {"outcome": "applied"}
+                )
+                assert applied is not None and applied >= 3
 
     asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -15,17 +15,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from berth.api.server import scheduler_api
 from berth.node.runtime.supervisor import alive
 from berth.observability.metrics import Metrics
 from berth.registry.nats import NatsWorkloads
-from berth.scheduler.nats_server import SchedulerService
-from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer
-from test_agent_restart import Agents, connected, first_state_after, kill_9
+from test_agent_restart import Agents, connected, first_state_after, kill_9, served_api
 
 pytestmark = pytest.mark.slow  # an agent process on a real nats-server, ~10 s
 
@@ -49,72 +45,49 @@ def test_a_restarted_agent_keeps_its_records_running_and_nothing_is_a_ghost(
         async with connected(agents.url) as (_, store):
             agent = agents.start()
             await first_state_after(store, 0)
-            async with nats_cluster(agents.url, [], schedulers=1) as cluster:
-                service = cluster.scheduler_services[0]
-                async with (
-                    scheduler_api(
-                        service.client,
-                        service,
-                        host="127.0.0.1",
-                        port=0,
-                        token=TOKEN,
-                        reconcile_every_s=0.3,
-                        lease_ttl_s=1.5,
-                    ) as api_server,
-                    httpx.AsyncClient(
-                        base_url=api_server.url,
-                        headers={"Authorization": f"Bearer {TOKEN}"},
-                        timeout=20,
-                    ) as api,
-                ):
-                    await _wait_for_the_node(service)
-                    ids = []
-                    for replica in range(3):
-                        body = {"name": "kept", "replica": replica, "type": "micro"}
-                        body["command"] = ["sleep", "600"]
-                        created = await api.post("/v1/workloads", json=body)
-                        assert created.status_code == 201, created.text
-                        ids.append(created.json()["id"])
-                    processes = agents.workload_processes()
-                    assert sorted(processes) == sorted(ids)
-                    kill_9(agent)
-                    await asyncio.sleep(1.0)  # down for a few passes
-                    restarted_at = time.time()
-                    agents.start()
-                    await first_state_after(store, restarted_at)
-                    workloads = await NatsWorkloads(cluster.client).start()
-                    deadline = time.monotonic() + 10.0
-                    seen: set[str] = set()
-                    while True:
-                        states = {r.id: r.state for r in await workloads.list()}
-                        seen |= set(states.values())
-                        if all(states.get(i) == "running" for i in ids):
-                            break
-                        assert not any(states.get(i) not in ("running", "unknown") for i in ids)
-                        assert time.monotonic() < deadline, states
-                        await asyncio.sleep(0.1)
-                    print(f"states seen after the restart: {sorted(seen)}")
-                    await asyncio.sleep(1.0)  # a few more passes over the adopted workloads
+            async with served_api(agents.url, TOKEN, reconcile_every_s=0.3, lease_ttl_s=1.5) as (
+                service,
+                api,
+            ):
+                ids = []
+                for replica in range(3):
+                    body = {"name": "kept", "replica": replica, "type": "micro"}
+                    body["command"] = ["sleep", "600"]
+                    created = await api.post("/v1/workloads", json=body)
+                    assert created.status_code == 201, created.text
+                    ids.append(created.json()["id"])
+                processes = agents.workload_processes()
+                assert sorted(processes) == sorted(ids)
+                kill_9(agent)
+                await asyncio.sleep(1.0)  # down for a few passes
+                restarted_at = time.time()
+                agents.start()
+                await first_state_after(store, restarted_at)
+                workloads = await NatsWorkloads(service.client).start()
+                deadline = time.monotonic() + 10.0
+                seen: set[str] = set()
+                while True:
                     states = {r.id: r.state for r in await workloads.list()}
-                    assert all(states[i] == "running" for i in ids), states
-                    assert all(alive(*found) for found in processes.values())
-                    metrics = service.scheduler.metrics
-                    assert isinstance(metrics, Metrics)
-                    ghosts = metrics.registry.get_sample_value(
-                        "berth_reconciler_ghosts_stopped_total", {"why": "ended"}
-                    )
-                    assert ghosts in (None, 0.0)
-                    done = metrics.registry.get_sample_value(
-                        "berth_reconciler_passes_total", {"outcome": "done"}
-                    )
-                    assert done is not None and done >= 5
+                    seen |= set(states.values())
+                    if all(states.get(i) == "running" for i in ids):
+                        break
+                    assert not any(states.get(i) not in ("running", "unknown") for i in ids)
+                    assert time.monotonic() < deadline, states
+                    await asyncio.sleep(0.1)
+                print(f"states seen after the restart: {sorted(seen)}")
+                await asyncio.sleep(1.0)  # a few more passes over the adopted workloads
+                states = {r.id: r.state for r in await workloads.list()}
+                assert all(states[i] == "running" for i in ids), states
+                assert all(alive(*found) for found in processes.values())
+                metrics = service.scheduler.metrics
+                assert isinstance(metrics, Metrics)
+                ghosts = metrics.registry.get_sample_value(
+                    "berth_reconciler_ghosts_stopped_total", {"why": "ended"}
+                )
+                assert ghosts in (None, 0.0)
+                done = metrics.registry.get_sample_value(
+                    "berth_reconciler_passes_total", {"outcome": "done"}
+                )
+                assert done is not None and done >= 5
 
     asyncio.run(asyncio.wait_for(scenario(), 90))
-
-
-async def _wait_for_the_node(service: SchedulerService) -> None:
-    for _ in range(200):
-        if service.scheduler.states():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the scheduler never saw the agent")

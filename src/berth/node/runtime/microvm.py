@@ -104,7 +104,7 @@ from berth.node.runtime.port import (
     end_within_grace,
     stop_grace,
 )
-from berth.node.runtime.process import ProcessRuntime
+from berth.node.runtime.process import ProcessRuntime, process_identity
 from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record
 from berth.oci import OciImage, read_layout
 from berth.units import MiB
@@ -263,14 +263,8 @@ def _nonce_in(scratch: Path) -> str:
 
 def _guest_runs(scratch: Path) -> bool:
     """Whether the supervisor a scratch directory's :data:`GUEST_FILE` names still runs."""
-    record = read_record(scratch / GUEST_FILE) or {}
-    found = record.get("supervisor")
-    return (
-        isinstance(found, list)
-        and len(found) == 2
-        and all(isinstance(part, int) and not isinstance(part, bool) for part in found)
-        and alive(found[0], found[1])
-    )
+    found = process_identity(read_record(scratch / GUEST_FILE) or {}, "supervisor")
+    return found is not None and alive(*found)
 
 
 def _located(locator: dict[str, Any] | None) -> tuple[Path, str, Path, tuple[str, ...]] | None:
@@ -375,8 +369,9 @@ class MicrovmRuntime:
         self.boot_timeout_s = float(boot_timeout_s)
         self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        # checked by the process runtime that runs each guest's QEMU
-        ProcessRuntime(state_dir=state_dir, orphan_grace_s=orphan_grace_s)
+        # the state directory's supervisor records and journal files, as the process runtime
+        # that runs each guest's QEMU keeps them (it checks both arguments)
+        self._host = ProcessRuntime(state_dir=state_dir, orphan_grace_s=orphan_grace_s)
         self.state_dir = state_dir
         self.orphan_grace_s = orphan_grace_s
         self.accel, self.accel_detail = self._choose_accel(accel)
@@ -413,7 +408,7 @@ class MicrovmRuntime:
         agent reads how it ended there (:meth:`ended`), which removes it."""
         record = read_record(scratch / GUEST_FILE) or {}
         workload_id = record.get("workload_id")
-        files = ProcessRuntime(state_dir=self.state_dir).files(str(workload_id))
+        files = self._host.files(str(workload_id))
         return isinstance(workload_id, str) and files is not None and files.entry.exists()
 
     @classmethod
@@ -687,17 +682,33 @@ class MicrovmRuntime:
         atomic_write(
             scratch / GUEST_FILE, json.dumps({"workload_id": workload_id, **attempt.locator})
         )
-        vm = MicroVM(
-            handle.pid,
+        vm = self._vm(processes, handle, nonce, console, log_file)
+        attempt.vm = vm
+        return vm, console_path
+
+    @staticmethod
+    def _vm(
+        processes: ProcessRuntime,
+        handle: WorkloadHandle,
+        nonce: str,
+        console: GuestConsole,
+        console_log: IO[str] | None,
+        *,
+        adopted: bool = False,
+    ) -> MicroVM:
+        """The guest whose QEMU runs as ``handle`` under ``processes`` (started here, or
+        ``adopted`` from an agent that died), killed through its supervisor."""
+        workload_id = handle.id
+        return MicroVM(
+            handle.pid or 0,
             nonce,
             console,
             _returncode(handle),
             lambda: processes.kill(workload_id),
-            console_log=log_file,
+            console_log=console_log,
             stderr=processes.log_of(workload_id),
+            adopted=adopted,
         )
-        attempt.vm = vm
-        return vm, console_path
 
     async def _wait_running(self, vm: MicroVM, spec: BootSpec, image: OciImage) -> None:
         """Wait until the guest's init reports the workload running; ``BootFailed`` with the
@@ -824,7 +835,7 @@ class MicrovmRuntime:
         ended, so :meth:`ended` answers it after its scratch directory is gone."""
         if self.state_dir is None:
             return
-        files = ProcessRuntime(state_dir=self.state_dir).files(workload_id)
+        files = self._host.files(workload_id)
         if files is None or not files.exit.exists():
             return
         record = read_record(files.exit) or {}
@@ -882,16 +893,7 @@ class MicrovmRuntime:
         image, layers = held
         console = GuestConsole(socket, scratch / "console.log")
         log_file, console_path = self._console(workload_id)
-        vm = MicroVM(
-            handle.pid or 0,
-            nonce,
-            console,
-            _returncode(handle),
-            lambda: processes.kill(workload_id),
-            console_log=log_file,
-            stderr=processes.log_of(workload_id),
-            adopted=True,
-        )
+        vm = self._vm(processes, handle, nonce, console, log_file, adopted=True)
         workload = MicrovmWorkload(
             workload_id,
             spec,
@@ -940,7 +942,7 @@ class MicrovmRuntime:
         supervisor's record of QEMU's end; ``None`` if neither is known.  What the guest
         left (its scratch directory) is removed."""
         found = _located(locator)
-        record = ProcessRuntime(state_dir=self.state_dir).ended(workload_id)
+        record = self._host.ended(workload_id)
         if found is None:
             return record
         scratch, nonce, _, _ = found
@@ -959,7 +961,7 @@ class MicrovmRuntime:
     def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None:
         """Kill a guest of this state directory that will not be adopted, if it runs, and
         remove what it left."""
-        ProcessRuntime(state_dir=self.state_dir).abandon(workload_id, locator)
+        self._host.abandon(workload_id, locator)
         found = _located(locator)
         if found is not None:
             self._cleanup(found[0], ())

@@ -60,7 +60,7 @@ from berth.node.runtime.port import (
 from berth.node.runtime.supervisor import OWNER_FILE, WORKLOADS_DIR, WorkloadFiles, file_stem
 from berth.validation import Rule, shown
 
-__all__ = ["OrphanGrace", "ProcessRuntime", "checked_orphan_grace"]
+__all__ = ["OrphanGrace", "ProcessRuntime", "checked_orphan_grace", "process_identity"]
 
 logger = logging.getLogger(__name__)
 
@@ -311,7 +311,7 @@ class ProcessRuntime:
         its supervisor no longer runs — then :meth:`ended` says how it ended, if known."""
         files = self.files(workload_id)
         record = (supervisor.read_record(files.run) if files is not None else None) or locator
-        found = _identity(record, "supervisor") if record else None
+        found = process_identity(record, "supervisor") if record else None
         if found is None or workload_id in self._taken():
             return None
         pid, ticks = found
@@ -327,7 +327,7 @@ class ProcessRuntime:
         if not supervisor.alive(pid, ticks) or (files is not None and files.exit.exists()):
             os.close(pidfd)
             return None
-        started = _identity(record, "workload") if record else None
+        started = process_identity(record, "workload") if record else None
         workload = WorkloadHandle(workload_id, spec, pid=None if started is None else started[0])
         workload.locator = dict(record or {})
         self._watch(_Running(workload, pidfd=pidfd))
@@ -346,7 +346,7 @@ class ProcessRuntime:
         """Kill a workload of this state directory that will not be adopted, if it runs."""
         files = self.files(workload_id)
         record = (supervisor.read_record(files.run) if files is not None else None) or locator
-        found = _identity(record, "supervisor") if record else None
+        found = process_identity(record, "supervisor") if record else None
         if found is not None and supervisor.alive(*found):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(found[0], signal.SIGUSR1)
@@ -367,7 +367,7 @@ def _message(line: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _identity(record: Mapping[str, Any], key: str) -> tuple[int, int] | None:
+def process_identity(record: Mapping[str, Any], key: str) -> tuple[int, int] | None:
     """``(pid, start ticks)`` from a record's ``key``; ``None`` unless two integers."""
     value = record.get(key)
     if (
@@ -382,7 +382,7 @@ def _identity(record: Mapping[str, Any], key: str) -> tuple[int, int] | None:
 def _kill_group(workload: WorkloadHandle) -> None:
     """Kill the group of a workload whose supervisor died, if its leader is still the process
     that was started (pid and start time)."""
-    started = _identity(workload.locator or {}, "workload")
+    started = process_identity(workload.locator or {}, "workload")
     if started is not None and supervisor.alive(*started):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(started[0], signal.SIGKILL)

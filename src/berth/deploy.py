@@ -30,7 +30,7 @@ to copy to its ``/etc/berth``:
     of the cluster (``README.md`` says so).
 
 Every secret — keys, credentials, the token, the files holding passwords — is written
-``0600`` from its creation (:func:`~berth.pki.write_private`); the directories ``0700``.
+``0600`` from its creation (:func:`~berth.private.write_private`); the directories ``0700``.
 
 The units run ``/usr/local/bin/berth`` (``BERTH`` below); the agent's has ``KillMode=process``
 — systemd's default kills the whole control group when the agent stops, workloads included,
@@ -50,7 +50,8 @@ from berth.nats.auth import ClusterAuth, generate
 from berth.nats.cluster import SYNC_INTERVAL, server_config
 from berth.nats.connection import Credentials
 from berth.node.config import AgentConfig
-from berth.pki import CA_CERT, CertificateAuthority, TlsFiles, write_private
+from berth.pki import CA_CERT, CertificateAuthority, TlsFiles
+from berth.private import write_private
 from berth.up import config_toml
 from berth.validation import shown
 

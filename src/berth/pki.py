@@ -13,10 +13,9 @@ A berth cluster that runs with TLS needs three kinds of certificate, all from on
 :class:`CertificateAuthority` creates or loads the CA (``ca.pem``, ``ca-key.pem``) and
 issues certificates (:meth:`CertificateAuthority.issue`) as :class:`Issued` PEM pairs;
 :func:`write_pair` writes one beside the CA.  Every private key is written ``0600`` from its
-creation (never created wider and narrowed later: a concurrent reader could catch it in
-between).  Keys are ECDSA P-256 (small, fast handshakes; what the Go TLS stack of
-nats-server and Python's ``ssl`` both prefer), signatures SHA-256, validity bounded
-(:data:`MAX_DAYS`).
+creation (:func:`berth.private.write_private`).  Keys are ECDSA P-256 (small, fast
+handshakes; what the Go TLS stack of nats-server and Python's ``ssl`` both prefer),
+signatures SHA-256, validity bounded (:data:`MAX_DAYS`).
 
 :class:`TlsFiles` names the three files a process is given on its command line (``--tls-ca``,
 ``--tls-cert``, ``--tls-key``), checked once at that edge — each must exist and parse, the
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from berth.errors import Invalid
+from berth.private import write_private
 from berth.validation import shown
 
 __all__ = [
@@ -52,7 +51,6 @@ __all__ = [
     "Issued",
     "TlsFiles",
     "write_pair",
-    "write_private",
 ]
 
 CA_CERT = "ca.pem"
@@ -64,22 +62,6 @@ MAX_DAYS = 3650
 """The longest validity :meth:`CertificateAuthority.issue` accepts."""
 _BACKDATE = datetime.timedelta(minutes=5)
 """Certificates start a little in the past, so a peer whose clock lags still accepts them."""
-
-
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` readable by its owner only, from the moment it exists: a
-    temporary file created ``0600`` beside it, fsync'ed, then renamed over ``path``."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from berth.nats.server import NatsServer, die_with_parent
 from berth.nats.wire import node_token
 from berth.node.config import AgentConfig, MicrovmSection
 from berth.node.microvm.paths import GuestFiles
+from berth.private import write_private
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
 from berth.store.nats import NatsStore, bucket_ttl_s
@@ -260,8 +261,7 @@ class LocalCluster:
         host, port = self.http
         port = free_port(host, port)
         token_file = self.directory / "api-token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(self.api_token + "\n")
+        write_private(token_file, self.api_token + "\n")
         shown_host = f"[{host}]" if ":" in host else host
         self.api_url = f"http://{shown_host}:{port}"
         return [

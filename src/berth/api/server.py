@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import ipaddress
 import json
-import os
 import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -40,6 +39,7 @@ from berth.defaults import NODE_GONE_AFTER_S, RECONCILE_EVERY_S, RECONCILE_LEASE
 from berth.errors import Invalid, Unavailable
 from berth.events.nats import NatsEvents
 from berth.nodeclient.nats import NatsNodes
+from berth.private import write_private
 from berth.registry.nats import NatsImages, NatsWorkloads
 from berth.registry.nats_lease import NatsLease
 from berth.scheduler.nats import NatsScheduler
@@ -119,12 +119,7 @@ def write_api_file(url: str, token: str, path: Path | None = None) -> Path:
     """Write ``{"url", "token"}`` for the CLI (directory ``0700``, file ``0600``)."""
     path = path or api_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
-        json.dump({"url": url, "token": token}, out)
-        out.write("\n")
-    temporary.replace(path)
+    write_private(path, json.dumps({"url": url, "token": token}) + "\n")
     return path
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from berth.nats.connection import Credentials
 from berth.nats.names import API_BUCKET, LEASE_BUCKET, Names
 from berth.nats.wire import node_token
+from berth.private import write_private
 
 __all__ = ["ClusterAuth", "generate"]
 
@@ -59,16 +60,16 @@ class ClusterAuth:
         return "\n".join(lines)
 
     def write(self, directory: Path) -> dict[str, Path]:
-        """Write ``server.conf`` and one credentials file per user into ``directory``."""
+        """Write ``server.conf`` and one credentials file per user into ``directory``, each
+        readable by its owner only from its creation."""
         directory.mkdir(parents=True, exist_ok=True)
         paths = {"server": directory / "server.conf"}
-        paths["server"].write_text(self.server_config())
+        write_private(paths["server"], self.server_config())  # every password is in it
         roles = {"scheduler": self.scheduler, "client": self.client}
         roles.update({f"node-{node}": creds for node, creds in self.nodes.items()})
         for role, creds in roles.items():
             path = directory / f"{node_token(role)}.creds.json"
-            path.write_text(json.dumps({"user": creds.user, "password": creds.password}))
-            path.chmod(0o600)
+            write_private(path, json.dumps({"user": creds.user, "password": creds.password}))
             paths[role] = path
         return paths
 

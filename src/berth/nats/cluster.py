@@ -52,7 +52,8 @@ from types import TracebackType
 
 from berth.errors import Invalid, Unavailable
 from berth.nats.server import NatsServer
-from berth.pki import TlsFiles, write_private
+from berth.pki import TlsFiles
+from berth.private import write_private
 from berth.validation import shown
 
 __all__ = ["SYNC_INTERVAL", "NatsCluster", "server_config"]

@@ -47,7 +47,7 @@ from berth.defaults import (
 )
 from berth.errors import Invalid
 from berth.model import INTERVAL_RULE, MAX_REPLICA, NAME_RULE, Layer, Request
-from berth.nats.connection import Credentials, connect
+from berth.nats.connection import Credentials, connect, until_stopped
 from berth.observability import tracing
 from berth.units import format_information
 from berth.validation import Rule, fields_as, shown
@@ -294,11 +294,13 @@ def _serve_agents(
 
     async def serve() -> None:
         stop = _stop_event(duration)
+        clients: list[Any] = []
         async with contextlib.AsyncExitStack() as stack:
 
             async def connection(name: str, credentials: Credentials | None) -> Any:
                 client = await connect(url, name=name, credentials=credentials)
                 stack.push_async_callback(client.close)
+                clients.append(client)
                 return client
 
             # each node as its own user needs its own connection; otherwise they share one
@@ -326,7 +328,7 @@ def _serve_agents(
                     + ("" if accel is None else f", microVMs under {accel}"),
                     highlight=False,
                 )
-            await stop.wait()
+            await until_stopped(stop, clients)  # a connection closed for good: exit, restarted
             console.print("stopping: leaving the cluster", highlight=False)
 
     asyncio.run(serve())
@@ -424,7 +426,7 @@ def scheduler(
                             node_gone_after_s=node_gone_after,
                             reconcile_every_s=reconcile_every,
                         )
-                    await stop.wait()
+                    await until_stopped(stop, [client])
                     console.print("stopping: finishing in-flight requests", highlight=False)
         finally:
             await client.close()

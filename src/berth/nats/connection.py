@@ -9,6 +9,14 @@ delivered), so the connection retries without limit, quickly, and reports discon
 asynchronous errors (a permission violation arrives that way) to the ``berth.nats`` logger
 instead of nats-py's default of printing them.  A server that cannot be reached at all on the
 first attempt is :class:`~berth.errors.Unavailable`, one clear line, not a traceback.
+
+Reconnecting is not enough: nats-py closes a connection **for good** on most protocol errors
+the server sends (``-ERR 'Maximum Control Line Exceeded'``, one: security finding 1), and a
+closed client never comes back — the process would stay up but dead on NATS.  Such a process
+must exit so that whatever supervises it (``berth up``, systemd) starts it again:
+:func:`until_stopped` waits for a process's stop *or* for one of its connections to close by
+itself, and raises :class:`ConnectionClosed` in the second case (the agent and scheduler
+commands exit non-zero with it).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import logging
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +36,22 @@ from nats.aio.client import Client
 
 from berth.errors import Invalid, Unavailable
 
-__all__ = ["ConnectionLost", "Credentials", "connect", "request", "settle"]
+__all__ = [
+    "ConnectionClosed",
+    "ConnectionLost",
+    "Credentials",
+    "connect",
+    "request",
+    "settle",
+    "until_stopped",
+]
 
 log = logging.getLogger("berth.nats")
 
 # Per connection made by connect(): an event set at its next disconnection (then replaced).
 _disconnections: weakref.WeakKeyDictionary[Client, asyncio.Event] = weakref.WeakKeyDictionary()
+# Per connection made by connect(): an event set once it is closed (by close() or for good).
+_closings: weakref.WeakKeyDictionary[Client, asyncio.Event] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,11 @@ async def connect(
     async def on_reconnected() -> None:
         log.info("%s: reconnected to nats", name)
 
+    async def on_closed() -> None:
+        closed = _closings.get(client)
+        if closed is not None:
+            closed.set()
+
     options: dict[str, object] = {}
     if credentials is not None:
         options["user"] = credentials.user
@@ -94,6 +118,7 @@ async def connect(
         options["inbox_prefix"] = credentials.inbox_prefix
     client = Client()
     _disconnections[client] = asyncio.Event()
+    _closings[client] = asyncio.Event()
     try:
         # Reconnecting for ever also retries the *first* connection for ever: bound that one.
         await asyncio.wait_for(
@@ -107,6 +132,7 @@ async def connect(
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
+                closed_cb=on_closed,
                 **options,  # type: ignore[arg-type]
             ),
             first_connect_timeout_s,
@@ -130,6 +156,35 @@ async def settle(client: Client) -> None:
     """
     await client.flush()
     await client.flush()
+
+
+class ConnectionClosed(Unavailable):
+    """A connection nats-py closed for good (it will never reconnect): exit and be restarted."""
+
+
+async def until_stopped(stop: asyncio.Event, clients: Sequence[Client]) -> None:
+    """Return once ``stop`` is set; raise :class:`ConnectionClosed` — naming the connection
+    and the server's last error — if one of ``clients`` (made by :func:`connect`) is closed
+    first, which only nats-py itself does (see the module docstring)."""
+    watched = [(client, _closings[client]) for client in clients if client in _closings]
+    waits = [asyncio.ensure_future(stop.wait())]
+    waits += [asyncio.ensure_future(closed.wait()) for _, closed in watched]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+    if stop.is_set():
+        return
+    client = next(client for client, closed in watched if closed.is_set())
+    error = client.last_error
+    detail = "" if error is None else f": {str(error) or type(error).__name__}"
+    name = client.options.get("name") or "berth"
+    log.error("%s: the nats connection was closed for good%s", name, detail)
+    raise ConnectionClosed(
+        f"the NATS connection of {name} was closed for good{detail}; exiting so that "
+        "whatever supervises this process starts it again"
+    )
 
 
 class ConnectionLost(Unavailable):

@@ -17,6 +17,7 @@ from berth.embedded import embedded_configs
 from berth.errors import Unavailable
 from berth.nodeclient.faults import FaultyNodes
 from berth.registry.nats import NatsClaims, NatsImages, NatsWorkloads
+from berth.registry.port import StoredWorkload
 from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
 
@@ -47,6 +48,49 @@ def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServ
             assert await running.routes.whereis("default/job/0") is None
             assert await workloads.claims.holder("default/job/0") is None
             assert backend.recent(1)[0].outcome == "unavailable"
+
+    asyncio.run(scenario())
+
+
+class BrokenRecords(NatsWorkloads):
+    """A registry whose driver fails in a way nobody planned for (not ``Unavailable``)."""
+
+    async def record(self, workload: StoredWorkload) -> None:
+        raise RuntimeError("the registry's driver broke")
+
+
+def test_a_create_whose_record_fails_unexpectedly_leaves_nothing_behind(
+    nats_server: NatsServer,
+) -> None:
+    """Security finding 4: a failure after the placement that is not ``Unavailable`` kept
+    the reservation and blocked the identity with nothing listed; now it gives both back."""
+
+    async def scenario() -> None:
+        configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
+        names = Names.namespaced(unique_name("c"))
+        async with nats_cluster(nats_server.url, configs, names=names) as running:
+            bucket = unique_name("api")
+            workloads = await BrokenRecords(running.client, bucket=bucket).start()
+            backend = ClusterBackend(
+                running.scheduler_services[0].scheduler,
+                running.nodes,
+                running.scheduler,
+                workloads,
+                await NatsImages(running.client, bucket=bucket).start(),
+            )
+            body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
+            with pytest.raises(RuntimeError, match="driver broke"):
+                await backend.create(body)
+            (agent,) = (service.agent for service in running.node_services.values())
+            assert agent.workloads() == {}
+            for _ in range(100):  # the release reaches the node as its own request
+                if not agent.core.budget.reservations():
+                    break
+                await asyncio.sleep(0.02)
+            assert agent.core.budget.reservations() == []
+            assert await running.routes.whereis("default/job/0") is None
+            assert await workloads.claims.holder("default/job/0") is None
+            assert await workloads.list() == []
 
     asyncio.run(scenario())
 

@@ -366,14 +366,17 @@ class ClusterBackend:
     ) -> None:
         """Record the workload ``pending`` before its node is asked to run it.  A registry
         that fails to record it is ``Unavailable`` with nothing booted: the lease is given
-        back and the identity freed."""
+        back and the identity freed — whatever the failure (security finding 4: nothing a
+        create took is kept by a create that did not happen)."""
         try:
             await self.workloads.record(pending)
-        except Unavailable as error:
+        except Exception as error:
             await self._give_back(request, placement, pending.id)
             detail = f"{pending.id} not recorded ({error}); nothing was booted"
             self._note(request, "unavailable", detail, placement=placement, workload_id=pending.id)
-            raise Unavailable(detail) from None
+            if isinstance(error, Unavailable):
+                raise Unavailable(detail) from None
+            raise
 
     async def _run(
         self, request: Request, boot: BootSpec, placement: Placement, workload_id: str

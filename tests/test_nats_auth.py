@@ -18,6 +18,7 @@ from berth.nats.auth import ClusterAuth, generate
 from berth.nats.connection import Credentials, connect
 from berth.nodeclient.nats import NatsNodes
 from berth.ownership import Refused
+from berth.registry.nats_routes import NatsRoutes
 from berth.store.nats import encode_state
 from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer, client
@@ -130,5 +131,39 @@ def test_a_nodes_rollup_cannot_purge_the_other_nodes_keys(
                     break
                 await asyncio.sleep(0.05)
             assert {"node-00", "node-01"} <= set(states())
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.slow  # four refused requests, each waiting out the JetStream API's 5 s
+def test_a_node_reads_its_own_routes_and_no_other_nodes(
+    secured: tuple[NatsServer, ClusterAuth],
+) -> None:
+    """Finding 5 of the security review: a node's grant let it read every node's routes.  Its
+    reads are now consumers filtered to its own keys; any other filter is refused."""
+    server, auth = secured
+    configs = embedded_configs(2, runtime="fake", heartbeat_s=1.0)
+
+    async def scenario() -> None:
+        async with nats_cluster(server.url, configs, auth=auth) as running:
+            for i in range(6):  # half of them asked of node-00 last: they go to node-01
+                avoid = ("node-00",) if i % 2 else ()
+                request = Request(namespace="o", name=f"fn{i}", spec=SMALL, avoid_nodes=avoid)
+                await running.scheduler.schedule(request)
+            everyone = await running.routes.list()
+            own = sorted(route.workload for route in everyone if route.node == "node-00")
+            others = [route for route in everyone if route.node != "node-00"]
+            assert own and others, everyone  # both nodes hold some
+            async with client(server.url, credentials=auth.nodes["node-00"]) as node:
+                routes = await NatsRoutes(node).start()
+                assert sorted(r.workload for _, r in await routes.on_node("node-00")) == own
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await routes.on_node("node-01")
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await routes.list()  # every node's
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await routes._bucket().get(NatsRoutes.key(others[0].workload, "node-01"))
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await routes._bucket().watch(">")  # a KV watch: an unnamed consumer
 
     asyncio.run(scenario())

@@ -6,7 +6,10 @@ configuration that confines each one (an account with JetStream, per-user publis
 subscribe allow lists):
 
 * **a node** (one user per node) may publish *only its own key* in the nodes bucket and its
-  own routes, publish *only its own* workload events (``berth.events.<node>``), subscribe
+  own routes, read *only its own* routes (a consumer of the routes bucket whose filter,
+  named in the create request's subject, is its own keys:
+  :meth:`~berth.registry.nats_routes.NatsRoutes.on_node`; no direct gets, no watch of the
+  whole bucket), publish *only its own* workload events (``berth.events.<node>``), subscribe
   *only to its own subjects* (``berth.node.<node>.*``) and answer the
   requests it receives (``allow_responses``) — so it cannot overwrite another node's state,
   nor answer for another node;
@@ -85,6 +88,7 @@ class ClusterAuth:
                 f"$JS.API.CONSUMER.CREATE.{stream}.>",
                 f"$JS.API.CONSUMER.INFO.{stream}.>",
                 f"$JS.API.CONSUMER.DELETE.{stream}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",  # a routes read's pull consumer
                 f"$JS.API.STREAM.MSG.GET.{stream}",
             ]
         return subjects
@@ -98,7 +102,12 @@ class ClusterAuth:
             f"$JS.API.STREAM.MSG.GET.KV_{s.nodes_bucket}",
             "$JS.FC.>",
             *self._js(s.nodes_bucket, read=False),
-            *self._js(s.routes_bucket, read=True),
+            # its own routes only (security finding 5): the bucket, and read consumers whose
+            # filter — in the create request's subject — is its own keys (NatsRoutes._read)
+            *self._js(s.routes_bucket, read=False),
+            f"$JS.API.CONSUMER.CREATE.KV_{s.routes_bucket}.*.$KV.{s.routes_bucket}.{token}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.KV_{s.routes_bucket}.*",
+            f"$JS.API.CONSUMER.DELETE.KV_{s.routes_bucket}.*",
             # its own workload events, stored with an acknowledgement (berth.events.nats)
             f"{s.events_prefix}.{token}",
             f"$JS.API.STREAM.INFO.{s.events_stream}",

@@ -48,13 +48,14 @@ import builtins
 import contextlib
 import json
 import logging
+import secrets
 import time
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -82,6 +83,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("berth.registry.routes")
+
+READ_BATCH = 256
+"""How many routes one fetch of a read asks for."""
+READ_CONSUMER_IDLE_S = 30.0
+"""How long the server keeps a read's consumer whose reader died without deleting it."""
 
 
 def route_document(route: Route) -> dict[str, Any]:
@@ -273,24 +279,55 @@ class NatsRoutes:
         return await NatsRouteWatch(self, listener).start(idle_heartbeat_s, sync_timeout_s)
 
     async def _read(self, pattern: str) -> builtins.list[tuple[int, Route]]:
-        watcher = await self._bucket().watch(pattern)
+        """The last value of every key matching ``pattern``, with its revision.
+
+        Read through a pull consumer of its own (random) name, filtered to the pattern,
+        rather than a KV watch: creating a *named* consumer puts its filter in the request's
+        subject (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), which is what lets a
+        node's NATS permissions confine its reads to its own keys (:mod:`berth.nats.auth`,
+        security finding 5); a watch's unnamed consumer would need the whole stream."""
+        stream, name = f"KV_{self.bucket}", f"berth_read_{secrets.token_hex(8)}"
+        config = ConsumerConfig(
+            name=name,
+            filter_subject=f"{self._prefix}{pattern}",
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=READ_CONSUMER_IDLE_S,  # removed by the server if we die
+            mem_storage=True,
+            num_replicas=1,
+        )
+        info = await self._js.add_consumer(stream, config=config)
         routes: builtins.list[tuple[int, Route]] = []
         try:
-            while True:
-                entry: Any = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
-                if entry is None:
-                    break
-                if entry.operation is None and entry.value:
-                    try:
-                        route = decode_route(entry.value, source=f"{self._prefix}{entry.key}")
-                        routes.append((int(entry.revision or 0), route))
-                    except MalformedMessage as error:
-                        log.warning("ignored: %s", error)
-                if not entry.delta:
-                    break
+            remaining = info.num_pending or 0
+            subscription = await self._js.pull_subscribe_bind(consumer=name, stream=stream)
+            try:
+                while remaining > 0:
+                    batch = await subscription.fetch(min(remaining, READ_BATCH), timeout=5.0)
+                    for message in batch:
+                        remaining = message.metadata.num_pending
+                        route = self._route_of(message)
+                        if route is not None:
+                            routes.append((message.metadata.sequence.stream, route))
+            finally:
+                with contextlib.suppress(Exception):
+                    await subscription.unsubscribe()
         finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(Exception):
+                await self._js.delete_consumer(stream, name)
         return routes
+
+    def _route_of(self, message: Msg) -> Route | None:
+        """The route a stored message holds; ``None`` for a delete or purge marker, or a
+        value that is not a route (logged)."""
+        headers = message.headers or {}
+        if KV_OPERATION in headers or MARKER_REASON in headers or not message.data:
+            return None
+        try:
+            return decode_route(message.data, source=message.subject)
+        except MalformedMessage as error:
+            log.warning("ignored: %s", error)
+            return None
 
 
 class NatsRouteWatch:

@@ -18,38 +18,8 @@ from berth.errors import Unavailable
 from berth.nodeclient.faults import FaultyNodes
 from berth.registry.nats import NatsClaims, NatsImages, NatsWorkloads
 from berth.registry.port import StoredWorkload
-from berth.testing.cluster import Names, nats_cluster
+from berth.testing.cluster import Names, NatsCluster, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
-
-
-def test_a_create_whose_record_fails_leaves_nothing_behind(nats_server: NatsServer) -> None:
-    async def scenario() -> None:
-        configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
-        names = Names.namespaced(unique_name("c"))
-        async with nats_cluster(nats_server.url, configs, names=names) as running:
-            bucket = unique_name("api")
-            async with client(nats_server.url) as lost:
-                workloads = await NatsWorkloads(lost, bucket=bucket).start()
-                workloads.claims = await NatsClaims(running.client, bucket=bucket).start()
-                await lost.close()  # the records' connection fails; the claims' does not
-            backend = ClusterBackend(
-                running.scheduler_services[0].scheduler,
-                running.nodes,
-                running.scheduler,
-                workloads,
-                await NatsImages(running.client, bucket=bucket).start(),
-            )
-            body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
-            with pytest.raises(Unavailable, match=r"not recorded .*; nothing was booted"):
-                await backend.create(body)
-            (agent,) = (service.agent for service in running.node_services.values())
-            assert agent.workloads() == {}
-            assert agent.core.budget.reservations() == []
-            assert await running.routes.whereis("default/job/0") is None
-            assert await workloads.claims.holder("default/job/0") is None
-            assert backend.recent(1)[0].outcome == "unavailable"
-
-    asyncio.run(scenario())
 
 
 class BrokenRecords(NatsWorkloads):
@@ -59,18 +29,34 @@ class BrokenRecords(NatsWorkloads):
         raise RuntimeError("the registry's driver broke")
 
 
-def test_a_create_whose_record_fails_unexpectedly_leaves_nothing_behind(
-    nats_server: NatsServer,
-) -> None:
-    """Security finding 4: a failure after the placement that is not ``Unavailable`` kept
-    the reservation and blocked the identity with nothing listed; now it gives both back."""
+async def _records(how: str, url: str, running: NatsCluster, bucket: str) -> NatsWorkloads:
+    if how == "unexpected":
+        return await BrokenRecords(running.client, bucket=bucket).start()
+    async with client(url) as lost:
+        workloads = await NatsWorkloads(lost, bucket=bucket).start()
+        workloads.claims = await NatsClaims(running.client, bucket=bucket).start()
+        await lost.close()  # the records' connection fails; the claims' does not
+    return workloads
 
+
+@pytest.mark.parametrize(
+    ("how", "error", "match"),
+    [
+        ("connection closed", Unavailable, r"not recorded .*; nothing was booted"),
+        # security finding 4: a failure that is not Unavailable kept the reservation and
+        # blocked the identity with nothing listed
+        ("unexpected", RuntimeError, "driver broke"),
+    ],
+)
+def test_a_create_whose_record_fails_leaves_nothing_behind(
+    nats_server: NatsServer, how: str, error: type[Exception], match: str
+) -> None:
     async def scenario() -> None:
         configs = embedded_configs(1, runtime="fake", heartbeat_s=1.0)
         names = Names.namespaced(unique_name("c"))
         async with nats_cluster(nats_server.url, configs, names=names) as running:
             bucket = unique_name("api")
-            workloads = await BrokenRecords(running.client, bucket=bucket).start()
+            workloads = await _records(how, nats_server.url, running, bucket)
             backend = ClusterBackend(
                 running.scheduler_services[0].scheduler,
                 running.nodes,
@@ -79,7 +65,7 @@ def test_a_create_whose_record_fails_unexpectedly_leaves_nothing_behind(
                 await NatsImages(running.client, bucket=bucket).start(),
             )
             body = WorkloadCreate(name="job", type="micro", command=["sleep", "60"])
-            with pytest.raises(RuntimeError, match="driver broke"):
+            with pytest.raises(error, match=match):
                 await backend.create(body)
             (agent,) = (service.agent for service in running.node_services.values())
             assert agent.workloads() == {}
@@ -90,7 +76,7 @@ def test_a_create_whose_record_fails_unexpectedly_leaves_nothing_behind(
             assert agent.core.budget.reservations() == []
             assert await running.routes.whereis("default/job/0") is None
             assert await workloads.claims.holder("default/job/0") is None
-            assert await workloads.list() == []
+            assert backend.recent(1)[0].outcome == "unavailable"
 
     asyncio.run(scenario())
 

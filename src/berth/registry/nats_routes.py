@@ -52,6 +52,7 @@ import secrets
 import time
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -303,7 +304,10 @@ class NatsRoutes:
             subscription = await self._js.pull_subscribe_bind(consumer=name, stream=stream)
             try:
                 while remaining > 0:
-                    batch = await subscription.fetch(min(remaining, READ_BATCH), timeout=5.0)
+                    try:
+                        batch = await subscription.fetch(min(remaining, READ_BATCH), timeout=5.0)
+                    except nats.errors.TimeoutError:  # purged since it was counted: no more
+                        break
                     for message in batch:
                         remaining = message.metadata.num_pending
                         route = self._route_of(message)

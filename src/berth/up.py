@@ -21,9 +21,12 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   in the directory; :mod:`berth.api`);
 
 waits until every scheduler process is up and sees every node, and tells how to reach it
-(:meth:`LocalCluster.describe`).  :meth:`LocalCluster.stop` stops schedulers first (they finish
-in-flight requests), then agents (each deletes its key), then the server, and removes the
-directory: nothing is left behind.  Children are asked to die with this process too
+(:meth:`LocalCluster.describe`).  While it runs, ``berth up`` starts again every agent or
+scheduler process that exits by itself (:meth:`LocalCluster.restart_exited`, checked every
+:data:`SUPERVISE_EVERY_S`), as a systemd unit's ``Restart=always`` would.
+:meth:`LocalCluster.stop` stops schedulers first (they finish in-flight requests), then
+agents (each deletes its key), then the server, and removes the directory: nothing is left
+behind.  Children are asked to die with this process too
 (``PR_SET_PDEATHSIG`` on Linux), so even a ``kill -9`` of ``berth up`` leaves no agent behind —
 and no process workload beyond its ``orphan_grace_s``: its supervisor kills it once no agent
 owns the node's state directory.
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -71,6 +75,8 @@ PER_PROCESS_FROM = 8
 MICROVM_PLATFORM = "linux/amd64"
 """The microVM runtime boots guests of the host's platform only."""
 Runtime = Literal["process", "fake", "microvm"]
+SUPERVISE_EVERY_S = 1.0
+"""How often ``berth up`` looks for exited children to start again."""
 
 
 def config_toml(config: AgentConfig) -> str:
@@ -154,6 +160,9 @@ class LocalCluster:
         self.agent_processes: list[subprocess.Popen[bytes]] = []
         self.scheduler_processes: list[subprocess.Popen[bytes]] = []
         self._logs: dict[subprocess.Popen[bytes], tuple[str, Path]] = {}  # command, log file
+        self._args: dict[subprocess.Popen[bytes], list[str]] = {}  # to start it again
+        self.restarts = 0
+        """How many exited children :meth:`restart_exited` started again."""
         self.http = http
         self.api_token = api_token or (None if http is None else secrets.token_urlsafe(32))
         self.api_url: str | None = None
@@ -231,7 +240,30 @@ class LocalCluster:
                 preexec_fn=die_with_parent if sys.platform == "linux" else None,
             )
         self._logs[process] = (args[0], log)
+        self._args[process] = args
         return process
+
+    def restart_exited(self) -> list[str]:
+        """Start again, with the same arguments, every agent or scheduler process that
+        exited by itself — one that died, or one whose NATS connection was closed for good
+        (:func:`~berth.nats.connection.until_stopped`) — as ``Restart=always`` would; a
+        restarted agent adopts its workloads from its state directory.  One line per
+        restart, saying what exited and how (``berth up`` prints them)."""
+        said: list[str] = []
+        for group in (self.agent_processes, self.scheduler_processes):
+            for index, process in enumerate(group):
+                if process.poll() is None or process not in self._args:
+                    continue
+                command, log = self._logs.pop(process)
+                args = self._args.pop(process)
+                group[index] = self._spawn(args, log)
+                self.restarts += 1
+                said.append(
+                    f"berth {command} (pid {process.pid}) exited with status "
+                    f"{process.returncode}; started again as pid {group[index].pid} "
+                    f"(its log: {log})"
+                )
+        return said
 
     async def _await_ready(self) -> None:
         assert self.server is not None
@@ -447,8 +479,11 @@ def free_port(host: str, port: int = 0) -> int:
         return free
 
 
-def wait_for_signal(duration_s: float | None = None) -> None:
-    """Block until SIGINT or SIGTERM (or ``duration_s`` seconds)."""
+def wait_for_signal(
+    duration_s: float | None = None, every: Callable[[], object] | None = None
+) -> None:
+    """Block until SIGINT or SIGTERM (or ``duration_s`` seconds), calling ``every()`` about
+    every :data:`SUPERVISE_EVERY_S` meanwhile (``berth up``: restart exited children)."""
     stop = {"now": False}
 
     def handler(signum: int, frame: object) -> None:
@@ -457,8 +492,12 @@ def wait_for_signal(duration_s: float | None = None) -> None:
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         deadline = None if duration_s is None else time.monotonic() + duration_s
+        checked = time.monotonic()
         while not stop["now"] and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.1)
+            if every is not None and time.monotonic() - checked >= SUPERVISE_EVERY_S:
+                checked = time.monotonic()
+                every()
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -554,8 +554,13 @@ def up(
             path = write_api_file(cluster.api_url, cluster.api_token)
             console.print(f"API address and token written to {path}", highlight=False)
         console.print(cluster.describe(), highlight=False, soft_wrap=True)
+
+        def restart_exited() -> None:
+            for line in cluster.restart_exited():
+                console.print(line, highlight=False)
+
         try:
-            wait_for_signal(duration)
+            wait_for_signal(duration, every=restart_exited)
         finally:
             if cluster.api_token is not None:
                 remove_api_file(cluster.api_token)

@@ -11,9 +11,10 @@ import asyncio
 
 import pytest
 
-from berth.errors import Unavailable
-from berth.nats.connection import ConnectionClosed, connect, until_stopped
+from berth.errors import Invalid, Unavailable
+from berth.nats.connection import ConnectionClosed, connect, server_urls, until_stopped
 from berth.testing.nats import NatsServer
+from berth.up import free_port
 
 
 def test_a_connection_closed_for_good_ends_the_wait_with_a_clear_error(
@@ -50,5 +51,47 @@ def test_a_stop_ends_the_wait_and_the_close_after_it_raises_nothing(
         await asyncio.wait_for(waiting, 5.0)
         await client.close()
         await until_stopped(stop, [client])  # stopped already: returns at once
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+@pytest.mark.parametrize(
+    ("url", "servers"),
+    [
+        ("nats://127.0.0.1:4222", ["nats://127.0.0.1:4222"]),
+        ("nats://a:1, tls://b:2,c:3", ["nats://a:1", "tls://b:2", "nats://c:3"]),
+        ("nats://[::1]:4222", ["nats://[::1]:4222"]),
+        ("nats://host", ["nats://host"]),
+    ],
+)
+def test_server_urls_are_one_or_several_comma_separated(url: str, servers: list[str]) -> None:
+    assert server_urls(url) == servers
+
+
+@pytest.mark.parametrize(
+    "url", ["", "http://a:1", "nats://a:1,", "nats://a:port", "nats://:1", "nats://a:1/x"]
+)
+def test_a_bad_server_url_is_refused_naming_the_flag_and_the_entry(url: str) -> None:
+    with pytest.raises(Invalid) as refused:
+        server_urls(url)
+    assert refused.value.field == "--nats" and "is not a NATS server URL" in str(refused.value)
+
+
+def test_a_client_given_several_servers_fails_over_from_a_dead_one(
+    nats_server: NatsServer,
+) -> None:
+    """The first URL names a port nothing listens on: the connection takes the next."""
+    dead = f"nats://127.0.0.1:{free_port('127.0.0.1')}"
+
+    async def scenario() -> None:
+        connection = await connect(f"{dead},{nats_server.url}", name="berth-test-failover")
+        try:
+            assert connection.is_connected
+            assert connection.connected_url is not None
+            assert connection.connected_url.port == int(nats_server.url.rsplit(":", 1)[1])
+        finally:
+            await connection.close()
+        with pytest.raises(Unavailable, match="cannot connect"):
+            await connect(dead, first_connect_timeout_s=1.0)
 
     asyncio.run(asyncio.wait_for(scenario(), 20))

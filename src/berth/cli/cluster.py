@@ -59,7 +59,11 @@ console = Console()
 DEFAULT_URL = "nats://127.0.0.1:4222"
 NatsOption = Annotated[
     str,
-    typer.Option("--nats", envvar="BERTH_NATS", help="The NATS server's URL."),
+    typer.Option(
+        "--nats",
+        envvar="BERTH_NATS",
+        help="The NATS server's URL; a cluster's servers comma-separated (fails over).",
+    ),
 ]
 CredsOption = Annotated[
     Path | None,

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 
@@ -42,6 +43,7 @@ __all__ = [
     "Credentials",
     "connect",
     "request",
+    "server_urls",
     "settle",
     "until_stopped",
 ]
@@ -82,6 +84,39 @@ class Credentials:
         return cls(user, password)
 
 
+_SCHEMES = ("nats", "tls")
+
+
+def server_urls(url: str, field: str = "--nats") -> list[str]:
+    """The servers of ``url``: one NATS URL, or several comma-separated (the servers of one
+    cluster: the client fails over between them); ``Invalid`` naming ``field`` and the
+    entry for one that is not ``nats://HOST[:PORT]`` or ``tls://HOST[:PORT]`` (a bare
+    ``HOST:PORT`` is ``nats://``, as nats-py reads it)."""
+    if not isinstance(url, str):
+        raise Invalid(f"expected NATS URLs, got {type(url).__name__}", field=field)
+    servers = []
+    for entry in (part.strip() for part in url.split(",")):
+        server = entry if "://" in entry else f"nats://{entry}"  # as nats-py reads HOST:PORT
+        try:
+            parsed = urlsplit(server)
+            parsed.port  # noqa: B018  # raises ValueError for a port that is not one
+        except ValueError:
+            parsed = None
+        if (
+            parsed is None
+            or parsed.scheme not in _SCHEMES
+            or not parsed.hostname
+            or parsed.path not in ("", "/")
+        ):
+            raise Invalid(
+                f"{entry!r} is not a NATS server URL (nats://HOST[:PORT] or tls://HOST[:PORT]; "
+                "several comma-separated)",
+                field=field,
+            )
+        servers.append(server)
+    return servers
+
+
 async def connect(
     url: str,
     *,
@@ -91,7 +126,9 @@ async def connect(
     first_connect_timeout_s: float = 5.0,
     reconnect_wait_s: float = 0.25,
 ) -> Client:
-    """A connection to ``url`` that reconnects without limit (see the module docstring)."""
+    """A connection to ``url`` — one server's URL or a cluster's, comma-separated
+    (:func:`server_urls`) — that reconnects without limit (see the module docstring)."""
+    servers = server_urls(url)
 
     async def on_error(error: Exception) -> None:
         log.warning("%s: nats error: %s", name, error)
@@ -123,7 +160,7 @@ async def connect(
         # Reconnecting for ever also retries the *first* connection for ever: bound that one.
         await asyncio.wait_for(
             client.connect(
-                url,
+                servers,
                 name=name,
                 connect_timeout=connect_timeout_s,  # type: ignore[arg-type]  # int in the stubs
                 reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]

@@ -151,3 +151,42 @@ def test_the_single_server_configuration_is_included_on_every_server(tmp_path: P
         connected, anonymous = asyncio.run(as_node_then_anonymous())
     assert connected
     assert anonymous != "connected"
+
+
+@pytest.mark.slow
+def test_berths_buckets_and_streams_are_r3_on_a_cluster_and_r1_on_one_server(
+    tmp_path: Path,
+) -> None:
+    """``berth.nats.streams.stream_replicas``: a client of a three-server cluster — given
+    every URL, or only one (the others announced by the server) — creates R3 buckets and
+    streams; a client of one server, R1."""
+    from berth.events.nats import NatsEvents
+    from berth.nats.connection import connect
+    from berth.nats.streams import stream_replicas
+    from berth.registry.nats import NatsWorkloads
+    from berth.registry.nats_routes import NatsRoutes
+    from berth.store.nats import NatsStore
+    from berth.testing.nats import NatsServer
+
+    async def replicas_made(url: str, suffix: str) -> tuple[int, list[int]]:
+        client = await connect(url, name="berth-test-replicas")
+        try:
+            known = stream_replicas(client)
+            js = client.jetstream()
+            await NatsStore(client, bucket=f"nodes_{suffix}").start()
+            await NatsRoutes(client, bucket=f"routes_{suffix}").start()
+            await NatsWorkloads(client, bucket=f"api_{suffix}").start()
+            events = await NatsEvents(client).start()
+            streams = [f"KV_nodes_{suffix}", f"KV_routes_{suffix}", f"KV_api_{suffix}"]
+            made = [(await js.stream_info(name)).config.num_replicas or 1 for name in streams]
+            made.append((await js.stream_info(events.stream)).config.num_replicas or 1)
+            return known, made
+        finally:
+            await client.close()
+
+    with NatsCluster(3, base_dir=tmp_path / "cluster") as cluster:
+        assert asyncio.run(replicas_made(cluster.url, "all")) == (3, [3, 3, 3, 3])
+        known, _ = asyncio.run(replicas_made(cluster.urls[1], "one"))
+        assert known == 3  # its peers were announced to it
+    with NatsServer(store_dir=tmp_path / "single") as server:
+        assert asyncio.run(replicas_made(server.url, "single")) == (1, [1, 1, 1, 1])

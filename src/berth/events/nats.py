@@ -48,6 +48,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from berth.errors import BerthError, Unavailable
 from berth.events.port import EVENT_MAX_AGE_S, EventHandler, WorkloadEvent
 from berth.nats.names import Names
+from berth.nats.streams import stream_replicas
 from berth.nats.wire import node_token
 
 __all__ = ["API_CONSUMER", "DUPLICATE_WINDOW_S", "NatsEvents"]
@@ -70,7 +71,7 @@ class NatsEvents:
         names: Names | None = None,
         durable: str = API_CONSUMER,
         max_age_s: float = EVENT_MAX_AGE_S,
-        replicas: int = 1,
+        replicas: int | None = None,
         publish_timeout_s: float = 2.0,
         ack_wait_s: float = 30.0,
         redeliver_after_s: float = 1.0,
@@ -81,7 +82,8 @@ class NatsEvents:
         self.stream = self.names.events_stream
         self.durable = durable
         self.max_age_s = max_age_s
-        self.replicas = replicas
+        self.replicas = stream_replicas(client) if replicas is None else replicas
+        """The stream's replicas when this creates it (default: :func:`stream_replicas`)."""
         self.publish_timeout_s = publish_timeout_s
         self.ack_wait_s = ack_wait_s
         self.redeliver_after_s = redeliver_after_s

@@ -240,7 +240,9 @@ class NatsCluster:
         return self
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Wait until a client of the cluster sees JetStream answer (a meta leader elected)."""
+        """Wait until a client of the cluster sees JetStream answer (a meta leader elected)
+        and, without a probe user, until a stream replicated on every running server can be
+        placed (:meth:`_places_replicas`)."""
         asyncio.run(self._await_ready(self.start_timeout_s if timeout_s is None else timeout_s))
 
     async def _await_ready(self, timeout_s: float) -> None:
@@ -266,9 +268,12 @@ class NatsCluster:
             try:
                 # the meta group's leader answers $JS.API.INFO; before the election: no answer
                 reply = await connection.request("$JS.API.INFO", b"", timeout=1)
-                if b'"error"' not in reply.data:
-                    return
-                last = reply.data.decode(errors="replace")
+                if b'"error"' in reply.data:
+                    last = reply.data.decode(errors="replace")
+                elif self.probe_options or await self._places_replicas(connection, len(urls)):
+                    return  # (a probe user given may not create streams: the leader will do)
+                else:
+                    last = f"no stream of {len(urls)} replicas could be placed yet"
             except (NatsError, TimeoutError) as error:
                 last = error
             finally:
@@ -276,6 +281,26 @@ class NatsCluster:
                     await connection.close()
             await asyncio.sleep(0.1)
         raise Unavailable(f"the NATS cluster formed no JetStream leader in {timeout_s:g}s: {last}")
+
+    @staticmethod
+    async def _places_replicas(connection: object, replicas: int) -> bool:
+        """Whether a stream of ``replicas`` replicas can be placed now (a memory stream,
+        created and deleted): a meta leader is elected before every peer is current, and
+        until they are, creating an R3 bucket fails ("no suitable peers for placement")."""
+        from nats.js.api import StorageType, StreamConfig
+
+        js = connection.jetstream()  # type: ignore[attr-defined]
+        name = f"berth_ready_{secrets.token_hex(4)}"
+        config = StreamConfig(
+            name=name, subjects=[f"{name}.x"], num_replicas=replicas, storage=StorageType.MEMORY
+        )
+        try:
+            await js.add_stream(config)
+        except Exception:
+            return False
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+        return True
 
     def kill(self, index: int) -> None:
         """SIGKILL server ``index``, as a crash would (its port and store are kept)."""

@@ -1,4 +1,13 @@
-"""What berth asks of the JetStream streams under the buckets nodes write: no rollups.
+"""What berth asks of its JetStream streams: as many replicas as the cluster allows, and,
+under the buckets nodes write, no rollups.
+
+**Replicas** (:func:`stream_replicas`).  Every bucket and stream berth creates has
+``min(3, servers)`` replicas, where ``servers`` is how many servers the creating client knows
+— the URLs it was given plus those the server announced (a clustered nats-server sends its
+peers' client URLs on connect).  One server: R1, as before; a cluster of three (``berth up
+--nats-servers 3``, a real deployment): R3, so a stream keeps accepting writes while two of
+its three servers live.  Whoever creates a bucket first decides it; an existing bucket is
+used as it is.
 
 A KV bucket's stream is created with rollup headers allowed (nats-py's ``create_key_value``
 does, for ``KeyValue.purge``).  With them, anyone who may publish *one* key of the bucket may
@@ -27,7 +36,17 @@ import logging
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-__all__ = ["forbid_rollups"]
+__all__ = ["MAX_REPLICAS", "forbid_rollups", "stream_replicas"]
+
+MAX_REPLICAS = 3
+"""JetStream's usual replica count for a stream that must survive one server's loss."""
+
+
+def stream_replicas(client: Client) -> int:
+    """How many replicas a bucket or stream ``client`` creates gets (see the module
+    docstring): ``min(3, servers known)``, at least 1."""
+    return max(1, min(MAX_REPLICAS, len(client.servers)))
+
 
 log = logging.getLogger("berth.nats")
 

@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 
 from berth.model import INTERVAL_RULE
 from berth.nats.names import LEASE_BUCKET
+from berth.nats.streams import stream_replicas
 from berth.nats.wire import node_token
 from berth.registry.nats import asking, opened
 
@@ -62,7 +63,12 @@ class NatsLease:
         with self._asking():
             try:
                 self._kv = await js.create_key_value(
-                    KeyValueConfig(bucket=self.bucket, history=1, ttl=self._ttl_s)
+                    KeyValueConfig(
+                        bucket=self.bucket,
+                        history=1,
+                        ttl=self._ttl_s,
+                        replicas=stream_replicas(self.client),
+                    )
                 )
             except BadRequestError:  # it exists with other settings: its TTL applies
                 self._kv = await js.key_value(self.bucket)

@@ -58,6 +58,7 @@ from nats.js.kv import KeyValue
 from berth.errors import Invalid, Unavailable
 from berth.nats.connection import settle
 from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
+from berth.nats.streams import stream_replicas
 from berth.nats.wire import (
     KV_OPERATION,
     MARKER_REASON,
@@ -189,6 +190,7 @@ class NatsStore:
 
     async def _ensure_bucket(self) -> KeyValue:
         config = KeyValueConfig(bucket=self.bucket, history=1)
+        config.replicas = stream_replicas(self.client)
         if self.ttl_s is not None:
             config.ttl = self.ttl_s
             config.limit_marker_ttl = self.marker_ttl_s

@@ -57,6 +57,7 @@ from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE
 from berth.nats.auth import ClusterAuth, generate
+from berth.nats.cluster import MAX_SERVERS, NatsCluster
 from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
 from berth.nats.server import NatsServer, die_with_parent
@@ -122,7 +123,12 @@ class LocalCluster:
         microvm_data_dir: Path | None = None,
         policy: str = "seed",
         node_gone_after_s: float = NODE_GONE_AFTER_S,
+        nats_servers: int = 1,
     ) -> None:
+        if isinstance(nats_servers, bool) or not isinstance(nats_servers, int):
+            raise Invalid(f"must be a whole number, got {nats_servers!r}", field="--nats-servers")
+        if not 1 <= nats_servers <= MAX_SERVERS:
+            raise Invalid(f"must be 1 to {MAX_SERVERS}, got {nats_servers}", field="--nats-servers")
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
         if schedulers < 1:
@@ -157,6 +163,10 @@ class LocalCluster:
             self.auth = generate([c.node.name for c in self.configs], self.names)
         self.paths: dict[str, Path] = {}
         self.server: NatsServer | None = None
+        """The nats-server, when there is one (``nats_servers=1``)."""
+        self.nats_cluster: NatsCluster | None = None
+        """The nats-servers, when there are several (JetStream clustered, R3 buckets)."""
+        self.nats_servers = nats_servers
         self.agent_processes: list[subprocess.Popen[bytes]] = []
         self.scheduler_processes: list[subprocess.Popen[bytes]] = []
         self._logs: dict[subprocess.Popen[bytes], tuple[str, Path]] = {}  # command, log file
@@ -180,7 +190,7 @@ class LocalCluster:
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> LocalCluster:
         """Start everything and wait until it is ready (a no-op when already started)."""
-        if self.server is not None:
+        if self.server is not None or self.nats_cluster is not None:
             return self
         try:
             self._start()
@@ -203,13 +213,27 @@ class LocalCluster:
         if self.auth is not None:
             self.paths = self.auth.write(self.directory / "auth")
             server_config = self.paths["server"]
-        self.server = NatsServer(
-            store_dir=self.directory / "nats",
-            config_file=server_config,
-            log_file=logs / "nats-server.log",
-        )
-        self.server.start()
-        url = self.server.url
+        if self.nats_servers == 1:
+            self.server = NatsServer(
+                store_dir=self.directory / "nats",
+                config_file=server_config,
+                log_file=logs / "nats-server.log",
+            )
+            self.server.start()
+        else:
+            probe: dict[str, object] = {}
+            if self.auth is not None:  # the readiness probe asks JetStream as the scheduler
+                creds = self.auth.scheduler
+                probe = {"user": creds.user, "password": creds.password}
+                probe["inbox_prefix"] = creds.inbox_prefix
+            self.nats_cluster = NatsCluster(
+                self.nats_servers,
+                base_dir=self.directory / "nats",
+                config_file=server_config,
+                probe_options=probe,
+            )
+            self.nats_cluster.start()
+        url = self.url
         for index in range(0, len(config_files), self.per_process):
             group = config_files[index : index + self.per_process]
             args = ["agent", "--nats", url, "--idle-load"]
@@ -266,11 +290,10 @@ class LocalCluster:
         return said
 
     async def _await_ready(self) -> None:
-        assert self.server is not None
         expected = {config.node.name for config in self.configs}
         deadline = time.monotonic() + self.ready_timeout_s
         scheduler_creds = None if self.auth is None else self.auth.scheduler
-        client = await connect(self.server.url, name="berth-up", credentials=scheduler_creds)
+        client = await connect(self.url, name="berth-up", credentials=scheduler_creds)
         try:
             ttl_s = bucket_ttl_s(self.heartbeat_s)
             async with NatsStore(client, bucket=self.names.nodes_bucket, ttl_s=ttl_s) as store:
@@ -318,9 +341,8 @@ class LocalCluster:
                 await asyncio.sleep(0.05)
 
     async def _await_schedulers(self, deadline: float, nodes: set[str]) -> None:
-        assert self.server is not None
         creds = None if self.auth is None else self.auth.client
-        client = await connect(self.server.url, name="berth-up-probe", credentials=creds)
+        client = await connect(self.url, name="berth-up-probe", credentials=creds)
         probe = NatsScheduler(client, prefix=self.names.scheduler_prefix, timeout_s=1.0)
         try:
             while True:
@@ -367,6 +389,9 @@ class LocalCluster:
         if self.server is not None:
             self.server.close()
             self.server = None
+        if self.nats_cluster is not None:
+            self.nats_cluster.close()
+            self.nats_cluster = None
         if self._owned:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -408,6 +433,9 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
+        """The NATS URL clients are given: every server's, comma-separated, for several."""
+        if self.nats_cluster is not None:
+            return self.nats_cluster.url
         if self.server is None:
             raise Unavailable("the cluster is not running")
         return self.server.url
@@ -425,7 +453,12 @@ class LocalCluster:
         lines = [
             f"berth is up: {len(self.configs)} nodes in {processes} agent process"
             f"{'es' if processes != 1 else ''}, {self.schedulers} scheduler"
-            f"{'s' if self.schedulers != 1 else ''}, nats at {self.url}"
+            f"{'s' if self.schedulers != 1 else ''}, "
+            + (
+                f"nats at {self.url}"
+                if self.nats_cluster is None
+                else f"{self.nats_servers} clustered nats-servers (R3 buckets) at {self.url}"
+            )
             + (" (authentication on)" if self.auth is not None else ""),
             "",
             f"  place a workload:  berth place --nats {self.url}{creds} --name hello "

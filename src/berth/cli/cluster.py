@@ -509,6 +509,13 @@ def up(
             "again."
         ),
     ] = NODE_GONE_AFTER_S,
+    nats_servers: Annotated[
+        int,
+        typer.Option(
+            help="How many nats-servers: 1, or 3 (up to 7) clustered with R3 buckets, so one "
+            "can die."
+        ),
+    ] = 1,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.up import LocalCluster, wait_for_signal
@@ -539,8 +546,10 @@ def up(
         per_process=per_process,
         policy=policy,
         node_gone_after_s=node_gone_after,
+        nats_servers=nats_servers,
     )
-    console.print(f"starting nats-server, {nodes} agents and {schedulers} scheduler(s)…")
+    servers = "nats-server" if nats_servers == 1 else f"{nats_servers} nats-servers"
+    console.print(f"starting {servers}, {nodes} agents and {schedulers} scheduler(s)…")
 
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # while starting: unwind through the cleanup below

@@ -48,7 +48,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 from berth.errors import BerthError, Unavailable
 from berth.events.port import EVENT_MAX_AGE_S, EventHandler, WorkloadEvent
 from berth.nats.names import Names
-from berth.nats.streams import stream_replicas
+from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import node_token
 
 __all__ = ["API_CONSUMER", "DUPLICATE_WINDOW_S", "NatsEvents"]
@@ -108,7 +108,7 @@ class NatsEvents:
             duplicate_window=DUPLICATE_WINDOW_S,
         )
         try:
-            await self._js.add_stream(config)
+            await created(lambda: self._js.add_stream(config), self.stream)
         except BadRequestError as error:  # it exists with other settings: they win
             log.info("stream %s exists with other settings (%s); using it", self.stream, error)
             try:

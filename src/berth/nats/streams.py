@@ -7,7 +7,9 @@ under the buckets nodes write, no rollups.
 peers' client URLs on connect).  One server: R1, as before; a cluster of three (``berth up
 --nats-servers 3``, a real deployment): R3, so a stream keeps accepting writes while two of
 its three servers live.  Whoever creates a bucket first decides it; an existing bucket is
-used as it is.
+used as it is.  A cluster that has just formed (or lost a server) may not place a replicated
+stream yet — "no suitable peers for placement" — so creations go through
+:func:`created`, which asks again for up to :data:`PLACEMENT_PATIENCE_S`.
 
 A KV bucket's stream is created with rollup headers allowed (nats-py's ``create_key_value``
 does, for ``KeyValue.purge``).  With them, anyone who may publish *one* key of the bucket may
@@ -31,15 +33,45 @@ guard (an account per node writing through a republish, or JWT-scoped subjects):
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.js.errors import APIError
 
-__all__ = ["MAX_REPLICAS", "forbid_rollups", "stream_replicas"]
+__all__ = ["MAX_REPLICAS", "PLACEMENT_PATIENCE_S", "created", "forbid_rollups", "stream_replicas"]
 
 MAX_REPLICAS = 3
 """JetStream's usual replica count for a stream that must survive one server's loss."""
+
+
+PLACEMENT_PATIENCE_S = 15.0
+"""How long a bucket's or stream's creation is asked again while JetStream cannot place its
+replicas yet (a cluster electing its leader, peers catching up)."""
+NO_SUITABLE_PEERS = 10005
+"""JetStream's error code for a stream whose replicas cannot be placed (yet)."""
+
+T = TypeVar("T")
+
+
+async def created(create: Callable[[], Awaitable[T]], what: str) -> T:
+    """``await create()``, asked again every 0.25 s while JetStream cannot place its
+    replicas (:data:`NO_SUITABLE_PEERS`, or a 503 from a JetStream not ready), for up to
+    :data:`PLACEMENT_PATIENCE_S`; any other error at once."""
+    deadline = time.monotonic() + PLACEMENT_PATIENCE_S
+    while True:
+        try:
+            return await create()
+        except APIError as error:
+            placing = error.err_code == NO_SUITABLE_PEERS or error.code == 503
+            if not placing or time.monotonic() >= deadline:
+                raise
+            log.info("%s: JetStream cannot place it yet (%s); asking again", what, error)
+            await asyncio.sleep(0.25)
 
 
 def stream_replicas(client: Client) -> int:

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 
 from berth.errors import Unavailable
 from berth.nats.names import API_BUCKET
-from berth.nats.streams import stream_replicas
+from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import node_token
 from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
 from berth.registry.port import Claim, Image, StoredWorkload
@@ -99,7 +99,7 @@ class JsonBucket(Generic[Model]):
                 config = KeyValueConfig(
                     bucket=self.bucket, history=1, replicas=stream_replicas(self.client)
                 )
-                self._kv = await js.create_key_value(config)
+                self._kv = await created(lambda: js.create_key_value(config), self.bucket)
             except BadRequestError:  # it exists with other settings: use it as it is
                 self._kv = await js.key_value(self.bucket)
 

@@ -31,7 +31,7 @@ from nats.js.kv import KeyValue
 
 from berth.model import INTERVAL_RULE
 from berth.nats.names import LEASE_BUCKET
-from berth.nats.streams import stream_replicas
+from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import node_token
 from berth.registry.nats import asking, opened
 
@@ -62,14 +62,13 @@ class NatsLease:
         js = self.client.jetstream()
         with self._asking():
             try:
-                self._kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=self.bucket,
-                        history=1,
-                        ttl=self._ttl_s,
-                        replicas=stream_replicas(self.client),
-                    )
+                config = KeyValueConfig(
+                    bucket=self.bucket,
+                    history=1,
+                    ttl=self._ttl_s,
+                    replicas=stream_replicas(self.client),
                 )
+                self._kv = await created(lambda: js.create_key_value(config), self.bucket)
             except BadRequestError:  # it exists with other settings: its TTL applies
                 self._kv = await js.key_value(self.bucket)
             ttl_s = (await self._kv.status()).ttl

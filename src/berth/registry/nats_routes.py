@@ -64,7 +64,7 @@ from berth.errors import Invalid, Unavailable
 from berth.model import NAME_RULE, Placement, Spec
 from berth.nats.connection import settle
 from berth.nats.names import ROUTES_BUCKET
-from berth.nats.streams import stream_replicas
+from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
     KV_OPERATION,
     MARKER_REASON,
@@ -173,7 +173,7 @@ class NatsRoutes:
     async def start(self) -> NatsRoutes:
         try:
             config = KeyValueConfig(bucket=self.bucket, replicas=stream_replicas(self.client))
-            self._kv = await self._js.create_key_value(config)
+            self._kv = await created(lambda: self._js.create_key_value(config), self.bucket)
         except BadRequestError:  # it exists with other settings: use it as it is
             self._kv = await self._js.key_value(self.bucket)
         return self

@@ -58,7 +58,7 @@ from nats.js.kv import KeyValue
 from berth.errors import Invalid, Unavailable
 from berth.nats.connection import settle
 from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
-from berth.nats.streams import stream_replicas
+from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
     KV_OPERATION,
     MARKER_REASON,
@@ -195,7 +195,7 @@ class NatsStore:
             config.ttl = self.ttl_s
             config.limit_marker_ttl = self.marker_ttl_s
         try:
-            return await self._js.create_key_value(config)
+            return await created(lambda: self._js.create_key_value(config), self.bucket)
         except BadRequestError as error:  # exists with another configuration
             log.debug("bucket %s exists: %s", self.bucket, error)
         try:

@@ -1,0 +1,75 @@
+"""``berth up --nats-servers 3``: three clustered nats-servers (authentication on), every
+bucket R3, agents and schedulers given every URL.  A placement through the API works; one
+server is ``kill -9``-ed; placements go on (the clients fail over, the R3 streams keep
+their quorum) and every route written before the kill is still there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from api_helpers import api_client
+from berth.errors import Invalid
+from berth.nats.connection import connect
+from berth.registry.nats_routes import NatsRoutes
+from berth.up import LocalCluster
+
+pytestmark = pytest.mark.slow  # three nats-servers, agents and a scheduler as processes
+
+REQUEST = {"namespace": "ha", "spec": "micro", "layers": [{"id": "sha256:base", "size": 1}]}
+
+
+def _place(api: httpx.Client, name: str, limit_s: float) -> float:
+    """Place ``name`` (retrying while the cluster fails over); how long it took."""
+    started = time.monotonic()
+    while True:
+        try:
+            answer = api.post("/v1/placements", json={**REQUEST, "name": name})
+            if answer.status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - started < limit_s, f"{name} was never placed"
+        time.sleep(0.1)
+
+
+def test_placements_go_on_when_one_of_three_nats_servers_dies() -> None:
+    with (
+        LocalCluster(
+            2, heartbeat_s=0.5, runtime="fake", http=("127.0.0.1", 0), nats_servers=3
+        ) as up,
+        api_client(up) as api,
+    ):
+        assert up.nats_cluster is not None and len(up.url.split(",")) == 3
+        agents = list(up.agent_processes)
+        assert up.start() is up and up.agent_processes == agents  # started once (as berth up)
+        assert "3 clustered nats-servers" in up.describe()
+        for index in range(4):
+            _place(api, f"before{index}", 10.0)
+        up.nats_cluster.kill(0)
+        pauses = [_place(api, f"after{index}", 30.0) for index in range(4)]
+        print(f"placements after the kill took {[round(p, 2) for p in pauses]} s")
+        # a stream create (a routes reader's start) needs the meta group's leader, which
+        # the killed server may have been: wait for the election, then read from the two
+        up.nats_cluster.wait_ready()
+        placed = asyncio.run(_routed(up))
+        assert {f"ha/{when}{i}/0" for when in ("before", "after") for i in range(4)} <= placed
+
+
+async def _routed(up: LocalCluster) -> set[str]:
+    client = await connect(up.url, name="berth-test-routes", credentials=up.client_credentials)
+    try:
+        routes = await NatsRoutes(client, bucket=up.names.routes_bucket).start()
+        return {route.workload for route in await routes.list()}
+    finally:
+        await client.close()
+
+
+def test_a_bad_server_count_is_refused_before_anything_starts() -> None:
+    for count in (0, 8, True):
+        with pytest.raises(Invalid) as refused:
+            LocalCluster(1, runtime="fake", nats_servers=count)
+        assert refused.value.field == "--nats-servers"

@@ -20,9 +20,14 @@ ratio.  Targets (issue 10), on this project's 2-core machine: ≥ 1,000 placemen
 scheduler, p99 ≤ 20 ms.  Everything (server, agents, schedulers, caller) shares the two
 cores, so the figures are a floor for a real cluster, where they would not.
 
+The same run once more on **three clustered nats-servers** (``berth up --nats-servers 3``:
+R3 buckets, every write fsync'ed on each replica before it is acknowledged) with one
+scheduler, for the ratio to one server (issue 21's target: ≥ 0.6).
+
 ``--json`` prints one JSON object (``placements_per_s``, ``p50_ms``, ``p99_ms`` for one
-scheduler, ``inprocess_placements_per_s``, ``ratio_to_inprocess``, and per-scheduler-count
-rows); ``--quick`` is a short smoke run for CI (about 15 s, mostly process start-up).
+scheduler, ``inprocess_placements_per_s``, ``ratio_to_inprocess``, per-scheduler-count
+rows, the ``three_servers`` row and ``three_servers_ratio``); ``--quick`` is a short smoke
+run for CI (about 25 s, mostly process start-up).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from berth.units import MiB
 from berth.up import LocalCluster
 
 SPEC = Spec(vcpus=0.001, mem=16 * MiB, disk=16 * MiB)
-TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0}
+TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0, "three_servers_ratio": 0.6}
 
 
 def _request(index: int) -> Request:
@@ -110,19 +115,32 @@ async def _over_nats(url: str, count: int, warmup: int, concurrency: int) -> dic
     }
 
 
+def _measured(
+    nodes: int, schedulers: int, nats_servers: int, count: int, warmup: int, concurrency: int
+) -> dict[str, Any]:
+    cluster = LocalCluster(
+        nodes,
+        schedulers=schedulers,
+        heartbeat_s=HEARTBEAT_S,
+        auth=False,
+        runtime="fake",
+        per_process=25,
+        nats_servers=nats_servers,
+    )
+    with cluster:
+        row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency))
+    return {"schedulers": schedulers, "nats_servers": nats_servers, **row}
+
+
 def run(
     *, nodes: int, count: int, warmup: int, concurrency: int, schedulers: list[int]
 ) -> dict[str, Any]:
-    rows = []
-    for k in schedulers:
-        cluster = LocalCluster(
-            nodes, schedulers=k, heartbeat_s=HEARTBEAT_S, auth=False, runtime="fake", per_process=25
-        )
-        with cluster:
-            row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency))
-        rows.append({"schedulers": k, **row})
+    rows = [_measured(nodes, k, 1, count, warmup, concurrency) for k in schedulers]
+    # the same run on three clustered nats-servers (R3 buckets, fsync always): issue 21
+    three = _measured(nodes, 1, 3, count, warmup, concurrency)
     inprocess = asyncio.run(_inprocess(nodes, count))
     one = rows[0]
+    three_ratio = round(three["placements_per_s"] / one["placements_per_s"], 3)
     result: dict[str, Any] = {
         "nodes": nodes,
         "placements_per_s": one["placements_per_s"],
@@ -131,10 +149,13 @@ def run(
         "inprocess_placements_per_s": round(inprocess, 1),
         "ratio_to_inprocess": round(one["placements_per_s"] / inprocess, 3),
         "by_schedulers": rows,
+        "three_servers": three,
+        "three_servers_ratio": three_ratio,
         "targets": TARGETS,
         "met": {
             "placements_per_s": one["placements_per_s"] >= TARGETS["placements_per_s"],
             "p99_ms": one["p99_ms"] <= TARGETS["p99_ms"],
+            "three_servers_ratio": three_ratio >= TARGETS["three_servers_ratio"],
         },
     }
     return result
@@ -160,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(f"{args.nodes} agents, {count} placements per run, {args.concurrency} in flight")
-    for row in result["by_schedulers"]:
+    for row in [*result["by_schedulers"], result["three_servers"]]:
+        where = "" if row["nats_servers"] == 1 else f" on {row['nats_servers']} nats-servers"
         print(
-            f"  {row['schedulers']} scheduler(s): {row['placements_per_s']:8.1f} placements/s  "
+            f"  {row['schedulers']} scheduler(s){where}: "
+            f"{row['placements_per_s']:8.1f} placements/s  "
             f"p50 {row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  "
             f"refused on the way {row['refusals_at_confirmation'] or 0}  "
             f"failed {row['failures'] or 0}"
@@ -171,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  in-process schedule(): {result['inprocess_placements_per_s']:8.1f} placements/s "
         f"(NATS / in-process = {result['ratio_to_inprocess']:.3f})"
     )
+    print(f"  three servers / one: {result['three_servers_ratio']:.3f}")
     print(f"  targets {TARGETS}: met {result['met']}")
     return 0
 

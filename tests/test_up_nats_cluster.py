@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import httpx
+import nats.errors
 import pytest
 
 from api_helpers import api_client
@@ -52,10 +53,18 @@ def test_placements_go_on_when_one_of_three_nats_servers_dies() -> None:
         up.nats_cluster.kill(0)
         pauses = [_place(api, f"after{index}", 30.0) for index in range(4)]
         print(f"placements after the kill took {[round(p, 2) for p in pauses]} s")
-        # a stream create (a routes reader's start) needs the meta group's leader, which
-        # the killed server may have been: wait for the election, then read from the two
+        # a reader's start (a stream create) and its consumer need the meta group's and the
+        # stream's leaders, which the killed server may have held: a read may time out
+        # until their elections are done (under load, seconds) — then it has every route
         up.nats_cluster.wait_ready()
-        placed = asyncio.run(_routed(up))
+        started = time.monotonic()
+        while True:
+            try:
+                placed = asyncio.run(_routed(up))
+                break
+            except nats.errors.Error:  # a timeout, or JetStream's "no leader" answer
+                assert time.monotonic() - started < 60.0, "the routes were never readable"
+        print(f"routes readable {time.monotonic() - started:.2f} s after the cluster was ready")
         assert {f"ha/{when}{i}/0" for when in ("before", "after") for i in range(4)} <= placed
 
 

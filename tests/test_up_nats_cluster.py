@@ -1,7 +1,8 @@
 """``berth up --nats-servers 3``: three clustered nats-servers (authentication on), every
 bucket R3, agents and schedulers given every URL.  A placement through the API works; one
 server is ``kill -9``-ed; placements go on (the clients fail over, the R3 streams keep
-their quorum) and every route written before the kill is still there."""
+their quorum) and every route written before the kill is still there (the routes of
+placements made during the failover may not be: printed, see the test)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,13 @@ def test_placements_go_on_when_one_of_three_nats_servers_dies() -> None:
             except nats.errors.Error:  # a timeout, or JetStream's "no leader" answer
                 assert time.monotonic() - started < 60.0, "the routes were never readable"
         print(f"routes readable {time.monotonic() - started:.2f} s after the cluster was ready")
-        assert {f"ha/{when}{i}/0" for when in ("before", "after") for i in range(4)} <= placed
+        # every route acknowledged before the kill is kept by the two servers left; a route
+        # written during the failover may be lost (a scheduler records it after confirming,
+        # best effort, and the node rewrites its routes only after a lapse): counted, not
+        # promised (issue 21's note)
+        assert {f"ha/before{i}/0" for i in range(4)} <= placed, placed
+        after = len({f"ha/after{i}/0" for i in range(4)} & placed)
+        print(f"routes of the placements after the kill: {after} of 4 recorded")
 
 
 async def _routed(up: LocalCluster) -> set[str]:

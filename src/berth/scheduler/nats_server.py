@@ -30,6 +30,18 @@ the purge runs even then, because every follower forgot the node's replicas when
 and only routes written again bring them back.  Registry failures are logged, never a
 failed placement: the node's reservation is the truth, the route an index of it.
 
+**A route write that fails is asked again in the background** (``ROUTE_RETRY_*``): while
+one server of a three-server cluster is lost, the routes stream may have no leader for a
+few seconds and every write fails at once.  The placement is answered without its route,
+and the service writes the route again, 0.25 s doubling to 5 s, for up to
+:data:`ROUTE_RETRY_FOR_S`, until it is stored — the node cannot write it for the scheduler
+(it never read it).  A ``release`` through this service cancels the route's retry; a route
+written late for a workload that ended meanwhile is removed by its node on its next beat,
+as is any route whose reservation the node does not hold.  At most
+:data:`MAX_ROUTE_RETRIES` routes wait at once (more are logged and dropped); a stopped
+service drops its retries (the routes they carried are missing, as when a scheduler dies
+between confirming and recording).
+
 **Replicas are shared through the routes** (``share_replicas``, on by default with a
 registry): a route names its function, and every service follows the registry
 (:meth:`~berth.registry.port.RouteRegistry.follow`) into its scheduler's replica index
@@ -118,6 +130,14 @@ MAX_RACE_RETRIES = 4
 WATCH_WAIT_S = 2.0
 """How long a placement under a hard per-node spread waits for its own watch to bring back
 its route before it reads the node's routes from the server."""
+ROUTE_RETRY_FIRST_S = 0.25
+"""The first wait before a failed route write is asked again (then doubled)."""
+ROUTE_RETRY_MAX_S = 5.0
+"""The longest wait between two attempts at one route write."""
+ROUTE_RETRY_FOR_S = 300.0
+"""How long a failed route write is asked again before it is given up (logged)."""
+MAX_ROUTE_RETRIES = 10_000
+"""Route writes that may wait for a retry at once."""
 
 
 class RouteReplicas:
@@ -224,6 +244,8 @@ class SchedulerService:
         self._in_flight: dict[asyncio.Task[None], Msg] = {}
         self._unwatch: Any = None
         self._purges: set[asyncio.Task[None]] = set()
+        self._route_retries: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Route writes asked again in the background, by (workload, node)."""
         self._census: Any = None
         self.id = uuid.uuid4().hex[:12]
         """This member's name in a census (:meth:`NatsScheduler.census`)."""
@@ -321,6 +343,12 @@ class SchedulerService:
                 await asyncio.wait(late, timeout=1.0)
         if self._purges:
             await asyncio.wait(list(self._purges), timeout=grace_s)
+        retries, self._route_retries = list(self._route_retries.values()), {}
+        for retry in retries:
+            retry.cancel()
+        if retries:
+            log.warning("stopping with %d route write(s) not stored", len(retries))
+            await asyncio.wait(retries, timeout=1.0)
         with contextlib.suppress(Exception):
             await self.client.flush()
 
@@ -421,19 +449,68 @@ class SchedulerService:
 
     async def _record(self, request: Request, placement: Placement) -> int | None:
         """Record ``placement``'s route; its revision, or ``None`` (no registry, nothing
-        reserved, or the registry failed: logged)."""
+        reserved, or the registry failed: logged, and the write is asked again in the
+        background, :meth:`_retry_route`)."""
         if self.routes is None or placement.reservation_id is None:
             return None
         try:
-            return await self.routes.record(
-                request.key,
-                placement,
-                request.spec,
-                function=(request.namespace, request.name),
-            )
+            return await self._write_route(request, placement)
         except Exception as error:
-            log.warning("could not record the route of %s: %s", request.key, error)
+            log.warning("could not record the route of %s: %s; asking again", request.key, error)
+            self._retry_route(request, placement)
             return None
+
+    async def _write_route(self, request: Request, placement: Placement) -> int:
+        assert self.routes is not None
+        return await self.routes.record(
+            request.key,
+            placement,
+            request.spec,
+            function=(request.namespace, request.name),
+        )
+
+    def _retry_route(self, request: Request, placement: Placement) -> None:
+        """Ask the route write of ``placement`` again until it is stored (module docstring)."""
+        key = (request.key, placement.worker_node)
+        if key in self._route_retries:
+            return
+        if len(self._route_retries) >= MAX_ROUTE_RETRIES:
+            log.error(
+                "route of %s not recorded: %d writes already wait",
+                request.key,
+                len(self._route_retries),
+            )
+            return
+        task = asyncio.get_running_loop().create_task(self._rewrite_route(request, placement))
+        self._route_retries[key] = task
+        task.add_done_callback(lambda done: self._retried(key, done))
+
+    def _retried(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._route_retries.get(key) is task:
+            del self._route_retries[key]
+
+    async def _rewrite_route(self, request: Request, placement: Placement) -> None:
+        wait_s, deadline = (
+            ROUTE_RETRY_FIRST_S,
+            asyncio.get_running_loop().time() + ROUTE_RETRY_FOR_S,
+        )
+        for attempt in itertools.count(2):
+            await asyncio.sleep(wait_s)
+            try:
+                await self._write_route(request, placement)
+            except Exception as error:
+                if asyncio.get_running_loop().time() + wait_s > deadline:
+                    log.error(
+                        "gave up recording the route of %s after %d attempts: %s",
+                        request.key,
+                        attempt,
+                        error,
+                    )
+                    return
+                wait_s = min(wait_s * 2, ROUTE_RETRY_MAX_S)
+                continue
+            log.info("recorded the route of %s at attempt %d", request.key, attempt)
+            return
 
     async def _earlier_siblings(
         self, request: Request, placement: Placement, revision: int
@@ -478,6 +555,10 @@ class SchedulerService:
 
     async def _release(self, request: tuple[Placement, str | None]) -> bool:
         placement, workload = request
+        if workload is not None:  # a route written after its release would outlive it
+            retry = self._route_retries.pop((workload, placement.worker_node), None)
+            if retry is not None:
+                retry.cancel()
         released = await self.scheduler.release(placement)
         if self.routes is not None and workload is not None:
             try:

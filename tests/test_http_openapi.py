@@ -83,7 +83,8 @@ def test_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BERTH_HOME", str(tmp_path / "home"))
     path = write_api_file("http://127.0.0.1:1", "c" * 20)
     assert path == tmp_path / "home" / "api.json"
-    assert json.loads(path.read_text()) == {"url": "http://127.0.0.1:1", "token": "c" * 20}
+    written = {"url": "http://127.0.0.1:1", "urls": ["http://127.0.0.1:1"], "token": "c" * 20}
+    assert json.loads(path.read_text()) == written
     assert path.stat().st_mode & 0o777 == 0o600
 
 

@@ -16,9 +16,11 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   ``linux/amd64``, each node keeping its layer files in its own ``node_dir`` inside the
   directory (so they go with it); a host that cannot boot guests is refused before anything
   starts, with what ``berth agent --check`` would say is missing and its fix;
-* K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, the
-  first serving the HTTP API when ``http`` is given (``--http``, a token it reads from a file
-  in the directory; :mod:`berth.api`);
+* K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, each
+  serving the HTTP API when ``http`` is given (``--http``, one token they read from a file in
+  the directory; :mod:`berth.api`): the first on ``http``'s port, the others on free ports of
+  the same host — :attr:`LocalCluster.api_urls`, which ``api.json`` lists, so the CLI fails
+  over when one API process dies;
 
 waits until every scheduler process is up and sees every node, and tells how to reach it
 (:meth:`LocalCluster.describe`).  While it runs, ``berth up`` starts again every agent or
@@ -175,7 +177,8 @@ class LocalCluster:
         """How many exited children :meth:`restart_exited` started again."""
         self.http = http
         self.api_token = api_token or (None if http is None else secrets.token_urlsafe(32))
-        self.api_url: str | None = None
+        self.api_urls: list[str] = []
+        """Every scheduler's API endpoint (the first on ``http``'s port), when ``http``."""
 
     def _in_directory(self, config: AgentConfig) -> AgentConfig:
         token = node_token(config.node.name)
@@ -248,8 +251,8 @@ class LocalCluster:
             args += ["--lease-ttl", f"{self.lease_ttl_s:g}", "--policy", self.policy]
             if self.auth is not None:
                 args += ["--creds", str(self.paths["scheduler"])]
-            if index == 0 and self.http is not None:
-                args += self._api_args()
+            if self.http is not None:
+                args += self._api_args(index)
             self.scheduler_processes.append(self._spawn(args, logs / f"scheduler-{index}.log"))
         asyncio.run(self._await_ready())
 
@@ -306,19 +309,26 @@ class LocalCluster:
             await self._await_schedulers(deadline, expected)
         finally:
             await client.close()
-        if self.api_url is not None:
+        if self.api_urls:
             await self._await_api(deadline)
 
-    def _api_args(self) -> list[str]:
-        """The first scheduler serves the API: its address (a free port for port 0) and the
-        token, in a file only this user reads."""
+    @property
+    def api_url(self) -> str | None:
+        """The first scheduler's API endpoint (``None`` without ``http``)."""
+        return self.api_urls[0] if self.api_urls else None
+
+    def _api_args(self, index: int) -> list[str]:
+        """Scheduler ``index`` serves the API: its address (``http``'s port for the first, a
+        free one for the others and for port 0) and the token, in a file only this user
+        reads."""
         assert self.http is not None and self.api_token is not None
         host, port = self.http
-        port = free_port(host, port)
+        port = free_port(host, port if index == 0 else 0)
         token_file = self.directory / "api-token"
-        write_private(token_file, self.api_token + "\n")
+        if index == 0:
+            write_private(token_file, self.api_token + "\n")
         shown_host = f"[{host}]" if ":" in host else host
-        self.api_url = f"http://{shown_host}:{port}"
+        self.api_urls.append(f"http://{shown_host}:{port}")
         return [
             "--http",
             f"{shown_host}:{port}",
@@ -329,16 +339,16 @@ class LocalCluster:
         ]
 
     async def _await_api(self, deadline: float) -> None:
-        assert self.api_url is not None
         async with httpx.AsyncClient(timeout=1.0) as http:
-            while True:
-                self._check_children()
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get(f"{self.api_url}/healthz")).status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise Unavailable(f"the API did not come up at {self.api_url} in time")
-                await asyncio.sleep(0.05)
+            for url in self.api_urls:
+                while True:
+                    self._check_children()
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await http.get(f"{url}/healthz")).status_code == 200:
+                            break
+                    if time.monotonic() > deadline:
+                        raise Unavailable(f"the API did not come up at {url} in time")
+                    await asyncio.sleep(0.05)
 
     async def _await_schedulers(self, deadline: float, nodes: set[str]) -> None:
         creds = None if self.auth is None else self.auth.client
@@ -406,6 +416,9 @@ class LocalCluster:
         if self.api_url is None:
             return []
         url, token = self.api_url, self.api_token
+        others = (
+            [f"  other endpoints:   {', '.join(self.api_urls[1:])}"] if self.api_urls[1:] else []
+        )
         then = "berth nodes; berth run IMAGE --type micro -- CMD; berth ps"
         if self.runtime == "microvm":
             images = GuestFiles.at(self.configs[0].microvm.data_dir).images_dir
@@ -413,6 +426,7 @@ class LocalCluster:
         return [
             "",
             f"  API:               {url}  (OpenAPI at {url}/openapi.json)",
+            *others,
             f"  dashboard:         {url}/?token={token}",
             f"  metrics:           {url}/metrics  (Authorization: Bearer $BERTH_TOKEN)",
             f"  export BERTH_API={url}",

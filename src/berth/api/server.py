@@ -7,7 +7,8 @@
 * **Who** — :func:`resolve_token`: ``--token`` or ``--token-file`` (first line), else a fresh
   random token (``secrets.token_urlsafe(32)``); a token is 16–512 printable characters
   without spaces.
-* **How to find it** — :func:`write_api_file` writes ``{"url", "token"}`` to
+* **How to find it** — :func:`write_api_file` writes ``{"url", "urls", "token"}`` (``urls``:
+  every endpoint serving the cluster, the CLI fails over between them) to
   ``$BERTH_HOME/api.json`` (default ``~/.berth/api.json``, the directory ``0700``, the file
   ``0600``), which the CLI reads when ``--api``/``BERTH_API`` are not given.
 * **Serving** — :class:`ApiServer` runs uvicorn *inside the running event loop* (the
@@ -24,7 +25,7 @@ import ipaddress
 import json
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import uvicorn
@@ -115,11 +116,15 @@ def _checked_token(token: str, flag: str) -> str:
     return token
 
 
-def write_api_file(url: str, token: str, path: Path | None = None) -> Path:
-    """Write ``{"url", "token"}`` for the CLI (directory ``0700``, file ``0600``)."""
+def write_api_file(
+    url: str, token: str, path: Path | None = None, *, others: Sequence[str] = ()
+) -> Path:
+    """Write ``{"url", "urls", "token"}`` for the CLI (directory ``0700``, file ``0600``):
+    ``urls`` is ``url`` and the ``others`` serving the same cluster."""
     path = path or api_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    write_private(path, json.dumps({"url": url, "token": token}) + "\n")
+    document = {"url": url, "urls": [url, *others], "token": token}
+    write_private(path, json.dumps(document) + "\n")
     return path
 
 

@@ -564,7 +564,7 @@ def up(
         signal.signal(signal.SIGTERM, previous)
     with cluster:
         if cluster.api_url is not None and cluster.api_token is not None:
-            path = write_api_file(cluster.api_url, cluster.api_token)
+            path = write_api_file(cluster.api_url, cluster.api_token, others=cluster.api_urls[1:])
             console.print(f"API address and token written to {path}", highlight=False)
         console.print(cluster.describe(), highlight=False, soft_wrap=True)
 

@@ -1,11 +1,13 @@
-"""The API's three registries, written once over versioned documents.
+"""The API's registries, written once over versioned documents.
 
-The workload registry, the identity claims and the image registry
+The workload registry, the identity claims, the idempotency keys and the image registry
 (:mod:`berth.registry.port`) need one storage primitive: typed documents by name, each read
 with its revision, stored create-if-absent, replaced and deleted only at a revision
 (:class:`Documents`).  The rules that make the ports' guarantees — a workload's end recorded
 by compare-and-set, so nothing written meanwhile is lost; one claim per identity, taken over
-only from a holder that no longer holds it, released only by its holder — are written here,
+only from a holder that no longer holds it, released only by its holder; one create per
+idempotency key, renewed by its holder and taken over with the same compare-and-set — are
+written here,
 once, over any :class:`Documents`; each driver gives the documents:
 :class:`~berth.registry.memory.MemoryDocuments` in this process,
 :class:`~berth.registry.nats.JsonBucket` in a JetStream KV bucket.
@@ -28,18 +30,28 @@ from berth.registry.port import (
     WORKLOAD_ID,
     Claim,
     Holds,
+    IdempotencyKeys,
     IdentityClaims,
     IdentityTaken,
     Image,
+    KeyClaim,
+    Replaceable,
     StoredWorkload,
 )
 
-__all__ = ["CLAIM_ATTEMPTS", "DocumentClaims", "DocumentImages", "DocumentWorkloads", "Documents"]
+__all__ = [
+    "CLAIM_ATTEMPTS",
+    "DocumentClaims",
+    "DocumentImages",
+    "DocumentKeys",
+    "DocumentWorkloads",
+    "Documents",
+]
 
 Model = TypeVar("Model", bound=BaseModel)
 CLAIM_ATTEMPTS = 8
-"""How often a claim looks again at an identity whose claim changed under it before it
-gives up (``Unavailable``: try again)."""
+"""How often a claim looks again at an identity (or a key) whose claim changed under it
+before it gives up (``Unavailable``: try again)."""
 
 
 class Documents(Protocol[Model]):
@@ -76,9 +88,15 @@ class Documents(Protocol[Model]):
 class DocumentWorkloads:
     """A :class:`~berth.registry.port.WorkloadRegistry` over ``documents``."""
 
-    def __init__(self, documents: Documents[StoredWorkload], claims: IdentityClaims) -> None:
+    def __init__(
+        self,
+        documents: Documents[StoredWorkload],
+        claims: IdentityClaims,
+        keys: IdempotencyKeys,
+    ) -> None:
         self._documents = documents
         self.claims = claims
+        self.keys = keys
 
     async def record(self, workload: StoredWorkload) -> None:
         await self._documents.put(workload.id, workload)
@@ -173,6 +191,68 @@ class DocumentClaims:
         if found is None or found[0] is None or found[0].workload_id != workload_id:
             return
         await self._documents.delete_at(identity, found[1])
+
+
+class DocumentKeys:
+    """An :class:`~berth.registry.port.IdempotencyKeys` over ``documents`` (each claim
+    stored under its own ``key``)."""
+
+    def __init__(self, documents: Documents[KeyClaim]) -> None:
+        self._documents = documents
+
+    async def holder(self, key: str) -> KeyClaim | None:
+        found = await self._documents.entry(key)
+        return None if found is None else found[0]
+
+    async def claim(self, claim: KeyClaim, *, replaceable: Replaceable) -> KeyClaim:
+        """See :meth:`~berth.registry.port.IdempotencyKeys.claim`; a stored value that is not
+        a claim is replaced as if it were absent."""
+        for _ in range(CLAIM_ATTEMPTS):
+            found = await self._documents.entry(claim.key)
+            if found is None:
+                if await self._documents.create(claim.key, claim):
+                    return claim
+                continue  # another create stored it first: look at whose it is
+            held, revision = found
+            if held is not None and held.workload_id == claim.workload_id:
+                return held
+            if held is not None and not await replaceable(held):
+                return held
+            if await self._documents.replace(claim.key, claim, revision):
+                return claim
+        raise Unavailable(f"the idempotency key {claim.key} kept changing; try again")
+
+    async def confirm(self, key: str, workload_id: str, *, now: float) -> bool:
+        """See :meth:`~berth.registry.port.IdempotencyKeys.confirm`."""
+        for _ in range(CLAIM_ATTEMPTS):
+            found = await self._documents.entry(key)
+            held, revision = (None, 0) if found is None else found
+            if held is None or held.workload_id != workload_id:
+                return False
+            renewed = held.model_copy(update={"claimed_at": now})
+            if await self._documents.replace(key, renewed, revision):
+                return True
+        raise Unavailable(f"the idempotency key {key} kept changing; try again")
+
+    async def release(self, key: str, workload_id: str) -> None:
+        found = await self._documents.entry(key)
+        if found is None or found[0] is None or found[0].workload_id != workload_id:
+            return
+        await self._documents.delete_at(key, found[1])
+
+    async def expire(self, before: float) -> int:
+        """See :meth:`~berth.registry.port.IdempotencyKeys.expire`: each old claim read again
+        with its revision and deleted at it, so one renewed or taken over meanwhile stays."""
+        deleted = 0
+        for listed in await self._documents.all():
+            if listed.claimed_at >= before:
+                continue
+            found = await self._documents.entry(listed.key)
+            if found is None or found[0] is None or found[0].claimed_at >= before:
+                continue
+            if await self._documents.delete_at(listed.key, found[1]):
+                deleted += 1
+        return deleted
 
 
 class DocumentImages:

@@ -1,7 +1,8 @@
 """The registries in this process: the embedded API's drivers, and the tests'.
 
-In-process drivers of the four registry ports (:mod:`berth.registry.port`):
-:class:`MemoryWorkloads` (with its :class:`MemoryClaims`) and :class:`MemoryImages` are the
+In-process drivers of the registry ports (:mod:`berth.registry.port`):
+:class:`MemoryWorkloads` (with its :class:`MemoryClaims` and :class:`MemoryKeys`) and
+:class:`MemoryImages` are the
 rules of :mod:`berth.registry.documents` over :class:`MemoryDocuments`; :class:`MemoryRoutes`
 keeps routes in a dictionary and delivers every change to its followers as it is made;
 :class:`MemoryLease` is a holder and its deadline on an injected clock.
@@ -27,13 +28,27 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel
 
 from berth.model import INTERVAL_RULE, Placement, Spec
-from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
-from berth.registry.port import Claim, Image, Route, RouteEvent, RouteListener, StoredWorkload
+from berth.registry.documents import (
+    DocumentClaims,
+    DocumentImages,
+    DocumentKeys,
+    DocumentWorkloads,
+)
+from berth.registry.port import (
+    Claim,
+    Image,
+    KeyClaim,
+    Route,
+    RouteEvent,
+    RouteListener,
+    StoredWorkload,
+)
 
 __all__ = [
     "MemoryClaims",
     "MemoryDocuments",
     "MemoryImages",
+    "MemoryKeys",
     "MemoryLease",
     "MemoryRouteWatch",
     "MemoryRoutes",
@@ -99,11 +114,18 @@ class MemoryClaims(DocumentClaims):
         super().__init__(MemoryDocuments[Claim]())
 
 
-class MemoryWorkloads(DocumentWorkloads):
-    """The workload registry in this process, its claims beside it."""
+class MemoryKeys(DocumentKeys):
+    """Idempotency keys in this process."""
 
     def __init__(self) -> None:
-        super().__init__(MemoryDocuments[StoredWorkload](), MemoryClaims())
+        super().__init__(MemoryDocuments[KeyClaim]())
+
+
+class MemoryWorkloads(DocumentWorkloads):
+    """The workload registry in this process, its claims and keys beside it."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryDocuments[StoredWorkload](), MemoryClaims(), MemoryKeys())
 
 
 class MemoryImages(DocumentImages):

@@ -1,14 +1,22 @@
-"""The API's registries on NATS: workloads, identity claims and images in one KV bucket.
+"""The API's registries on NATS: workloads, identity claims, idempotency keys and images in
+one KV bucket.
 
 The NATS drivers of :class:`~berth.registry.port.WorkloadRegistry`,
-:class:`~berth.registry.port.IdentityClaims` and :class:`~berth.registry.port.ImageRegistry`
-(the ports, their vocabulary and their guarantees are in :mod:`berth.registry.port`; the
-in-process drivers in :mod:`berth.registry.memory`).  All three keep pydantic documents in the
-JetStream KV bucket ``berth_api`` (:data:`~berth.nats.names.API_BUCKET`) through
-:class:`JsonBucket`, each under its own prefix: a workload under ``w.<id>``, a claim under
-``c.<identity>``, an image under ``i.<name>`` (the name escaped as a subject token,
-:func:`~berth.nats.wire.node_token`).  A bucket, not the API's memory, so a restarted
+:class:`~berth.registry.port.IdentityClaims`, :class:`~berth.registry.port.IdempotencyKeys`
+and :class:`~berth.registry.port.ImageRegistry` (the ports, their vocabulary and their
+guarantees are in :mod:`berth.registry.port`; the in-process drivers in
+:mod:`berth.registry.memory`).  All four keep pydantic documents in the JetStream KV bucket
+``berth_api`` (:data:`~berth.nats.names.API_BUCKET`) through :class:`JsonBucket`, each under
+its own prefix: a workload under ``w.<id>``, a claim under ``c.<identity>``, a key claim
+under ``k.<sha256 of the key>``, an image under ``i.<name>`` (the name escaped as a subject
+token, :func:`~berth.nats.wire.node_token`).  A bucket, not the API's memory, so a restarted
 scheduler (or another one serving the API) knows the workloads that run.
+
+Key claims live in the API's bucket rather than one with a TTL of its own: the scheduler's
+NATS user may keep that bucket already (:mod:`berth.nats.auth`), and its workloads must not
+expire.  So a key claim carries its time (``claimed_at``) and expires by the API's rule
+(:mod:`berth.api.idempotency`): an expired claim is taken over like an absent one, and the
+reconciler deletes old ones (a delete leaves the key's small delete marker in the stream).
 
 The ports' atomic steps are the bucket's: a claim is taken with KV create-if-absent (of two
 concurrent creates exactly one stores it), taken over and a workload's end recorded with a
@@ -39,8 +47,13 @@ from berth.errors import Unavailable
 from berth.nats.names import API_BUCKET
 from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import node_token
-from berth.registry.documents import DocumentClaims, DocumentImages, DocumentWorkloads
-from berth.registry.port import Claim, Image, StoredWorkload
+from berth.registry.documents import (
+    DocumentClaims,
+    DocumentImages,
+    DocumentKeys,
+    DocumentWorkloads,
+)
+from berth.registry.port import Claim, Image, KeyClaim, StoredWorkload
 
 __all__ = [
     "WATCH_TIMEOUT_S",
@@ -48,6 +61,7 @@ __all__ = [
     "JsonBucket",
     "NatsClaims",
     "NatsImages",
+    "NatsKeys",
     "NatsWorkloads",
     "asking",
     "opened",
@@ -236,18 +250,36 @@ class NatsClaims(DocumentClaims):
         return self
 
 
+class NatsKeys(DocumentKeys):
+    """Idempotency key claims under ``k.<key>`` in the API's bucket (the key is already a
+    hash: :func:`berth.api.idempotency.key_name`)."""
+
+    def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
+        self._bucket = JsonBucket(client, KeyClaim, prefix="k", bucket=bucket)
+        super().__init__(self._bucket)
+
+    async def start(self) -> NatsKeys:
+        await self._bucket.start()
+        return self
+
+
 class NatsWorkloads(DocumentWorkloads):
-    """The workload registry under ``w.<id>`` in the API's bucket, its claims beside it."""
+    """The workload registry under ``w.<id>`` in the API's bucket, its claims and keys beside
+    it."""
 
     claims: NatsClaims
+    keys: NatsKeys
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, StoredWorkload, prefix="w", bucket=bucket)
-        super().__init__(self._bucket, NatsClaims(client, bucket=bucket))
+        super().__init__(
+            self._bucket, NatsClaims(client, bucket=bucket), NatsKeys(client, bucket=bucket)
+        )
 
     async def start(self) -> NatsWorkloads:
         await self._bucket.start()
         await self.claims.start()
+        await self.keys.start()
         return self
 
 

@@ -1,6 +1,6 @@
 """The registry ports: what the API and the schedulers record beside the node states.
 
-Four small ports, each with an in-process driver (:mod:`berth.registry.memory`, the embedded
+Small ports, each with an in-process driver (:mod:`berth.registry.memory`, the embedded
 API and tests) and a NATS one (:mod:`berth.registry.nats`, :mod:`berth.registry.nats_routes`),
 and one contract suite both pass (:mod:`berth.testing.registry_contract`):
 
@@ -31,6 +31,15 @@ and one contract suite both pass (:mod:`berth.testing.registry_contract`):
   or a create that died before recording its workload, after :data:`CLAIM_PENDING_S`) is
   taken over atomically; a ``pending`` or ``unknown`` holder still holds it; a release frees
   a claim only for its own holder.
+* :class:`IdempotencyKeys` — **one create per idempotency key**: a create that carries a key
+  (the HTTP API's ``Idempotency-Key``) claims it create-if-absent *before* it records
+  anything (:class:`KeyClaim`: the workload id it names, a hash of its request), so of two
+  API processes given the same key at once exactly one creates; the other finds the winner's
+  claim and answers from it.  A claim the caller judges gone (expired, or abandoned by a
+  create that died before recording) is taken over by compare-and-set; the holder renews its
+  claim (:meth:`IdempotencyKeys.confirm`, a compare-and-set too) just before it records its
+  workload, so a takeover and that record never both happen.  What a key means to the API
+  is :mod:`berth.api.idempotency`'s; the port stores claims only.
 * :class:`ImageRegistry` — named images as layer chains with sizes (:class:`Image`), so a
   request can name one; values are checked before they reach it
   (:func:`berth.registry.images.image_of`).
@@ -70,12 +79,15 @@ __all__ = [
     "Claim",
     "HistoryEvent",
     "Holds",
+    "IdempotencyKeys",
     "IdentityClaims",
     "IdentityTaken",
     "Image",
     "ImageLayer",
     "ImageRegistry",
+    "KeyClaim",
     "Lease",
+    "Replaceable",
     "Route",
     "RouteEvent",
     "RouteListener",
@@ -187,6 +199,11 @@ class WorkloadRegistry(Protocol):
         """The identities of the workloads: one running workload holds each."""
         ...
 
+    @property
+    def keys(self) -> IdempotencyKeys:
+        """The creates' idempotency keys: one create per key."""
+        ...
+
     async def record(self, workload: StoredWorkload) -> None:
         """Store ``workload``'s record (replacing the one of the same id)."""
         ...
@@ -276,6 +293,56 @@ class IdentityClaims(Protocol):
 
     async def release(self, identity: str, workload_id: str) -> None:
         """Give ``identity`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        ...
+
+
+# -- idempotency keys ------------------------------------------------------------------------
+class KeyClaim(BaseModel):
+    """Who took an idempotency key: ``key`` (its name in the store, a hash of the caller's
+    key — never the key itself), the workload its create names, a hash of the request that
+    create was given, and when it was taken (or last renewed, :meth:`IdempotencyKeys.confirm`)
+    on the API's clock."""
+
+    key: str
+    workload_id: str
+    request_hash: str
+    claimed_at: float
+
+
+Replaceable = Callable[[KeyClaim], Awaitable[bool]]
+"""Whether a held key claim may be taken over (it expired, or its create died before
+recording its workload): the caller's judgement, asked between the store's atomic steps."""
+
+
+class IdempotencyKeys(Protocol):
+    """One create per idempotency key (see the module docstring)."""
+
+    async def holder(self, key: str) -> KeyClaim | None:
+        """The claim holding ``key``, if any."""
+        ...
+
+    async def claim(self, claim: KeyClaim, *, replaceable: Replaceable) -> KeyClaim:
+        """Take ``claim.key`` for ``claim``: stored create-if-absent, so of concurrent claims
+        exactly one stores it; a held claim for which ``replaceable`` says ``True`` is
+        replaced by compare-and-set (a claim changed while it was asked is looked at again).
+        The claim holding the key now: ``claim`` when this call took it (or its workload id
+        held it already), else the holder's — the caller compares workload ids."""
+        ...
+
+    async def confirm(self, key: str, workload_id: str, *, now: float) -> bool:
+        """Renew ``workload_id``'s claim on ``key`` (``claimed_at`` := ``now``) by
+        compare-and-set, just before its create records its workload: of this and a takeover
+        racing it exactly one holds.  ``False`` when ``workload_id`` no longer holds ``key``
+        (taken over: its create must not record anything)."""
+        ...
+
+    async def release(self, key: str, workload_id: str) -> None:
+        """Give ``key`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        ...
+
+    async def expire(self, before: float) -> int:
+        """Delete every claim taken (or last renewed) before ``before`` — unless it changed
+        meanwhile; how many were deleted."""
         ...
 
 

@@ -6,7 +6,9 @@ Subclass :class:`RegistryContract` next to a driver's tests and implement
 :mod:`berth.registry.port` promises — a workload's end recorded once and never over a change
 written meanwhile, a transition only from the states it expects, one winner among concurrent
 claims of an identity, a takeover only from a holder that no longer holds it, a release only
-by the holder, images by name, routes by workload and node with their revisions, and a
+by the holder; one winner among concurrent claims of an idempotency key, a takeover only of a
+claim judged replaceable, a holder's renewal and a takeover never both holding, old claims
+expired and no others; images by name, routes by workload and node with their revisions, and a
 follower that sees the routes stored, then every change, in order.  The in-process drivers
 run it in ``tests/test_registry.py``, the NATS drivers on a real nats-server in
 ``tests/test_registry_nats.py``.
@@ -28,6 +30,7 @@ from berth.registry.port import (
     Image,
     ImageLayer,
     ImageRegistry,
+    KeyClaim,
     RouteEvent,
     RouteRegistry,
     StoredWorkload,
@@ -39,6 +42,7 @@ from berth.units import MiB
 __all__ = ["Registries", "RegistryContract", "sample_workload"]
 
 IDENTITY = "default/hello/0"
+KEY = "5f2b" * 16  # a key claim's name: the API's hash of the caller's key
 SPEC = Spec(vcpus=0.5, mem=MiB, disk=MiB)
 FUNCTION = ("default", "hello")
 
@@ -84,6 +88,18 @@ async def running(claim: Claim) -> str | None:
 
 async def ended(claim: Claim) -> str | None:
     return None
+
+
+def _key_claim(workload_id: str, *, key: str = KEY, claimed_at: float = 1.0) -> KeyClaim:
+    return KeyClaim(key=key, workload_id=workload_id, request_hash="r1", claimed_at=claimed_at)
+
+
+async def never(held: KeyClaim) -> bool:
+    return False
+
+
+async def always(held: KeyClaim) -> bool:
+    return True
 
 
 class RegistryContract:
@@ -318,6 +334,95 @@ class RegistryContract:
                 await claims.claim(IDENTITY, "w-000000000002", holds=ended_and_released, now=2.0)
             # its compare-and-set failed: it looked again and found the new holder running
             assert await claims.holder(IDENTITY) == "w-000000000009"
+
+        self._run(check)
+
+    # -- idempotency keys --------------------------------------------------------------------
+    def test_concurrent_claims_of_one_key_have_one_winner_that_all_are_answered(self) -> None:
+        async def check(registries: Registries) -> None:
+            keys = registries.workloads.keys
+            assert await keys.holder(KEY) is None
+            claims = [_key_claim(f"w-{i:012x}") for i in range(8)]
+            held = await asyncio.gather(*(keys.claim(claim, replaceable=never) for claim in claims))
+            (winner,) = {claim.workload_id for claim in held}
+            assert winner in {claim.workload_id for claim in claims}
+            assert held[0] == next(claim for claim in claims if claim.workload_id == winner)
+            assert await keys.holder(KEY) == held[0]
+            again = await keys.claim(_key_claim(winner, claimed_at=9.0), replaceable=never)
+            assert again == held[0]  # its own claim: kept as it is
+            other = await keys.claim(_key_claim("w-000000000009", key="ab" * 32), replaceable=never)
+            assert other.workload_id == "w-000000000009"  # another key is another claim
+
+        self._run(check)
+
+    def test_a_replaceable_key_claim_is_taken_over_once_and_release_is_the_holders(
+        self,
+    ) -> None:
+        async def check(registries: Registries) -> None:
+            keys = registries.workloads.keys
+            first = await keys.claim(_key_claim("w-000000000001"), replaceable=never)
+            asked: list[KeyClaim] = []
+
+            async def judged(held: KeyClaim) -> bool:  # the first holder's create died
+                asked.append(held)
+                return held.workload_id == first.workload_id
+
+            takers = [_key_claim(f"w-{i:012x}", claimed_at=5.0) for i in range(2, 6)]
+            held = await asyncio.gather(*(keys.claim(t, replaceable=judged) for t in takers))
+            (winner,) = {claim.workload_id for claim in held}
+            assert winner != first.workload_id and asked[0] == first
+            await keys.release(KEY, "w-000000000001")  # not the holder: nothing
+            assert (await keys.holder(KEY) or first).workload_id == winner
+            await keys.release(KEY, winner)
+            assert await keys.holder(KEY) is None
+
+        self._run(check)
+
+    def test_a_holders_renewal_and_a_takeover_never_both_hold(self) -> None:
+        async def check(registries: Registries) -> None:
+            keys = registries.workloads.keys
+            await keys.claim(_key_claim("w-000000000001"), replaceable=never)
+            assert await keys.confirm(KEY, "w-000000000001", now=3.0)
+            renewed = await keys.holder(KEY)
+            assert renewed is not None and renewed.claimed_at == 3.0
+            assert not await keys.confirm(KEY, "w-000000000002", now=3.0)  # not its claim
+
+            async def renewed_meanwhile(held: KeyClaim) -> bool:
+                # the holder renews while the taker judges it abandoned
+                if held.workload_id == "w-000000000001" and held.claimed_at < 4.0:
+                    assert await keys.confirm(KEY, "w-000000000001", now=4.0)
+                    return True
+                return False
+
+            taker = _key_claim("w-000000000002", claimed_at=4.0)
+            held = await keys.claim(taker, replaceable=renewed_meanwhile)
+            assert held.workload_id == "w-000000000001" and held.claimed_at == 4.0
+            # taken over for good: the old holder's renewal fails, and it must not record
+            assert (await keys.claim(taker, replaceable=always)).workload_id == taker.workload_id
+            assert not await keys.confirm(KEY, "w-000000000001", now=5.0)
+            assert await keys.confirm(KEY, taker.workload_id, now=5.0)
+            await keys.release(KEY, "w-000000000001")
+            assert (await keys.holder(KEY) or taker).workload_id == taker.workload_id
+            assert not await keys.confirm("cd" * 32, "w-000000000001", now=5.0)  # absent
+
+        self._run(check)
+
+    def test_key_claims_older_than_the_bound_are_expired_and_no_others(self) -> None:
+        async def check(registries: Registries) -> None:
+            keys = registries.workloads.keys
+            assert await keys.expire(100.0) == 0
+            names = {"old": "0a" * 32, "renewed": "0b" * 32, "new": "0c" * 32}
+            for name, key in names.items():
+                at = 50.0 if name == "new" else 1.0
+                await keys.claim(
+                    _key_claim(f"w-{len(name):012x}", key=key, claimed_at=at), replaceable=never
+                )
+            assert await keys.confirm(names["renewed"], f"w-{len('renewed'):012x}", now=60.0)
+            assert await keys.expire(10.0) == 1
+            assert await keys.holder(names["old"]) is None
+            assert await keys.holder(names["renewed"]) is not None
+            assert await keys.holder(names["new"]) is not None
+            assert await keys.expire(100.0) == 2 and await keys.expire(100.0) == 0
 
         self._run(check)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 __all__ = [
     "HEARTBEAT_S",
+    "IDEMPOTENCY_ABANDONED_AFTER_S",
+    "IDEMPOTENCY_RETENTION_S",
     "LEASE_TTL_S",
     "LOCAL_HEARTBEAT_S",
     "MAX_ORPHAN_GRACE_S",
@@ -83,6 +85,17 @@ from taking over (it renews every third of it)."""
 RECONCILE_PENDING_AFTER_S = 2 * RUN_TIMEOUT_S + 10.0
 """How old a ``pending`` record whose node does not run it must be before the reconciler asks
 the node to run it again (same id: idempotent): by then its create's own attempts are over."""
+
+IDEMPOTENCY_RETENTION_S = 24 * 3600.0
+"""How long the API remembers a create's ``Idempotency-Key``: a repeat within it is answered
+with the first attempt's workload, a key older than that is a new create."""
+
+IDEMPOTENCY_ABANDONED_AFTER_S = 30.0
+"""How long a create's key claim that names no recorded workload yet is respected: a repeat
+meanwhile is ``409`` (in progress, retry); after it the first attempt is taken to have died
+before recording anything, and a repeat takes the key over.  Longer than a create takes from
+its claim to its record (the identity claim, then a placement of at most
+:data:`SCHEDULE_TIMEOUT_S`)."""
 
 RESTART_ATTEMPTS = 3
 """How many restarts a workload's restart policy allows within its interval, when it names

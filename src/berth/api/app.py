@@ -8,8 +8,9 @@ The OpenAPI document is served at ``/openapi.json`` behind the token too (no Swa
 would load scripts from a CDN); :func:`generated_openapi` gives it without a running server —
 the copy committed as ``docs/openapi.json`` (``berth api openapi``) is held equal to it by a
 test.
-Validation answers ``400`` (not FastAPI's ``422``), so the document lists only the answers
-the service gives.
+Validation answers ``400`` (not FastAPI's ``422``; the ``422`` a create's reused
+``Idempotency-Key`` answers is the route's own), so the document lists only the answers the
+service gives.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from berth import __version__
-from berth.api import dashboard, metrics, schemas
+from berth.api import dashboard, idempotency, metrics, schemas
 from berth.api.auth import SAFE_METHODS, configure, require_token
 from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
@@ -45,6 +46,39 @@ NodeName = Annotated[str, Path(description="A node's name")]
 ImageName = Annotated[str, Path(description="A registered image's name")]
 
 
+_CREATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    201: {
+        "description": "Created: the workload, as recorded; or a repeat's answer — the first "
+        "attempt's workload as it is now, with Idempotent-Replayed: true",
+        "headers": {
+            idempotency.REPLAYED_HEADER: {
+                "description": "true on the answer to a repeat of an Idempotency-Key",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        },
+    },
+    **problem_responses(
+        400,
+        409,
+        422,
+        503,
+        described={
+            409: "No capacity (per-reason counts), refused by the node, the workload's "
+            "identity (namespace/name/replica) held by a running workload, or a create with "
+            "the same Idempotency-Key still in progress (idempotency_in_progress, "
+            "Retry-After)",
+        },
+    ),
+}
+_CREATE_RESPONSES[409]["headers"] = {
+    "Retry-After": {
+        "description": "Seconds to wait before a repeat, when the create with the same "
+        "Idempotency-Key is in progress",
+        "schema": {"type": "integer"},
+    }
+}
+
+
 def _routes(backend: ClusterBackend) -> APIRouter:
     api = APIRouter(prefix="/v1", dependencies=[Depends(require_token)])
 
@@ -53,12 +87,19 @@ def _routes(backend: ClusterBackend) -> APIRouter:
         "/workloads",
         status_code=201,
         response_model=Workload,
-        responses=problem_responses(400, 409, 503),
+        responses=_CREATE_RESPONSES,
         tags=["workloads"],
-        summary="Place and boot a workload",
+        summary="Place and boot a workload (a repeat of its Idempotency-Key: the first's)",
     )
-    async def create_workload(body: schemas.WorkloadCreate) -> Workload:
-        return await backend.create(body)
+    async def create_workload(
+        body: schemas.WorkloadCreate,
+        response: Response,
+        idempotency_key: idempotency.KeyHeader = None,
+    ) -> Workload:
+        workload, replayed = await backend.create_or_repeat(body, idempotency_key)
+        if replayed:
+            response.headers[idempotency.REPLAYED_HEADER] = "true"
+        return workload
 
     @api.get(
         "/workloads",
@@ -362,7 +403,10 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             responses = operation.setdefault("responses", {})
-            responses.pop("422", None)
+            if "HTTPValidationError" in str(responses.get("422")):  # FastAPI's, never answered
+                responses.pop("422")
+            for parameter in operation.get("parameters", ()):
+                _absent_not_null(parameter)
             if path == "/healthz":
                 continue
             added: dict[int | str, dict[str, Any]] = {}
@@ -382,6 +426,17 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
     document["paths"]["/healthz"]["get"]["security"] = []  # the one open route
     app.openapi_schema = document
     return document
+
+
+def _absent_not_null(parameter: dict[str, Any]) -> None:
+    """An optional header is absent or a string, never JSON's ``null``: its schema says the
+    string alone (FastAPI writes ``anyOf: [string, null]`` for ``str | None``)."""
+    schema = parameter.get("schema", {})
+    options = schema.get("anyOf", [])
+    if parameter.get("in") != "header" or {"type": "null"} not in options:
+        return
+    (kept,) = [option for option in options if option != {"type": "null"}]
+    parameter["schema"] = {**kept, "title": schema.get("title", parameter["name"])}
 
 
 def generated_openapi() -> dict[str, Any]:

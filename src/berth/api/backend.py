@@ -15,7 +15,12 @@ types, the boot spec, the image), so bad input reserves nothing; then places thr
 queue group — the scheduler confirms on the node under a lease.  Before placing, it claims
 the workload's identity (``namespace/name/replica``,
 :class:`~berth.registry.port.IdentityClaims`): an identity a live workload holds — or one a
-concurrent create is placing — is ``409`` naming the holder, with nothing placed.
+concurrent create is placing — is ``409`` naming the holder, with nothing placed.  A create
+that carries an ``Idempotency-Key`` claims the key first, after every check of its input
+(:mod:`berth.api.idempotency`): a repeat is answered with the first attempt's workload and
+places nothing; the claim is renewed just before the intent record, so a takeover of an
+abandoned key never races it; a create that fails gives the key back unless its workload
+may run.
 
 **Intent before boot**: the placed workload is recorded ``pending`` before its node is asked
 anything, then booted with the lease and *the API's id* (``try_run(…, reservation=…,
@@ -76,10 +81,16 @@ from collections.abc import Callable
 from typing import Any
 
 from berth.api import schemas
+from berth.api.idempotency import CreateKeys
 from berth.api.placements import Placements
 from berth.api.problems import Problem
 from berth.boot import BootSpec, WorkloadStatus
-from berth.defaults import NODE_GONE_AFTER_S, RUN_TIMEOUT_S
+from berth.defaults import (
+    IDEMPOTENCY_ABANDONED_AFTER_S,
+    IDEMPOTENCY_RETENTION_S,
+    NODE_GONE_AFTER_S,
+    RUN_TIMEOUT_S,
+)
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.events.port import WorkloadEvent
 from berth.model import INTERVAL_RULE, Placement, Request, ReschedulePolicy
@@ -141,6 +152,8 @@ class ClusterBackend:
         recent_capacity: int = 1000,
         clock: Callable[[], float] = time.time,
         node_gone_after_s: float = NODE_GONE_AFTER_S,
+        idempotency_abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
+        idempotency_retention_s: float = IDEMPOTENCY_RETENTION_S,
     ) -> None:
         self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "node_gone_after")
         self.scheduler = scheduler
@@ -149,6 +162,14 @@ class ClusterBackend:
         self.workloads = workloads
         self.images = images
         self.clock = clock
+        self.keys = CreateKeys(
+            workloads.keys,
+            workloads,
+            clock,
+            abandoned_after_s=idempotency_abandoned_after_s,
+            retention_s=idempotency_retention_s,
+        )
+        """The creates' idempotency keys (:mod:`berth.api.idempotency`)."""
         self._recent: deque[schemas.PlacementRecord] = deque(maxlen=recent_capacity)
 
     # -- requests ----------------------------------------------------------------------------
@@ -284,7 +305,20 @@ class ClusterBackend:
         return items
 
     # -- workloads ---------------------------------------------------------------------------
-    async def create(self, body: schemas.WorkloadCreate) -> StoredWorkload:
+    async def create(
+        self, body: schemas.WorkloadCreate, *, idempotency_key: str | None = None
+    ) -> StoredWorkload:
+        """Place and boot ``body`` (see the module docstring); with ``idempotency_key``, a
+        repeat's answer is the first attempt's workload (:meth:`create_or_repeat`)."""
+        workload, _ = await self.create_or_repeat(body, idempotency_key)
+        return workload
+
+    async def create_or_repeat(
+        self, body: schemas.WorkloadCreate, idempotency_key: str | None
+    ) -> tuple[StoredWorkload, bool]:
+        """:meth:`create`: the workload, and whether it is a repeat's answer —
+        ``idempotency_key`` named an earlier create, whose workload it is, nothing placed
+        (:mod:`berth.api.idempotency`; the key's form is checked where it enters)."""
         request, image = await self._workload_request(body)
         if request.spec is None:
             raise Invalid("a workload needs its resources: give a type or a spec", field="type")
@@ -300,7 +334,20 @@ class ClusterBackend:
         except Invalid as error:
             field = error.field if error.field in ("command", "env", "image") else "command"
             raise Invalid(error.message, field=field) from None
-        return await self._boot(request, boot, workload_id, image, body.reschedule_policy())
+        reschedule = body.reschedule_policy()
+        if idempotency_key is None:
+            return await self._boot(request, boot, workload_id, image, reschedule), False
+        first = await self.keys.take(idempotency_key, workload_id, body)
+        if first is not None:
+            return await self.workload(first), True
+        try:
+            booted = await self._boot(
+                request, boot, workload_id, image, reschedule, key=idempotency_key
+            )
+        except Exception:
+            await self.keys.give_back(idempotency_key, workload_id)
+            raise
+        return booted, False
 
     async def _boot(
         self,
@@ -312,11 +359,13 @@ class ClusterBackend:
         *,
         reschedules: int = 0,
         why: str | None = None,
+        key: str | None = None,
     ) -> StoredWorkload:
         """Claim the identity, place, record the intent (``pending``), boot on the chosen
         node under the workload's own id, record it ``running``: a running workload the API
         knows, an ended record with the node's reason, or a pending one whose boot's outcome
-        is unknown (``Unavailable``) — never a workload the registry has not seen."""
+        is unknown (``Unavailable``) — never a workload the registry has not seen.  ``key``:
+        the create's idempotency key, claimed for ``workload_id``, renewed before the record."""
         placement = await self._claim_and_place(request, workload_id)
         pending = StoredWorkload(
             id=workload_id,
@@ -340,7 +389,7 @@ class ClusterBackend:
             created_at=self.clock(),
             request=request.model_dump(mode="json"),
         )
-        await self._record_intent(request, placement, pending)
+        await self._record_intent(request, placement, pending, key)
         node_workload_id = await self._run(request, boot, placement, workload_id)
         workload = await self._started(pending, node_workload_id)
         explanation = (
@@ -362,12 +411,24 @@ class ClusterBackend:
             raise
 
     async def _record_intent(
-        self, request: Request, placement: Placement, pending: StoredWorkload
+        self, request: Request, placement: Placement, pending: StoredWorkload, key: str | None
     ) -> None:
-        """Record the workload ``pending`` before its node is asked to run it.  A registry
-        that fails to record it is ``Unavailable`` with nothing booted: the lease is given
-        back and the identity freed — whatever the failure (security finding 4: nothing a
-        create took is kept by a create that did not happen)."""
+        """Record the workload ``pending`` before its node is asked to run it — first renewing
+        its idempotency ``key``'s claim, if any: a key a repeat took over meanwhile is ``409``
+        (in progress) with nothing recorded.  A registry that fails to record it is
+        ``Unavailable`` with nothing booted: the lease is given back and the identity freed —
+        whatever the failure (security finding 4: nothing a create took is kept by a create
+        that did not happen)."""
+        if key is not None:
+            try:
+                await self.keys.confirm(key, pending.id)
+            except Exception as error:
+                await self._give_back(request, placement, pending.id)
+                detail = f"{pending.id} not recorded ({error}); nothing was booted"
+                self._note(
+                    request, "unavailable", detail, placement=placement, workload_id=pending.id
+                )
+                raise
         try:
             await self.workloads.record(pending)
         except Exception as error:

@@ -6,8 +6,9 @@ method per route (:class:`ApiClient`), parsing every answer with the API's own p
 schemas (:mod:`berth.api.schemas`), and turning every failure into one of berth's
 errors, so the command line prints it as its usual one line:
 
-* an ``application/problem+json`` answer → ``Invalid`` (400, with the problem's ``field``),
-  ``NoCapacity`` (409, the per-reason counts kept in ``reasons``), ``Unavailable`` (503), or
+* an ``application/problem+json`` answer → ``Invalid`` (400 and 422, with the problem's
+  ``field``), ``NoCapacity`` (409, the per-reason counts kept in ``reasons``), ``Unavailable``
+  (503, and the 409 of a repeat whose first attempt is in progress), or
   :class:`ApiError` (401, 404, a 409 ``identity_taken`` and anything else, with the status);
 * connection refused, a timeout, a dropped connection → ``Unavailable`` naming the URL (and,
   for a change sent but never answered, that its outcome is unknown);
@@ -364,6 +365,8 @@ class ApiClient:
             return Invalid(detail.replace("Input should be", "must be"), field=field)
         if status == 409 and str(problem.get("type", "")).endswith("/identity_taken"):
             return ApiError(detail, status=status)  # not a capacity problem: say it as it is
+        if status == 409 and str(problem.get("type", "")).endswith("/idempotency_in_progress"):
+            return Unavailable(detail)  # the same request, still under way: try again
         if status == 409:
             error = NoCapacity(detail)
             reasons = problem.get("reasons")  # {"mem_exhausted": 3, …}: counts per reason

@@ -10,6 +10,10 @@ One table says which error becomes which answer, so every route speaks the same 
 * a node's ``Refused`` (a boot that failed, a cordoned node) → ``409`` with its reason;
 * ``IdentityTaken`` (a workload's ``namespace/name/replica`` held by a running one) → ``409``
   with ``identity`` and the holder's ``workload_id``;
+* a create's ``Idempotency-Key`` (:mod:`berth.api.idempotency`, its own problems):
+  first used for another body → ``422`` on field ``Idempotency-Key``; its first attempt in
+  progress → ``409`` with ``Retry-After``; a malformed key is a header the schema refuses
+  (``400``, ``field`` the header's name);
 * ``Unavailable`` → ``503`` (retrying may help);
 * an unknown id → ``404``; a missing or wrong token → ``401``; a write the dashboard's
   cookie authenticates from another origin, or without its CSRF value → ``403``
@@ -57,6 +61,7 @@ _TITLES = {
     405: "method not allowed",
     409: "conflict",
     413: "request too large",
+    422: "unprocessable content",
     500: "internal error",
     503: "unavailable",
 }
@@ -161,7 +166,7 @@ def _reason_code(reason: str) -> str:
 def _validation_problem(error: RequestValidationError) -> Problem:
     errors = error.errors()
     first = errors[0] if errors else {}
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body",)]
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "header")]
     cause = first.get("ctx", {}).get("error")
     body_wide = isinstance(cause, Invalid) and bool(cause.field)  # a check that named the place
     if body_wide:
@@ -218,6 +223,7 @@ _DESCRIPTIONS = {
     404: "Unknown id or name",
     409: "No capacity (per-reason counts), refused by the node, or the workload's identity "
     "(namespace/name/replica) held by a running workload",
+    422: "The Idempotency-Key was first used for another request body",
     503: "A node, the schedulers or the API's registry could not be reached; retrying may help",
 }
 

@@ -25,7 +25,10 @@ each record towards what the node says — every change a compare-and-set on the
 * **a ghost** — an id a node runs that no live record names, seen so for at least one period
   (a create between recording its intent and the run is never taken for one: the record is
   read again before acting), is stopped and counted (``why``: ``unrecorded`` — no record at
-  all — or ``ended`` — its record says it ended, e.g. ``lost`` while it ran on).
+  all — or ``ended`` — its record says it ended, e.g. ``lost`` while it ran on);
+* **old idempotency keys** — at most every :data:`KEYS_EXPIRE_EVERY_S`, the creates' key
+  claims older than their retention are deleted (:meth:`~berth.api.idempotency.CreateKeys.
+  expire`; an expired claim counts as absent anyway: this only keeps the store small).
 
 **One at a time.**  :meth:`Reconciler.run` acts only while it holds a
 :class:`~berth.registry.port.Lease` (a KV key with a TTL on NATS, :mod:`berth.registry.nats_lease`):
@@ -63,6 +66,9 @@ __all__ = ["PassReport", "Reconciler"]
 
 log = logging.getLogger("berth.reconciler")
 
+KEYS_EXPIRE_EVERY_S = 3600.0
+"""How often a pass deletes the expired idempotency key claims (a pass an hour: they are
+kept a day)."""
 STARTING = object()
 """A node's report while it reconciles its journal: neither what it runs nor unreachable."""
 
@@ -81,6 +87,8 @@ class PassReport:
     retried: int = 0
     ghosts_stopped: int = 0
     ghosts_seen: int = 0
+    keys_expired: int = 0
+    """Expired idempotency key claims deleted (on the passes that look, hourly)."""
     seconds: float = 0.0
 
 
@@ -108,6 +116,8 @@ class Reconciler:
         """Ids a node ran that no live record named: since when (``monotonic``)."""
         self._held_until = -math.inf
         """Until when the lease is surely held (``monotonic``; set by :meth:`run`)."""
+        self._keys_expired_at = -math.inf
+        """When a pass last deleted the expired key claims (``monotonic``)."""
 
     # -- one pass ----------------------------------------------------------------------------
     async def reconcile(self, *, acting: Callable[[], bool] = lambda: True) -> PassReport:
@@ -130,6 +140,7 @@ class Reconciler:
         await asyncio.gather(*(self._converge(r, reports.get(r.node), report) for r in live))
         named = {(r.node, r.node_workload_id) for r in records if r.state in LIVE_STATES}
         await self._ghosts(reports, named, report, acting)
+        await self._expire_keys(report, acting)
         report.seconds = self.monotonic() - started
         self.passes += 1
         return report
@@ -280,6 +291,21 @@ class Reconciler:
             self.metrics.ghost_stopped(why)
         state = "no record names it" if record is None else f"its record is {record.state}"
         log.warning("stopped ghost %s on %s (%s)", workload_id, node, state)
+
+    async def _expire_keys(self, report: PassReport, acting: Callable[[], bool]) -> None:
+        """Delete the expired idempotency key claims, if the last pass that did is
+        :data:`KEYS_EXPIRE_EVERY_S` old; a registry that fails is tried again next pass."""
+        now = self.monotonic()
+        if now - self._keys_expired_at < KEYS_EXPIRE_EVERY_S or not acting():
+            return
+        try:
+            report.keys_expired = await self.backend.keys.expire()
+        except Unavailable as error:
+            log.warning("the expired idempotency keys were not deleted: %s", error)
+            return
+        self._keys_expired_at = now
+        if report.keys_expired:
+            log.info("deleted %d expired idempotency key claim(s)", report.keys_expired)
 
     # -- one at a time -----------------------------------------------------------------------
     def holding(self) -> bool:

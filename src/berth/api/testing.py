@@ -39,7 +39,7 @@ import httpx
 from berth.api.app import create_app
 from berth.api.backend import ClusterBackend
 from berth.api.placements import LocalPlacements
-from berth.defaults import NODE_GONE_AFTER_S
+from berth.defaults import IDEMPOTENCY_ABANDONED_AFTER_S, NODE_GONE_AFTER_S
 from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.events.memory import MemoryEvents
 from berth.nodeclient.faults import FaultyEvents, FaultyNodes
@@ -91,11 +91,14 @@ async def embedded_api(
     runtime: Literal["process", "fake"] = "process",
     heartbeat_s: float = 0.5,
     node_gone_after_s: float = NODE_GONE_AFTER_S,
+    idempotency_abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[ApiUnderTest]:
     """The API in this process over ``nodes`` embedded agents (sizes and platforms as
     :func:`~berth.embedded.embedded_configs` gives them) and in-memory registries; ``clock``
-    is the backend's (its records' times, the claims' ages, ``node_gone_after``)."""
+    is the backend's (its records' times, the claims' ages, ``node_gone_after``);
+    ``idempotency_abandoned_after_s`` how soon a create's key claim with no record is taken
+    over (:mod:`berth.api.idempotency`)."""
     configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
     events, cut = MemoryEvents(), set[str]()
     sink = FaultyEvents(events, cut)
@@ -109,6 +112,7 @@ async def embedded_api(
             workloads,
             MemoryImages(),
             node_gone_after_s=node_gone_after_s,
+            idempotency_abandoned_after_s=idempotency_abandoned_after_s,
             clock=clock,
         )
         app = create_app(backend, token=token)

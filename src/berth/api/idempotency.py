@@ -1,0 +1,211 @@
+"""The ``Idempotency-Key`` of ``POST /v1/workloads``: what a key means, how a repeat is answered.
+
+A client that lost a create's answer (a timeout, a dropped connection, a failover to another
+API process: :mod:`berth.api.client`) sends the create again with the same key, and must get
+the first attempt's workload, not a second one.  Several API processes serve one cluster and
+share nothing but the registries, so the key is claimed cluster-wide: :meth:`CreateKeys.take`
+stores a :class:`~berth.registry.port.KeyClaim` under :func:`key_name` (a SHA-256 of the key,
+never the key) naming the workload id the create will use and :func:`request_hash` of its
+body — create-if-absent (:class:`~berth.registry.port.IdempotencyKeys`), after every check of
+the input and *before* the identity claim, the placement and the intent record.  Of two
+processes given one key at once exactly one stores it; a repeat finds the claim and is
+answered by it:
+
+* **same body, workload recorded** → that workload's current record (a read, as ``GET``
+  answers it), ``201`` as the create answered, with ``Idempotent-Replayed: true``; nothing is
+  placed or booted;
+* **another body** → ``422`` naming the header (``idempotency_key_reused``): a key names one
+  request;
+* **same body, no record yet** → ``409`` ``idempotency_in_progress`` with ``Retry-After``: the
+  first attempt is between its claim and its record — unless the claim is older than
+  ``abandoned_after_s`` (:data:`~berth.defaults.IDEMPOTENCY_ABANDONED_AFTER_S`, 30 s, longer
+  than a create takes from its claim to its record): that attempt died before recording
+  anything, and the repeat takes the key over by compare-and-set and creates.
+
+**No takeover races a record.**  Just before it records its workload the first attempt renews
+its claim (:meth:`CreateKeys.confirm`, a compare-and-set on the claim's revision, as a
+takeover is): of the two exactly one holds.  An attempt that finds its key taken over gives
+back what it took (the placement, the identity) and answers ``409`` in progress — the repeat
+that took the key creates.
+
+**Failures.**  A create that fails gives its key back (:meth:`CreateKeys.give_back`) unless
+its workload may run: a live record (``pending`` — the boot's outcome unknown, a timeout is
+never a failure — or ``running``) keeps the key, so a retry answers that record instead of
+booting again; a registry that cannot tell keeps it too, and a retry converges (the record
+appears, or the claim is abandoned and taken over).  Bad input — the body or the key — is
+refused before the claim, so it changes nothing.
+
+**Retention.**  A claim counts for ``retention_s`` (:data:`~berth.defaults.
+IDEMPOTENCY_RETENTION_S`, 24 h) from its claim (or renewal): an older one is taken over as if
+absent — the key then names a new create — and :meth:`CreateKeys.expire` (the reconciler's)
+deletes old claims.
+
+**Keys**: 1 to 255 printable ASCII characters (``U+0020``–``U+007E``), checked by the route's
+header parameter (:data:`KeyHeader`): anything else is ``400`` on field ``Idempotency-Key``.
+
+What it is not: the other POSTs' idempotency.  Stop, cordon, uncordon, drain and the image
+registrations are idempotent by what they do (``docs/api.md`` says why) and take no key; a
+placement (``POST /v1/placements``) takes a lease that ends by itself unbound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Header
+from pydantic import BaseModel
+
+from berth.api.problems import Problem
+from berth.defaults import IDEMPOTENCY_ABANDONED_AFTER_S, IDEMPOTENCY_RETENTION_S
+from berth.model import INTERVAL_RULE
+from berth.registry.port import LIVE_STATES, IdempotencyKeys, KeyClaim, WorkloadRegistry
+
+__all__ = [
+    "HEADER",
+    "MAX_KEY",
+    "REPLAYED_HEADER",
+    "RETRY_AFTER_S",
+    "CreateKeys",
+    "KeyHeader",
+    "key_name",
+    "request_hash",
+]
+
+log = logging.getLogger("berth.api")
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Set (``true``) on the answer to a repeat: the first attempt's workload."""
+MAX_KEY = 255
+RETRY_AFTER_S = 1
+"""The ``Retry-After`` of a ``409`` in progress: a create records its intent within seconds."""
+
+KeyHeader = Annotated[
+    str | None,
+    Header(
+        alias=HEADER,
+        min_length=1,
+        max_length=MAX_KEY,
+        pattern=r"^[\x20-\x7e]*$",
+        description="A key naming this create (1-255 printable ASCII characters; a UUID): a "
+        "repeat with the same key and body is answered with the first attempt's workload "
+        f"({REPLAYED_HEADER}: true) instead of creating another; with another body it is 422; "
+        "while the first attempt is still under way, 409 with Retry-After. Keys are kept "
+        f"{IDEMPOTENCY_RETENTION_S / 3600:g} h.",
+    ),
+]
+"""The route's header parameter: the one place a key's form is checked."""
+
+
+def key_name(key: str) -> str:
+    """Where a key's claim is stored: the SHA-256 of the key (hex) — a key is the client's
+    text, so it is never stored, and any key is a valid store name of one length."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def request_hash(body: BaseModel) -> str:
+    """The SHA-256 of the validated body, as canonical JSON (every field, defaults filled,
+    keys sorted): two bodies that ask the same thing hash alike, however they were written."""
+    document = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
+def _reused(held: KeyClaim) -> Problem:
+    return Problem(
+        422,
+        "idempotency_key_reused",
+        "idempotency key reused",
+        f"{HEADER}: the key was first used for another request (workload {held.workload_id}); "
+        "a new request needs a new key",
+        field=HEADER,
+    )
+
+
+def _in_progress(workload_id: str | None, why: str) -> Problem:
+    return Problem(
+        409,
+        "idempotency_in_progress",
+        "in progress",
+        f"a create with this {HEADER} is in progress ({why}); retry after {RETRY_AFTER_S} s",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+        workload_id=workload_id,
+    )
+
+
+class CreateKeys:
+    """The creates' keys over the registry's :class:`~berth.registry.port.IdempotencyKeys`
+    (see the module docstring); ``clock`` is the API's (the claims' times)."""
+
+    def __init__(
+        self,
+        keys: IdempotencyKeys,
+        workloads: WorkloadRegistry,
+        clock: Callable[[], float],
+        *,
+        abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
+        retention_s: float = IDEMPOTENCY_RETENTION_S,
+    ) -> None:
+        self.keys = keys
+        self.workloads = workloads
+        self.clock = clock
+        self.abandoned_after_s = INTERVAL_RULE(abandoned_after_s, "idempotency_abandoned_after")
+        self.retention_s = INTERVAL_RULE(retention_s, "idempotency_retention")
+
+    async def take(self, key: str, workload_id: str, body: BaseModel) -> str | None:
+        """Claim ``key`` for a create of ``body`` as ``workload_id``: ``None`` when taken (the
+        create goes on), else the first attempt's workload id, recorded (answer it).  ``422``
+        for a key first used with another body; ``409`` while the first attempt has recorded
+        nothing (and has not been silent for ``abandoned_after_s``)."""
+        mine = KeyClaim(
+            key=key_name(key),
+            workload_id=workload_id,
+            request_hash=request_hash(body),
+            claimed_at=self.clock(),
+        )
+
+        async def replaceable(held: KeyClaim) -> bool:
+            age_s = self.clock() - held.claimed_at
+            if age_s >= self.retention_s:
+                return True  # expired: the key names a new create
+            if held.request_hash != mine.request_hash or age_s < self.abandoned_after_s:
+                return False
+            return await self.workloads.get(held.workload_id) is None  # its create died
+
+        held = await self.keys.claim(mine, replaceable=replaceable)
+        if held.workload_id == workload_id:
+            return None
+        if held.request_hash != mine.request_hash:
+            raise _reused(held)
+        if await self.workloads.get(held.workload_id) is None:
+            age_s = max(0.0, self.clock() - held.claimed_at)
+            why = f"workload {held.workload_id}, claimed {age_s:.1f}s ago, not recorded yet"
+            raise _in_progress(held.workload_id, why)
+        return held.workload_id
+
+    async def confirm(self, key: str, workload_id: str) -> None:
+        """Renew ``workload_id``'s claim just before its create records it; ``409`` in
+        progress when a repeat took the key over meanwhile (that repeat creates)."""
+        if await self.keys.confirm(key_name(key), workload_id, now=self.clock()):
+            return
+        held = await self.keys.holder(key_name(key))
+        holder = None if held is None else held.workload_id
+        raise _in_progress(holder, f"a repeat took the key over from {workload_id} as {holder}")
+
+    async def give_back(self, key: str, workload_id: str) -> None:
+        """After a failed create: free ``key`` unless ``workload_id`` may run (a live record)
+        — best effort, as a claim left behind converges (see the module docstring)."""
+        try:
+            record = await self.workloads.get(workload_id)
+            if record is not None and record.state in LIVE_STATES:
+                return
+            await self.keys.release(key_name(key), workload_id)
+        except Exception as error:
+            log.warning("could not give back the idempotency key of %s: %s", workload_id, error)
+
+    async def expire(self) -> int:
+        """Delete the claims older than ``retention_s``; how many."""
+        return await self.keys.expire(self.clock() - self.retention_s)

@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -163,7 +164,7 @@ async def first_state_after(store: NatsStore, moment: float, limit_s: float = 20
 
 @contextlib.asynccontextmanager
 async def served_api(
-    url: str, token: str, **options: float
+    url: str, token: str, **options: Any
 ) -> AsyncIterator[tuple[SchedulerService, httpx.AsyncClient]]:
     """A scheduler service on ``url`` serving the API (port 0; ``options`` as
     :func:`~berth.api.server.scheduler_api` takes them) and a client of it, once the

@@ -9,6 +9,7 @@ import socket
 import ssl
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig
 
+from berth.api.client import ApiClient, locate
 from berth.deploy import Endpoint, Plan, write_deployment
 from berth.errors import Invalid
 from berth.nats.server import nats_server_binary
@@ -143,7 +145,7 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Path, Plan]]:
     plan = Plan(
         servers=tuple(Endpoint("127.0.0.1", p) for p in ports),
         nodes=("node-1",),
-        schedulers=(Endpoint("127.0.0.1", 8080),),
+        schedulers=(Endpoint("127.0.0.1", _ports()),),
         in_place=True,
     )
     root = write_deployment(tmp_path / "d", plan)
@@ -231,3 +233,56 @@ def test_the_servers_form_a_tls_cluster_with_berths_users(deployed: tuple[Path, 
             )
 
     asyncio.run(scenario())
+
+
+def _exec_start(unit: Path) -> list[str]:
+    """A unit's command, ``berth`` run by this interpreter (the unit names the installed one)."""
+    line = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart="))
+    command = line.removeprefix("ExecStart=").split()
+    return [sys.executable, "-m", "berth.cli", *command[1:]]
+
+
+@pytest.mark.slow
+def test_the_units_commands_run_a_cluster_the_cli_reaches_over_https(
+    deployed: tuple[Path, Plan], tmp_path: Path
+) -> None:
+    """The agent's and the scheduler's units, run as written (their TLS, credentials and
+    HTTPS flags), make a cluster the operator's ``api.json`` reaches: the node is listed and a
+    placement lands on it.  (``--idle-load`` is added: this test machine's load is not a
+    node's.)"""
+    root, _ = deployed
+    agent = [*_exec_start(root / "nodes" / "node-1" / "berth-agent.service"), "--idle-load"]
+    scheduler = _exec_start(root / "schedulers" / "scheduler-1" / "berth-scheduler.service")
+    processes = [
+        subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        for command, log in (
+            (agent, (tmp_path / "agent.log").open("wb")),
+            (scheduler, (tmp_path / "scheduler.log").open("wb")),
+        )
+    ]
+    try:
+        location = locate(None, None, environ={"BERTH_HOME": str(root / "clients")})
+        assert location.url.startswith("https://") and location.ca is not None
+        with ApiClient(location, timeout_s=10.0) as api:
+            deadline = time.monotonic() + 90
+            while True:
+                for process in processes:
+                    assert process.poll() is None, (tmp_path / "scheduler.log").read_text()
+                try:
+                    if [node.name for node in api.nodes().items] == ["node-1"]:
+                        break
+                except Exception:  # not up yet: no API, or no node seen
+                    pass
+                assert time.monotonic() < deadline, (tmp_path / "scheduler.log").read_text()
+                time.sleep(0.5)
+            body = {"name": "p", "spec": "micro", "layers": [{"id": "sha256:a", "size": 1}]}
+            assert api.request("POST", "/v1/placements", body=body)["worker_node"] == "node-1"
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

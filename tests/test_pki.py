@@ -174,3 +174,36 @@ def test_a_nats_server_with_mutual_tls_refuses_a_client_without_a_certificate(
         with_certificate, without = asyncio.run(run(f"tls://127.0.0.1:{nats_server.port}"))
     assert with_certificate
     assert without != "connected", without
+
+
+def test_the_tls_flags_go_together_and_are_named(tmp_path: Path) -> None:
+    authority = CertificateAuthority.load_or_create(tmp_path)
+    files = write_pair(tmp_path, "client", authority.issue("client"))
+    assert TlsFiles.from_flags(None, None, None) is None
+    assert TlsFiles.from_flags(files.ca, files.cert, files.key) == files
+    with pytest.raises(Invalid, match="--tls-key is missing") as missing:
+        TlsFiles.from_flags(files.ca, files.cert, None)
+    assert missing.value.field == "--tls-key"
+    with pytest.raises(Invalid) as unreadable:
+        TlsFiles.from_flags(tmp_path / "nope.pem", files.cert, files.key)
+    assert unreadable.value.field == "--tls-ca"
+    other = write_pair(tmp_path / "other", "client", CertificateAuthority.create().issue("x"))
+    with pytest.raises(Invalid, match="not the key") as mismatched:
+        TlsFiles.from_flags(files.ca, files.cert, other.key)
+    assert mismatched.value.field == "--tls-key"
+
+
+def test_the_https_flags_go_together_and_are_named(tmp_path: Path) -> None:
+    from berth.api.server import HttpsFiles
+
+    authority = CertificateAuthority.load_or_create(tmp_path)
+    api = write_pair(tmp_path, "api", authority.issue("api", names=("127.0.0.1",), server=True))
+    assert HttpsFiles.from_flags(None, None) is None
+    assert HttpsFiles.from_flags(api.cert, api.key) == HttpsFiles(api.cert, api.key)
+    with pytest.raises(Invalid, match="--https-key is missing") as missing:
+        HttpsFiles.from_flags(api.cert, None)
+    assert missing.value.field == "--https-key"
+    (tmp_path / "junk.pem").write_text("junk")
+    with pytest.raises(Invalid, match="not an unencrypted PEM private key") as junk:
+        HttpsFiles.from_flags(api.cert, tmp_path / "junk.pem")
+    assert junk.value.field == "--https-key"

@@ -47,9 +47,11 @@ __all__ = [
     "CA_CERT",
     "CA_KEY",
     "MAX_DAYS",
+    "TLS_FLAGS",
     "CertificateAuthority",
     "Issued",
     "TlsFiles",
+    "check_pair",
     "write_pair",
 ]
 
@@ -271,6 +273,26 @@ def _read_key(path: Path, flag: str) -> ec.EllipticCurvePrivateKey:
     return key
 
 
+def check_pair(cert: Path, key: Path, *, cert_flag: str, key_flag: str) -> x509.Certificate:
+    """``cert`` a readable PEM certificate valid now and ``key`` its unencrypted private key;
+    the certificate, else ``Invalid`` naming ``cert_flag`` or ``key_flag``."""
+    certificate = _read_certificate(cert, cert_flag)
+    if _read_key(key, key_flag).public_key() != certificate.public_key():
+        raise Invalid(f"{key} is not the key of {cert}", field=key_flag)
+    now = datetime.datetime.now(datetime.UTC)
+    if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
+        raise Invalid(
+            f"{cert} is valid from {certificate.not_valid_before_utc:%Y-%m-%d} to "
+            f"{certificate.not_valid_after_utc:%Y-%m-%d}, not now",
+            field=cert_flag,
+        )
+    return certificate
+
+
+TLS_FLAGS = ("--tls-ca", "--tls-cert", "--tls-key")
+"""The flags that give a process its :class:`TlsFiles`, all three or none."""
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """The CA, certificate and key files one process is given (``--tls-ca``,
@@ -280,27 +302,33 @@ class TlsFiles:
     cert: Path
     key: Path
 
-    def check(self) -> TlsFiles:
+    @classmethod
+    def from_flags(cls, ca: Path | None, cert: Path | None, key: Path | None) -> TlsFiles | None:
+        """The files of ``--tls-ca``, ``--tls-cert`` and ``--tls-key``, checked
+        (:meth:`check`, errors naming the flag); ``None`` when none is given, ``Invalid``
+        naming the first one missing when only some are."""
+        given = (ca, cert, key)
+        if all(path is None for path in given):
+            return None
+        for flag, path in zip(TLS_FLAGS, given, strict=True):
+            if path is None:
+                raise Invalid(f"{', '.join(TLS_FLAGS)} go together: {flag} is missing", field=flag)
+        assert ca is not None and cert is not None and key is not None
+        return cls(ca, cert, key).check(flags=TLS_FLAGS)
+
+    def check(self, *, flags: tuple[str, str, str] = ("tls_ca", "tls_cert", "tls_key")) -> TlsFiles:
         """Each file readable and well-formed, the key the certificate's, the certificate
-        signed by the CA and valid now; else ``Invalid`` naming the flag (``tls_ca`` …)."""
-        authority = _read_certificate(self.ca, "tls_ca")
-        certificate = _read_certificate(self.cert, "tls_cert")
-        key = _read_key(self.key, "tls_key")
-        if key.public_key() != certificate.public_key():
-            raise Invalid(f"{self.key} is not the key of {self.cert}", field="tls_key")
+        signed by the CA and valid now; else ``Invalid`` naming the flag (``flags``: the CA's,
+        the certificate's and the key's names)."""
+        ca_flag, cert_flag, key_flag = flags
+        authority = _read_certificate(self.ca, ca_flag)
+        certificate = check_pair(self.cert, self.key, cert_flag=cert_flag, key_flag=key_flag)
         try:
             certificate.verify_directly_issued_by(authority)
         except (ValueError, TypeError, InvalidSignature):
             raise Invalid(
-                f"{self.cert} is not signed by the CA {self.ca}", field="tls_cert"
+                f"{self.cert} is not signed by the CA {self.ca}", field=cert_flag
             ) from None
-        now = datetime.datetime.now(datetime.UTC)
-        if not certificate.not_valid_before_utc <= now <= certificate.not_valid_after_utc:
-            raise Invalid(
-                f"{self.cert} is valid from {certificate.not_valid_before_utc:%Y-%m-%d} to "
-                f"{certificate.not_valid_after_utc:%Y-%m-%d}, not now",
-                field="tls_cert",
-            )
         return self
 
     def client_context(self) -> ssl.SSLContext:

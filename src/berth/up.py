@@ -44,6 +44,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -59,13 +60,14 @@ from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE
 from berth.nats.auth import ClusterAuth, generate
-from berth.nats.cluster import MAX_SERVERS, NatsCluster
+from berth.nats.cluster import NatsCluster, checked_size, single_server_config
 from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
 from berth.nats.server import NatsServer, die_with_parent
 from berth.nats.wire import node_token
 from berth.node.config import AgentConfig, MicrovmSection
 from berth.node.microvm.paths import GuestFiles
+from berth.pki import CertificateAuthority, TlsFiles, write_pair
 from berth.private import write_private
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
@@ -126,11 +128,9 @@ class LocalCluster:
         policy: str = "seed",
         node_gone_after_s: float = NODE_GONE_AFTER_S,
         nats_servers: int = 1,
+        tls: bool = False,
     ) -> None:
-        if isinstance(nats_servers, bool) or not isinstance(nats_servers, int):
-            raise Invalid(f"must be a whole number, got {nats_servers!r}", field="--nats-servers")
-        if not 1 <= nats_servers <= MAX_SERVERS:
-            raise Invalid(f"must be 1 to {MAX_SERVERS}, got {nats_servers}", field="--nats-servers")
+        checked_size(nats_servers, "--nats-servers")
         if isinstance(nodes, bool) or nodes < 1:
             raise Invalid(f"must be at least 1, got {nodes}", field="--nodes")
         if schedulers < 1:
@@ -169,6 +169,10 @@ class LocalCluster:
         self.nats_cluster: NatsCluster | None = None
         """The nats-servers, when there are several (JetStream clustered, R3 buckets)."""
         self.nats_servers = nats_servers
+        self.tls = tls
+        self.tls_files: dict[str, TlsFiles] = {}
+        """With ``tls``: each role's certificate, key and the CA (``server``, ``agent``,
+        ``scheduler``, ``client``, ``api``), issued by a CA made for this cluster."""
         self.agent_processes: list[subprocess.Popen[bytes]] = []
         self.scheduler_processes: list[subprocess.Popen[bytes]] = []
         self._logs: dict[subprocess.Popen[bytes], tuple[str, Path]] = {}  # command, log file
@@ -216,11 +220,22 @@ class LocalCluster:
         if self.auth is not None:
             self.paths = self.auth.write(self.directory / "auth")
             server_config = self.paths["server"]
+        if self.tls:
+            self.tls_files = self._issue_certificates(self.directory / "tls")
+        server_tls = self.tls_files.get("server")
         if self.nats_servers == 1:
+            if server_tls is not None:  # the clients' TLS, then the users (when any)
+                wrapper = self.directory / "nats.conf"
+                include = (
+                    None if server_config is None else server_config.relative_to(self.directory)
+                )
+                write_private(wrapper, single_server_config(client_tls=server_tls, include=include))
+                server_config = wrapper
             self.server = NatsServer(
                 store_dir=self.directory / "nats",
                 config_file=server_config,
                 log_file=logs / "nats-server.log",
+                tls=server_tls is not None,
             )
             self.server.start()
         else:
@@ -229,11 +244,15 @@ class LocalCluster:
                 creds = self.auth.scheduler
                 probe = {"user": creds.user, "password": creds.password}
                 probe["inbox_prefix"] = creds.inbox_prefix
+            if server_tls is not None:
+                probe["tls"] = self.tls_files["scheduler"].client_context()
             self.nats_cluster = NatsCluster(
                 self.nats_servers,
                 base_dir=self.directory / "nats",
                 config_file=server_config,
                 probe_options=probe,
+                route_tls=server_tls,
+                client_tls=server_tls,
             )
             self.nats_cluster.start()
         url = self.url
@@ -245,16 +264,60 @@ class LocalCluster:
                 args += ["--config", str(path)]
             if self.auth is not None:
                 args += ["--creds-dir", str(self.directory / "auth")]
+            args += self._tls_args("agent")
             self.agent_processes.append(self._spawn(args, logs / f"agents-{index:03d}.log"))
         for index in range(self.schedulers):
             args = ["scheduler", "--nats", url, "--heartbeat", f"{self.heartbeat_s:g}"]
             args += ["--lease-ttl", f"{self.lease_ttl_s:g}", "--policy", self.policy]
             if self.auth is not None:
                 args += ["--creds", str(self.paths["scheduler"])]
+            args += self._tls_args("scheduler")
             if self.http is not None:
                 args += self._api_args(index)
             self.scheduler_processes.append(self._spawn(args, logs / f"scheduler-{index}.log"))
         asyncio.run(self._await_ready())
+
+    def _issue_certificates(self, directory: Path) -> dict[str, TlsFiles]:
+        """A CA for this cluster and a certificate for each role (see :attr:`tls_files`):
+        the nats-servers' (also a client's, for their routes), the agents', the schedulers',
+        the CLI's, and the API's HTTPS certificate for its host."""
+        authority = CertificateAuthority.create("berth up local CA")
+        authority.write(directory)
+        api_host = "127.0.0.1" if self.http is None else self.http[0]
+        issued = {
+            "server": authority.issue(
+                "nats-server", names=("127.0.0.1", "localhost"), server=True, client=True
+            ),
+            "agent": authority.issue("berth agents"),
+            "scheduler": authority.issue("berth schedulers"),
+            "client": authority.issue("berth client"),
+            "api": authority.issue(
+                "berth API",
+                names=tuple(dict.fromkeys((api_host, "127.0.0.1", "localhost"))),
+                server=True,
+                client=False,
+            ),
+        }
+        return {role: write_pair(directory, role, pair) for role, pair in issued.items()}
+
+    def _tls_args(self, role: str) -> list[str]:
+        """``--tls-ca``, ``--tls-cert`` and ``--tls-key`` for ``role`` (nothing without TLS)."""
+        files = self.tls_files.get(role)
+        if files is None:
+            return []
+        return [
+            "--tls-ca",
+            str(files.ca),
+            "--tls-cert",
+            str(files.cert),
+            "--tls-key",
+            str(files.key),
+        ]
+
+    def client_tls(self, role: str = "client") -> ssl.SSLContext | None:
+        """A TLS context for connecting to NATS as ``role`` (``None`` without TLS)."""
+        files = self.tls_files.get(role)
+        return None if files is None else files.client_context()
 
     def _spawn(self, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:
@@ -296,7 +359,12 @@ class LocalCluster:
         expected = {config.node.name for config in self.configs}
         deadline = time.monotonic() + self.ready_timeout_s
         scheduler_creds = None if self.auth is None else self.auth.scheduler
-        client = await connect(self.url, name="berth-up", credentials=scheduler_creds)
+        client = await connect(
+            self.url,
+            name="berth-up",
+            credentials=scheduler_creds,
+            tls=self.client_tls("scheduler"),
+        )
         try:
             ttl_s = bucket_ttl_s(self.heartbeat_s)
             async with NatsStore(client, bucket=self.names.nodes_bucket, ttl_s=ttl_s) as store:
@@ -328,18 +396,24 @@ class LocalCluster:
         if index == 0:
             write_private(token_file, self.api_token + "\n")
         shown_host = f"[{host}]" if ":" in host else host
-        self.api_urls.append(f"http://{shown_host}:{port}")
-        return [
-            "--http",
-            f"{shown_host}:{port}",
-            "--token-file",
-            str(token_file),
-            "--node-gone-after",
-            f"{self.node_gone_after_s:g}",
-        ]
+        https = self.tls_files.get("api")
+        self.api_urls.append(f"{'http' if https is None else 'https'}://{shown_host}:{port}")
+        args = ["--http", f"{shown_host}:{port}", "--token-file", str(token_file)]
+        if https is not None:
+            args += ["--https-cert", str(https.cert), "--https-key", str(https.key)]
+        return [*args, "--node-gone-after", f"{self.node_gone_after_s:g}"]
+
+    @property
+    def api_ca(self) -> Path | None:
+        """The CA the API's HTTPS certificate is checked against (``None`` without TLS)."""
+        files = self.tls_files.get("api")
+        return None if files is None else files.ca
 
     async def _await_api(self, deadline: float) -> None:
-        async with httpx.AsyncClient(timeout=1.0) as http:
+        verify: ssl.SSLContext | bool = True
+        if self.api_ca is not None:
+            verify = ssl.create_default_context(cafile=str(self.api_ca))
+        async with httpx.AsyncClient(timeout=1.0, verify=verify) as http:
             for url in self.api_urls:
                 while True:
                     self._check_children()
@@ -352,7 +426,9 @@ class LocalCluster:
 
     async def _await_schedulers(self, deadline: float, nodes: set[str]) -> None:
         creds = None if self.auth is None else self.auth.client
-        client = await connect(self.url, name="berth-up-probe", credentials=creds)
+        client = await connect(
+            self.url, name="berth-up-probe", credentials=creds, tls=self.client_tls()
+        )
         probe = NatsScheduler(client, prefix=self.names.scheduler_prefix, timeout_s=1.0)
         try:
             while True:
@@ -464,6 +540,7 @@ class LocalCluster:
         creds = ""
         if self.auth is not None:
             creds = f" --creds {self.paths['client']}"
+        creds += "".join(f" {arg}" for arg in self._tls_args("client"))
         lines = [
             f"berth is up: {len(self.configs)} nodes in {processes} agent process"
             f"{'es' if processes != 1 else ''}, {self.schedulers} scheduler"
@@ -473,7 +550,8 @@ class LocalCluster:
                 if self.nats_cluster is None
                 else f"{self.nats_servers} clustered nats-servers (R3 buckets) at {self.url}"
             )
-            + (" (authentication on)" if self.auth is not None else ""),
+            + (" (authentication on)" if self.auth is not None else "")
+            + (" (TLS on)" if self.tls else ""),
             "",
             f"  place a workload:  berth place --nats {self.url}{creds} --name hello "
             "--instance micro",

@@ -11,6 +11,9 @@
   every endpoint serving the cluster, the CLI fails over between them) to
   ``$BERTH_HOME/api.json`` (default ``~/.berth/api.json``, the directory ``0700``, the file
   ``0600``), which the CLI reads when ``--api``/``BERTH_API`` are not given.
+* **HTTPS** — :class:`HttpsFiles` (``--https-cert``, ``--https-key``: both or neither,
+  checked at the edge) makes :class:`ApiServer` serve TLS and its URL ``https://``; the API
+  does not ask clients for certificates (the token authenticates them).
 * **Serving** — :class:`ApiServer` runs uvicorn *inside the running event loop* (the
   scheduler's), on a socket it binds itself — so a port in use is an error naming ``--http``,
   not uvicorn's ``sys.exit`` — and leaves signal handling to its caller (the scheduler
@@ -26,6 +29,7 @@ import json
 import secrets
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
@@ -40,6 +44,7 @@ from berth.defaults import NODE_GONE_AFTER_S, RECONCILE_EVERY_S, RECONCILE_LEASE
 from berth.errors import Invalid, Unavailable
 from berth.events.nats import NatsEvents
 from berth.nodeclient.nats import NatsNodes
+from berth.pki import check_pair
 from berth.private import write_private
 from berth.registry.nats import NatsImages, NatsWorkloads
 from berth.registry.nats_lease import NatsLease
@@ -49,6 +54,7 @@ from berth.validation import shown
 
 __all__ = [
     "ApiServer",
+    "HttpsFiles",
     "parse_address",
     "remove_api_file",
     "resolve_token",
@@ -117,13 +123,21 @@ def _checked_token(token: str, flag: str) -> str:
 
 
 def write_api_file(
-    url: str, token: str, path: Path | None = None, *, others: Sequence[str] = ()
+    url: str,
+    token: str,
+    path: Path | None = None,
+    *,
+    others: Sequence[str] = (),
+    ca: Path | None = None,
 ) -> Path:
     """Write ``{"url", "urls", "token"}`` for the CLI (directory ``0700``, file ``0600``):
-    ``urls`` is ``url`` and the ``others`` serving the same cluster."""
+    ``urls`` is ``url`` and the ``others`` serving the same cluster; ``"ca"`` (absolute) when
+    the API's HTTPS certificate is checked against ``ca``."""
     path = path or api_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    document = {"url": url, "urls": [url, *others], "token": token}
+    document: dict[str, object] = {"url": url, "urls": [url, *others], "token": token}
+    if ca is not None:
+        document["ca"] = str(ca.resolve())
     write_private(path, json.dumps(document) + "\n")
     return path
 
@@ -136,6 +150,28 @@ def remove_api_file(token: str, path: Path | None = None) -> None:
             path.unlink()
 
 
+@dataclass(frozen=True)
+class HttpsFiles:
+    """The API's HTTPS certificate and key (``--https-cert``, ``--https-key``)."""
+
+    cert: Path
+    key: Path
+
+    @classmethod
+    def from_flags(cls, cert: Path | None, key: Path | None) -> HttpsFiles | None:
+        """Both flags' files, checked (readable PEM, the key the certificate's, valid now:
+        ``Invalid`` naming the flag), or ``None`` when neither is given."""
+        if cert is None and key is None:
+            return None
+        if cert is None or key is None:
+            flag = "--https-cert" if cert is None else "--https-key"
+            raise Invalid(
+                f"--https-cert and --https-key go together: {flag} is missing", field=flag
+            )
+        check_pair(cert, key, cert_flag="--https-cert", key_flag="--https-key")
+        return cls(cert, key)
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -143,19 +179,21 @@ class _Server(uvicorn.Server):
 
 
 class ApiServer:
-    """``app`` served by uvicorn in the running loop (``await start()``, ``await stop()``)."""
+    """``app`` served by uvicorn in the running loop (``await start()``, ``await stop()``),
+    over HTTPS with ``https``."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: FastAPI, host: str, port: int, https: HttpsFiles | None = None) -> None:
         self.app = app
         self.host = host
         self.port = port
+        self.https = https
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'http' if self.https is None else 'https'}://{host}:{self.port}"
 
     async def start(self) -> ApiServer:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -171,8 +209,15 @@ class ApiServer:
         sock.listen(128)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
+        https = self.https
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_notify=30
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_notify=30,
+            ssl_certfile=None if https is None else str(https.cert),
+            ssl_keyfile=None if https is None else str(https.key),
         )
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="berth api")
@@ -206,6 +251,7 @@ async def scheduler_api(
     node_gone_after_s: float = NODE_GONE_AFTER_S,
     reconcile_every_s: float = RECONCILE_EVERY_S,
     lease_ttl_s: float = RECONCILE_LEASE_TTL_S,
+    https: HttpsFiles | None = None,
 ) -> AsyncIterator[ApiServer]:
     """The API served beside ``service`` (a running scheduler), on its connection: its
     replica and node client, the queue group for placements, the API's registries; and the
@@ -233,7 +279,7 @@ async def scheduler_api(
     reconciler = Reconciler(backend, every_s=reconcile_every_s)
     events = await NatsEvents(client).start()
     lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
-    api = await ApiServer(create_app(backend, token=token), host, port).start()
+    api = await ApiServer(create_app(backend, token=token), host, port, https).start()
     holder = f"scheduler-{service.id}"
     sweeper = asyncio.create_task(reconciler.run(lease, holder), name="berth reconciler")
     consumer = asyncio.create_task(events.consume(backend.apply_event), name="berth events")

@@ -15,7 +15,11 @@
 
 Every command that connects takes ``--nats URL`` (default ``$BERTH_NATS`` or
 ``nats://127.0.0.1:4222``) and ``--creds FILE`` (a JSON ``{"user", "password"}`` file, as
-``berth up`` writes; default ``$BERTH_NATS_CREDS``).  Services stop gracefully on SIGINT and
+``berth up`` writes; default ``$BERTH_NATS_CREDS``), and, for a cluster whose servers require
+TLS, ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (all three: the CA the servers' certificates
+are checked against, and this client's certificate and key — mutual TLS;
+:meth:`berth.pki.TlsFiles.from_flags`).  ``berth scheduler --http`` serves HTTPS with
+``--https-cert`` and ``--https-key``.  Services stop gracefully on SIGINT and
 SIGTERM: a scheduler leaves the queue group and finishes what it started, an agent stops
 answering and deletes its key.  Bad flags and unreachable servers are one line on stderr
 (``berth.cli.main`` prints every ``BerthError``), exit status 2.
@@ -28,6 +32,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -49,6 +54,7 @@ from berth.errors import Invalid
 from berth.model import INTERVAL_RULE, MAX_REPLICA, NAME_RULE, Layer, Request
 from berth.nats.connection import Credentials, connect, until_stopped
 from berth.observability import tracing
+from berth.pki import TLS_FLAGS
 from berth.units import format_information
 from berth.validation import Rule, fields_as, shown
 
@@ -70,6 +76,25 @@ CredsOption = Annotated[
     typer.Option(
         "--creds", envvar="BERTH_NATS_CREDS", help="A credentials file (berth up writes them)."
     ),
+]
+TlsCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca",
+        envvar="BERTH_TLS_CA",
+        help="TLS to NATS: the CA that signed the servers' certificates (with --tls-cert, "
+        "--tls-key).",
+    ),
+]
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert", envvar="BERTH_TLS_CERT", help="TLS to NATS: this client's certificate."
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None,
+    typer.Option("--tls-key", envvar="BERTH_TLS_KEY", help="TLS to NATS: its private key."),
 ]
 DurationOption = Annotated[
     float | None, typer.Option(help="Stop after this many seconds (default: until ^C).")
@@ -106,6 +131,15 @@ OtlpOption = Annotated[
 
 def _credentials(path: Path | None) -> Credentials | None:
     return None if path is None else Credentials.load(path)
+
+
+def _tls(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The client TLS context of ``--tls-ca``/``--tls-cert``/``--tls-key`` (all or none,
+    checked: :meth:`berth.pki.TlsFiles.from_flags`); ``None`` without them."""
+    from berth.pki import TlsFiles
+
+    files = TlsFiles.from_flags(ca, cert, key)
+    return None if files is None else files.client_context()
 
 
 def _logging() -> None:
@@ -209,6 +243,9 @@ def _extend_agent(app: typer.Typer) -> None:
             typer.Option(help="Join the cluster on this NATS server (default: embedded store)."),
         ] = None,
         creds: CredsOption = None,
+        tls_ca: TlsCaOption = None,
+        tls_cert: TlsCertOption = None,
+        tls_key: TlsKeyOption = None,
         creds_dir: Annotated[
             Path | None,
             typer.Option(help="A folder of per-node credentials (node-<name>.creds.json)."),
@@ -247,12 +284,16 @@ def _extend_agent(app: typer.Typer) -> None:
                 )
             if len(config) != 1:
                 raise Invalid("give exactly one --config without --nats", field="--config")
+            for flag, given in zip(TLS_FLAGS, (tls_ca, tls_cert, tls_key), strict=True):
+                if given is not None and not check:
+                    raise Invalid(f"{flag} goes with --nats", field=flag)
             if embedded is None:  # pragma: no cover - berth's app always has one
                 raise Invalid("the embedded agent command is not available", field="--nats")
             embedded(config=config[0], check=check, duration=duration)
             return
+        tls = _tls(tls_ca, tls_cert, tls_key)
         _serve_agents(
-            config, nats, creds, creds_dir, idle_load, duration, otlp, state_dir, orphan_grace
+            config, nats, creds, creds_dir, idle_load, duration, otlp, state_dir, orphan_grace, tls
         )
 
 
@@ -266,6 +307,7 @@ def _serve_agents(
     otlp: str | None = None,
     state_dir: Path | None = None,
     orphan_grace: float | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     from berth.events.nats import NatsEvents
     from berth.nats.wire import node_token
@@ -302,7 +344,7 @@ def _serve_agents(
         async with contextlib.AsyncExitStack() as stack:
 
             async def connection(name: str, credentials: Credentials | None) -> Any:
-                client = await connect(url, name=name, credentials=credentials)
+                client = await connect(url, name=name, credentials=credentials, tls=tls)
                 stack.push_async_callback(client.close)
                 clients.append(client)
                 return client
@@ -342,6 +384,9 @@ def _serve_agents(
 def scheduler(
     nats: NatsOption = DEFAULT_URL,
     creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
     heartbeat: Annotated[
         float, typer.Option(help="The nodes' heartbeat in seconds (states live 3 of them).")
     ] = HEARTBEAT_S,
@@ -357,6 +402,15 @@ def scheduler(
     http_public: HttpPublicOption = False,
     token: TokenOption = None,
     token_file: TokenFileOption = None,
+    https_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--https-cert", help="Serve the API over HTTPS with this certificate (with --http)."
+        ),
+    ] = None,
+    https_key: Annotated[
+        Path | None, typer.Option("--https-key", help="The HTTPS certificate's private key.")
+    ] = None,
     policy: PolicyOption = "seed",
     node_gone_after: Annotated[
         float,
@@ -376,7 +430,7 @@ def scheduler(
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
-    from berth.api.server import parse_address, resolve_token
+    from berth.api.server import HttpsFiles, parse_address, resolve_token
     from berth.registry.nats_routes import NatsRoutes
     from berth.scheduler.nats_server import scheduler_service
     from berth.scheduler.policy.registry import policy as policy_of
@@ -393,16 +447,24 @@ def scheduler(
     _checked_duration(duration)
     _checked_policy(policy)
     address = None if http is None else parse_address(http, public=http_public)
-    if http is None and (token is not None or token_file is not None or http_public):
-        raise Invalid("--token, --token-file and --http-public go with --http", field="--http")
+    api_flags = (token, token_file, https_cert, https_key)
+    if http is None and (any(flag is not None for flag in api_flags) or http_public):
+        raise Invalid(
+            "--token, --token-file, --https-cert, --https-key and --http-public go with --http",
+            field="--http",
+        )
     api_token, generated = resolve_token(token, token_file)
+    https = HttpsFiles.from_flags(https_cert, https_key)
     credentials = _credentials(creds)
+    tls = _tls(tls_ca, tls_cert, tls_key)
     tracing.configure(otlp, service_name="berth-scheduler")
     _logging()
 
     async def serve() -> None:
         stop = _stop_event(duration)
-        client = await connect(nats, name=f"berth-scheduler-{os.getpid()}", credentials=credentials)
+        client = await connect(
+            nats, name=f"berth-scheduler-{os.getpid()}", credentials=credentials, tls=tls
+        )
         try:
             routes = await NatsRoutes(client).start()
             async with scheduler_service(
@@ -429,6 +491,7 @@ def scheduler(
                             generated,
                             node_gone_after_s=node_gone_after,
                             reconcile_every_s=reconcile_every,
+                            https=https,
                         )
                     await until_stopped(stop, [client])
                     console.print("stopping: finishing in-flight requests", highlight=False)
@@ -448,8 +511,10 @@ async def _serve_api(
     *,
     node_gone_after_s: float = NODE_GONE_AFTER_S,
     reconcile_every_s: float = RECONCILE_EVERY_S,
+    https: Any = None,
 ) -> None:
-    """The HTTP API beside a running scheduler; a generated token goes to api.json."""
+    """The HTTP API beside a running scheduler (over HTTPS with ``https``, an
+    :class:`~berth.api.server.HttpsFiles`); a generated token goes to api.json."""
     from berth.api.server import remove_api_file, scheduler_api, write_api_file
 
     host, port = address
@@ -462,6 +527,7 @@ async def _serve_api(
             token=token,
             node_gone_after_s=node_gone_after_s,
             reconcile_every_s=reconcile_every_s,
+            https=https,
         )
     )
     where = ""
@@ -516,6 +582,14 @@ def up(
             "can die."
         ),
     ] = 1,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls/--no-tls",
+            help="A local CA and certificates: mutual TLS to NATS (and between its servers), "
+            "HTTPS for the API.",
+        ),
+    ] = False,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.up import LocalCluster, wait_for_signal
@@ -547,6 +621,7 @@ def up(
         policy=policy,
         node_gone_after_s=node_gone_after,
         nats_servers=nats_servers,
+        tls=tls,
     )
     servers = "nats-server" if nats_servers == 1 else f"{nats_servers} nats-servers"
     console.print(f"starting {servers}, {nodes} agents and {schedulers} scheduler(s)…")
@@ -564,7 +639,9 @@ def up(
         signal.signal(signal.SIGTERM, previous)
     with cluster:
         if cluster.api_url is not None and cluster.api_token is not None:
-            path = write_api_file(cluster.api_url, cluster.api_token, others=cluster.api_urls[1:])
+            path = write_api_file(
+                cluster.api_url, cluster.api_token, others=cluster.api_urls[1:], ca=cluster.api_ca
+            )
             console.print(f"API address and token written to {path}", highlight=False)
         console.print(cluster.describe(), highlight=False, soft_wrap=True)
 
@@ -595,6 +672,9 @@ def place(
     ] = None,
     nats: NatsOption = DEFAULT_URL,
     creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Place one workload through the cluster's schedulers and print the placement."""
     from berth.scheduler.nats import NatsScheduler
@@ -609,9 +689,10 @@ def place(
             layers=tuple(parse_layer_flag(text) for text in layer or ()),
         )
     credentials = _credentials(creds)
+    tls = _tls(tls_ca, tls_cert, tls_key)
 
     async def go() -> None:
-        client = await connect(nats, name="berth-place", credentials=credentials)
+        client = await connect(nats, name="berth-place", credentials=credentials, tls=tls)
         try:
             placement = await NatsScheduler(client).schedule(request)
         finally:
@@ -632,15 +713,19 @@ def whereis(
     workload: Annotated[str, typer.Argument(help="namespace/name/replica, e.g. default/hello/0")],
     nats: NatsOption = DEFAULT_URL,
     creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Which node holds a workload (from the routing registry)."""
     from berth.registry.nats_routes import NatsRoutes
 
     _check_workload_key(workload)
     credentials = _credentials(creds)
+    tls = _tls(tls_ca, tls_cert, tls_key)
 
     async def go() -> None:
-        client = await connect(nats, name="berth-whereis", credentials=credentials)
+        client = await connect(nats, name="berth-whereis", credentials=credentials, tls=tls)
         try:
             route = await (await NatsRoutes(client).start()).whereis(workload)
         finally:
@@ -661,14 +746,18 @@ def routes(
     node: Annotated[str | None, typer.Option(help="Only this node's routes.")] = None,
     nats: NatsOption = DEFAULT_URL,
     creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Every route in the registry: workload → node."""
     from berth.registry.nats_routes import NatsRoutes
 
     credentials = _credentials(creds)
+    tls = _tls(tls_ca, tls_cert, tls_key)
 
     async def go() -> None:
-        client = await connect(nats, name="berth-routes", credentials=credentials)
+        client = await connect(nats, name="berth-routes", credentials=credentials, tls=tls)
         try:
             found = await (await NatsRoutes(client).start()).list(node)
         finally:

@@ -49,6 +49,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from berth.errors import Invalid, Unavailable
 from berth.nats.server import NatsServer
@@ -56,7 +57,16 @@ from berth.pki import TlsFiles
 from berth.private import write_private
 from berth.validation import shown
 
-__all__ = ["SYNC_INTERVAL", "NatsCluster", "server_config"]
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+__all__ = [
+    "SYNC_INTERVAL",
+    "NatsCluster",
+    "checked_size",
+    "server_config",
+    "single_server_config",
+]
 
 SYNC_INTERVAL = "always"
 """berth's JetStream durability setting: fsync every write before acknowledging it."""
@@ -81,6 +91,26 @@ def _tls_block(indent: str, tls: TlsFiles, *, verify: bool) -> list[str]:
     lines += [f"{indent}  key_file: {_quoted(tls.key)}", f"{indent}  ca_file: {_quoted(tls.ca)}"]
     lines += [f"{indent}  verify: {str(verify).lower()}", f"{indent}  timeout: 2", f"{indent}}}"]
     return lines
+
+
+def checked_size(size: object, field: str = "nats_servers") -> int:
+    """``size`` when it is a whole number of servers from 1 to :data:`MAX_SERVERS`, else
+    ``Invalid`` naming ``field``."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SERVERS:
+        raise Invalid(f"a cluster has 1 to {MAX_SERVERS} servers, got {shown(size)}", field=field)
+    return size
+
+
+def single_server_config(*, client_tls: TlsFiles | None, include: Path | None) -> str:
+    """A lone server's configuration file beside :class:`~berth.nats.server.NatsServer`'s
+    flags: the clients' mutual TLS (when given) and ``include`` (relative to the file's
+    directory, as in :func:`server_config`)."""
+    if include is not None and include.is_absolute():
+        raise Invalid(f"an include is relative to the configuration file, got {include}")
+    lines = [] if client_tls is None else _tls_block("", client_tls, verify=True)
+    if include is not None:
+        lines.append(f"include {_quoted(include)}")
+    return "\n".join(lines) + "\n"
 
 
 def server_config(
@@ -146,18 +176,23 @@ class NatsCluster:
         name: str = "berth",
         sync_interval: str = SYNC_INTERVAL,
         route_tls: TlsFiles | None = None,
+        client_tls: TlsFiles | None = None,
         probe_options: Mapping[str, object] | None = None,
         start_timeout_s: float = 20.0,
+        field: str = "nats_servers",
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_SERVERS:
             raise Invalid(
-                f"a cluster has 1 to {MAX_SERVERS} servers, got {shown(size)}", field="nats_servers"
+                f"a cluster has 1 to {MAX_SERVERS} servers, got {shown(size)}", field=field
             )
         if not name.replace("-", "").replace("_", "").isalnum():
             raise Invalid(f"a cluster name is letters, digits, - and _, got {shown(name)}")
         self.size, self.host, self.name = size, host, name
         self.sync_interval = sync_interval
         self.route_tls = route_tls
+        self.client_tls = client_tls
+        """The clients' mutual TLS (the servers' certificate and CA): clients then dial
+        ``tls://`` URLs and must show a certificate the CA signed."""
         self.probe_options = dict(probe_options or {})
         """Extra ``nats.connect`` options for :meth:`wait_ready`'s probe (a user and password,
         or a TLS context, when the included configuration requires them)."""
@@ -192,6 +227,7 @@ class NatsCluster:
             route_password=None if self.route_tls is not None else self._route_password,
             route_tls=self.route_tls,
             sync_interval=self.sync_interval,
+            client_tls=self.client_tls,
             include=None if self.config_file is None else self._include(index),
         )
 
@@ -230,6 +266,7 @@ class NatsCluster:
                     config_file=config,
                     host=self.host,
                     start_timeout_s=self.start_timeout_s,
+                    tls=self.client_tls is not None,
                 )
                 self.servers.append(server)
                 server.start()
@@ -270,7 +307,9 @@ class NatsCluster:
                 reply = await connection.request("$JS.API.INFO", b"", timeout=1)
                 if b'"error"' in reply.data:
                     last = reply.data.decode(errors="replace")
-                elif self.probe_options or await self._places_replicas(connection, len(urls)):
+                elif "user" in self.probe_options or await self._places_replicas(
+                    connection, len(urls)
+                ):
                     return  # (a probe user given may not create streams: the leader will do)
                 else:
                     last = f"no stream of {len(urls)} replicas could be placed yet"
@@ -283,13 +322,13 @@ class NatsCluster:
         raise Unavailable(f"the NATS cluster formed no JetStream leader in {timeout_s:g}s: {last}")
 
     @staticmethod
-    async def _places_replicas(connection: object, replicas: int) -> bool:
+    async def _places_replicas(connection: Client, replicas: int) -> bool:
         """Whether a stream of ``replicas`` replicas can be placed now (a memory stream,
         created and deleted): a meta leader is elected before every peer is current, and
         until they are, creating an R3 bucket fails ("no suitable peers for placement")."""
         from nats.js.api import StorageType, StreamConfig
 
-        js = connection.jetstream()  # type: ignore[attr-defined]
+        js = connection.jetstream()
         name = f"berth_ready_{secrets.token_hex(4)}"
         config = StreamConfig(
             name=name, subjects=[f"{name}.x"], num_replicas=replicas, storage=StorageType.MEMORY

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -122,12 +123,15 @@ async def connect(
     *,
     name: str = "berth",
     credentials: Credentials | None = None,
+    tls: ssl.SSLContext | None = None,
     connect_timeout_s: float = 2.0,
     first_connect_timeout_s: float = 5.0,
     reconnect_wait_s: float = 0.25,
 ) -> Client:
     """A connection to ``url`` — one server's URL or a cluster's, comma-separated
-    (:func:`server_urls`) — that reconnects without limit (see the module docstring)."""
+    (:func:`server_urls`) — that reconnects without limit (see the module docstring); over
+    TLS with ``tls`` (a client context, :meth:`berth.pki.TlsFiles.client_context`: the
+    server checked against its CA, this client's certificate shown to it)."""
     servers = server_urls(url)
 
     async def on_error(error: Exception) -> None:
@@ -153,6 +157,8 @@ async def connect(
         options["user"] = credentials.user
         options["password"] = credentials.password
         options["inbox_prefix"] = credentials.inbox_prefix
+    if tls is not None:
+        options["tls"] = tls
     client = Client()
     _disconnections[client] = asyncio.Event()
     _closings[client] = asyncio.Event()

@@ -85,6 +85,7 @@ class NatsServer:
         binary: Path | str | None = None,
         start_timeout_s: float = 10.0,
         log_file: Path | str | None = None,
+        tls: bool = False,
     ) -> None:
         self.binary = Path(binary) if binary is not None else nats_server_binary()
         self.host = host
@@ -98,12 +99,14 @@ class NatsServer:
         self.store_dir = Path(store_dir)
         self.log_file = Path(log_file) if log_file is not None else self.store_dir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.tls = tls
+        """Whether the configuration requires clients to use TLS: the URL is ``tls://``."""
 
     @property
     def url(self) -> str:
         if self.port is None:
             raise Unavailable("the nats-server has not been started")
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:

@@ -22,11 +22,14 @@ cores, so the figures are a floor for a real cluster, where they would not.
 
 The same run once more on **three clustered nats-servers** (``berth up --nats-servers 3``:
 R3 buckets, every write fsync'ed on each replica before it is acknowledged) with one
-scheduler, for the ratio to one server (issue 21's target: ≥ 0.6).
+scheduler, for the ratio to one server (issue 21's target: ≥ 0.6), and once on one server
+**with TLS** (``berth up --tls``: mutual TLS from the caller, every agent and the scheduler to
+the server) for the ratio to plain text (issue 21's target: ≥ 0.8).
 
 ``--json`` prints one JSON object (``placements_per_s``, ``p50_ms``, ``p99_ms`` for one
 scheduler, ``inprocess_placements_per_s``, ``ratio_to_inprocess``, per-scheduler-count
-rows, the ``three_servers`` row and ``three_servers_ratio``); ``--quick`` is a short smoke
+rows, the ``three_servers`` row and ``three_servers_ratio``, the ``tls`` row and
+``tls_ratio``); ``--quick`` is a short smoke
 run for CI (about 25 s, mostly process start-up).
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import statistics
 import sys
 import time
@@ -50,7 +54,12 @@ from berth.units import MiB
 from berth.up import LocalCluster
 
 SPEC = Spec(vcpus=0.001, mem=16 * MiB, disk=16 * MiB)
-TARGETS = {"placements_per_s": 1000.0, "p99_ms": 20.0, "three_servers_ratio": 0.6}
+TARGETS = {
+    "placements_per_s": 1000.0,
+    "p99_ms": 20.0,
+    "three_servers_ratio": 0.6,
+    "tls_ratio": 0.8,
+}
 
 
 def _request(index: int) -> Request:
@@ -71,8 +80,10 @@ async def _inprocess(nodes: int, count: int) -> float:
         return count / (time.perf_counter() - started)
 
 
-async def _over_nats(url: str, count: int, warmup: int, concurrency: int) -> dict[str, Any]:
-    client = await connect(url, name="berth-bench")
+async def _over_nats(
+    url: str, count: int, warmup: int, concurrency: int, tls: ssl.SSLContext | None = None
+) -> dict[str, Any]:
+    client = await connect(url, name="berth-bench", tls=tls)
     try:
         scheduler = NatsScheduler(client, timeout_s=SCHEDULE_TIMEOUT_S)
         latencies: list[float] = []
@@ -116,7 +127,14 @@ async def _over_nats(url: str, count: int, warmup: int, concurrency: int) -> dic
 
 
 def _measured(
-    nodes: int, schedulers: int, nats_servers: int, count: int, warmup: int, concurrency: int
+    nodes: int,
+    schedulers: int,
+    nats_servers: int,
+    count: int,
+    warmup: int,
+    concurrency: int,
+    *,
+    tls: bool = False,
 ) -> dict[str, Any]:
     cluster = LocalCluster(
         nodes,
@@ -126,10 +144,11 @@ def _measured(
         runtime="fake",
         per_process=25,
         nats_servers=nats_servers,
+        tls=tls,
     )
     with cluster:
-        row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency))
-    return {"schedulers": schedulers, "nats_servers": nats_servers, **row}
+        row = asyncio.run(_over_nats(cluster.url, count, warmup, concurrency, cluster.client_tls()))
+    return {"schedulers": schedulers, "nats_servers": nats_servers, "tls": tls, **row}
 
 
 def run(
@@ -138,9 +157,12 @@ def run(
     rows = [_measured(nodes, k, 1, count, warmup, concurrency) for k in schedulers]
     # the same run on three clustered nats-servers (R3 buckets, fsync always): issue 21
     three = _measured(nodes, 1, 3, count, warmup, concurrency)
+    # and on one server with mutual TLS everywhere (berth up --tls): issue 21
+    tls = _measured(nodes, 1, 1, count, warmup, concurrency, tls=True)
     inprocess = asyncio.run(_inprocess(nodes, count))
     one = rows[0]
     three_ratio = round(three["placements_per_s"] / one["placements_per_s"], 3)
+    tls_ratio = round(tls["placements_per_s"] / one["placements_per_s"], 3)
     result: dict[str, Any] = {
         "nodes": nodes,
         "placements_per_s": one["placements_per_s"],
@@ -151,11 +173,14 @@ def run(
         "by_schedulers": rows,
         "three_servers": three,
         "three_servers_ratio": three_ratio,
+        "tls": tls,
+        "tls_ratio": tls_ratio,
         "targets": TARGETS,
         "met": {
             "placements_per_s": one["placements_per_s"] >= TARGETS["placements_per_s"],
             "p99_ms": one["p99_ms"] <= TARGETS["p99_ms"],
             "three_servers_ratio": three_ratio >= TARGETS["three_servers_ratio"],
+            "tls_ratio": tls_ratio >= TARGETS["tls_ratio"],
         },
     }
     return result
@@ -181,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     print(f"{args.nodes} agents, {count} placements per run, {args.concurrency} in flight")
-    for row in [*result["by_schedulers"], result["three_servers"]]:
+    for row in [*result["by_schedulers"], result["three_servers"], result["tls"]]:
         where = "" if row["nats_servers"] == 1 else f" on {row['nats_servers']} nats-servers"
+        where += " with TLS" if row["tls"] else ""
         print(
             f"  {row['schedulers']} scheduler(s){where}: "
             f"{row['placements_per_s']:8.1f} placements/s  "
@@ -195,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(NATS / in-process = {result['ratio_to_inprocess']:.3f})"
     )
     print(f"  three servers / one: {result['three_servers_ratio']:.3f}")
+    print(f"  TLS / plain text: {result['tls_ratio']:.3f}")
     print(f"  targets {TARGETS}: met {result['met']}")
     return 0
 

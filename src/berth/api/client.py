@@ -17,7 +17,11 @@ errors, so the command line prints it as its usual one line:
   reached (connection refused — nothing was sent) is skipped for the next, whatever the
   method; a read (``GET``) is also asked of the next one after a timeout or a ``503``.  A
   ``POST`` carries an ``Idempotency-Key`` (the same on every attempt), so the API answers a
-  repeat with the first attempt's outcome instead of doing it twice;
+  repeat with the first attempt's outcome instead of doing it twice: a ``POST`` whose answer
+  was lost (a timeout, a dropped connection) is asked of the next endpoint too, and one
+  answered ``409 idempotency_in_progress`` (the first attempt still under way) is asked
+  again after its ``Retry-After`` while the request's time lasts — except
+  ``POST /v1/placements``, whose repeat would take a second lease (:data:`UNREPEATABLE`);
 * an answer that does not match the schema → :class:`ApiError` — never a traceback.
 
 What it is not: a second definition of the API's types or rules.  Requests are sent as the
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +57,10 @@ API_FILE = "api.json"
 MAX_API_FILE_BYTES = 64 * 1024
 MAX_TOKEN = 4096
 MAX_ENDPOINTS = 64
+UNREPEATABLE = frozenset({"/v1/placements"})
+"""The POSTs a lost answer is not repeated for: each attempt would do it again (a lease)."""
+MAX_RETRY_AFTER_S = 2.0
+"""The longest wait a ``Retry-After`` of an in-progress answer is followed for."""
 MAX_DETAIL = 2000
 """The most of a problem's ``detail`` an error line repeats (a broken server may send more)."""
 
@@ -300,6 +309,27 @@ class ApiClient:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         check_text(body)  # a lone surrogate (a non-UTF-8 byte of argv) is Invalid, not a crash
         headers = {"Idempotency-Key": uuid.uuid4().hex} if method == "POST" else None
+        repeatable = method == "GET" or (method == "POST" and path not in UNREPEATABLE)
+        deadline = time.monotonic() + timeout
+        while True:
+            response, url = self._send(method, path, body, params, timeout, headers, repeatable)
+            wait_s = _in_progress(response)
+            if wait_s is None or time.monotonic() + wait_s > deadline:
+                return self._answer(response, method, path, url)
+            time.sleep(wait_s)  # the same request, its first attempt still under way
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        params: dict[str, str] | None,
+        timeout: float,
+        headers: dict[str, str] | None,
+        repeatable: bool,
+    ) -> tuple[httpx.Response, str]:
+        """One round over the endpoints (see the module docstring): the first answer and the
+        endpoint that gave it, or ``Unavailable`` saying what each did."""
         urls = self.location.urls
         order = [(self._current + step) % len(urls) for step in range(len(urls))]
         failures: list[Unavailable] = []
@@ -314,7 +344,7 @@ class ApiClient:
                     Unavailable(f"cannot reach the berth API at {url + path}: {_reason(error)}")
                 )
                 continue
-            except httpx.HTTPError as error:  # sent, perhaps done: only a read goes on
+            except httpx.HTTPError as error:  # sent, perhaps done: a repeatable request goes on
                 what = (
                     f"did not answer within {timeout:g}s"
                     if isinstance(error, httpx.TimeoutException)
@@ -323,14 +353,14 @@ class ApiClient:
                 failures.append(
                     Unavailable(f"the berth API at {url + path} {what}{_outcome(method, error)}")
                 )
-                if method == "GET" and not last:
+                if repeatable and not last:
                     continue
                 raise failures[-1] from None
             if response.status_code == 503 and method == "GET" and not last:
                 failures.append(Unavailable(str(_problem(response).get("detail", "503"))))
                 continue
             self._current = index
-            return self._answer(response, method, path, url)
+            return response, url
         if len(failures) == 1:
             raise failures[0]
         raise Unavailable(
@@ -498,6 +528,20 @@ def _outcome(method: str, error: httpx.HTTPError) -> str:
     if method == "GET" or isinstance(error, unsent):
         return ""
     return f" (the outcome of the {method} is unknown: it may have been done)"
+
+
+def _in_progress(response: httpx.Response) -> float | None:
+    """How long to wait before asking again when ``response`` says the same request's first
+    attempt is still under way (``409 idempotency_in_progress``); ``None`` otherwise."""
+    if response.status_code != 409:
+        return None
+    if not str(_problem(response).get("type", "")).endswith("/idempotency_in_progress"):
+        return None
+    try:
+        after = float(response.headers.get("Retry-After", "1"))
+    except ValueError:
+        after = 1.0
+    return min(max(after, 0.05), MAX_RETRY_AFTER_S)
 
 
 def _segment(value: str) -> str:

@@ -22,6 +22,7 @@ from nats.js.api import KeyValueConfig
 from berth.api.client import ApiClient, locate
 from berth.deploy import Endpoint, Plan, write_deployment
 from berth.errors import Invalid
+from berth.nats.connection import Credentials
 from berth.nats.server import nats_server_binary
 from berth.pki import TlsFiles
 
@@ -166,13 +167,17 @@ def deployed(tmp_path: Path) -> Iterator[tuple[Path, Plan]]:
 
 
 async def _connect(url: str, machine: Path, stem: str, **options: object) -> Client:
-    creds = json.loads((machine / "creds.json").read_text())
+    creds = Credentials.load(machine / "creds.json")  # a password, or a node's nkey
+    secret: dict[str, object] = (
+        {"user": creds.user, "password": creds.password}
+        if creds.seed is None
+        else {"nkeys_seed_str": creds.seed}
+    )
     return await nats.connect(
         url.split(","),
-        user=creds["user"],
-        password=creds["password"],
-        inbox_prefix=f"_INBOX_{creds['user']}".replace(".", "_"),
+        inbox_prefix=creds.inbox_prefix,
         tls=_tls(machine, stem).check().client_context(),
+        **secret,
         **options,
     )
 
@@ -266,8 +271,8 @@ def test_the_units_commands_run_a_cluster_the_cli_reaches_over_https(
         with ApiClient(location, timeout_s=10.0) as api:
             deadline = time.monotonic() + 90
             while True:
-                for process in processes:
-                    assert process.poll() is None, (tmp_path / "scheduler.log").read_text()
+                for process, log in zip(processes, ("agent", "scheduler"), strict=True):
+                    assert process.poll() is None, (tmp_path / f"{log}.log").read_text()
                 try:
                     if [node.name for node in api.nodes().items] == ["node-1"]:
                         break

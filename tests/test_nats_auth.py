@@ -12,7 +12,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from berth.embedded import embedded_configs
-from berth.errors import Unavailable
+from berth.errors import Invalid, Unavailable
 from berth.model import Request, Spec
 from berth.nats.auth import ClusterAuth, generate
 from berth.nats.connection import Credentials, connect
@@ -48,6 +48,47 @@ def test_without_credentials_nothing_connects(secured: tuple[NatsServer, Cluster
             await connect(server.url, credentials=wrong, first_connect_timeout_s=1.0)
 
     asyncio.run(scenario())
+
+
+def test_nodes_are_nkey_users_and_the_servers_file_holds_no_node_secret(
+    secured: tuple[NatsServer, ClusterAuth], tmp_path: Path
+) -> None:
+    server, auth = secured
+    node = auth.nodes["node-00"]
+    assert node.seed is not None and node.password is None
+    assert node.public_key is not None and node.public_key.startswith("U")
+    config = auth.server_config()
+    assert f'nkey: "{node.public_key}"' in config and node.seed not in config
+    path = auth.write(tmp_path / "again")["node-node-00"]
+    assert Credentials.load(path) == node  # the seed is in the node's own file only
+
+    async def scenario() -> None:
+        connection = await connect(server.url, credentials=node, first_connect_timeout_s=2.0)
+        await connection.close()
+        impostor = Credentials.nkey(node.user)  # the same name, another key: refused
+        with pytest.raises(Unavailable, match="cannot connect"):
+            await connect(server.url, credentials=impostor, first_connect_timeout_s=1.0)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('["user"]', "not a JSON object"),
+        ('{"user": "u"}', "a password or an nkey seed"),
+        ('{"user": "u", "password": "p", "seed": "s"}', "a password or an nkey seed"),
+        ('{"user": "u", "seed": "SUnotaseed"}', "not an nkey user seed"),
+    ],
+)
+def test_a_bad_credentials_file_is_refused_naming_the_flag(
+    text: str, message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.creds.json"
+    path.write_text(text)
+    with pytest.raises(Invalid, match=message) as refused:
+        Credentials.load(path)
+    assert refused.value.field == "--creds"
 
 
 def test_a_node_cannot_speak_for_another(secured: tuple[NatsServer, ClusterAuth]) -> None:

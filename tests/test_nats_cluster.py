@@ -136,8 +136,9 @@ def test_the_single_server_configuration_is_included_on_every_server(tmp_path: P
 
         async def as_node_then_anonymous() -> tuple[bool, str]:
             node = auth.nodes["node-1"]
+            assert node.seed is not None  # a node is an nkey user
             connection = await nats.connect(
-                c.urls, user=node.user, password=node.password, inbox_prefix=node.inbox_prefix
+                c.urls, nkeys_seed_str=node.seed, inbox_prefix=node.inbox_prefix
             )
             ok = connection.is_connected
             await connection.close()

@@ -210,8 +210,7 @@ def _tls_flags(files: TlsFiles) -> list[str]:
 
 
 def _write_creds(path: Path, credentials: Credentials) -> None:
-    document = {"user": credentials.user, "password": credentials.password}
-    write_private(path, json.dumps(document).encode())
+    write_private(path, json.dumps(credentials.document()).encode())
 
 
 def _agent_config(node: str) -> str:

@@ -1,9 +1,12 @@
 """Who may say what on a berth cluster: generated users and a nats-server configuration.
 
 ``berth up`` turns authentication on by default.  :func:`generate` makes one user per role
-with a random password, and :meth:`ClusterAuth.server_config` writes the nats-server
-configuration that confines each one (an account with JetStream, per-user publish and
-subscribe allow lists):
+— the scheduler and client roles with a random password, **each node with an nkey** (an
+Ed25519 key pair: the server's configuration names only its public key, and the agent proves
+it holds the seed by signing the server's nonce, so the file every server reads holds no
+node's secret and no node's secret crosses the network) — and
+:meth:`ClusterAuth.server_config` writes the nats-server configuration that confines each one
+(an account with JetStream, per-user publish and subscribe allow lists):
 
 * **a node** (one user per node) may publish *only its own key* in the nodes bucket and its
   own routes, read *only its own* routes (a consumer of the routes bucket whose filter,
@@ -72,7 +75,7 @@ class ClusterAuth:
         roles.update({f"node-{node}": creds for node, creds in self.nodes.items()})
         for role, creds in roles.items():
             path = directory / f"{node_token(role)}.creds.json"
-            write_private(path, json.dumps({"user": creds.user, "password": creds.password}))
+            write_private(path, json.dumps(creds.document()))
             paths[role] = path
         return paths
 
@@ -167,14 +170,17 @@ def _user(credentials: Credentials, permissions: dict[str, object]) -> str:
     publish = json.dumps({"allow": permissions["publish"]})
     subscribe = json.dumps({"allow": permissions["subscribe"]})
     responses = ", allow_responses: true" if permissions.get("allow_responses") else ""
-    return (
-        f"{{user: {json.dumps(credentials.user)}, password: {json.dumps(credentials.password)}, "
-        f"permissions: {{publish: {publish}, subscribe: {subscribe}{responses}}}}}"
+    who = (
+        f"user: {json.dumps(credentials.user)}, password: {json.dumps(credentials.password)}"
+        if credentials.public_key is None
+        else f"nkey: {json.dumps(credentials.public_key)}"
     )
+    return f"{{{who}, permissions: {{publish: {publish}, subscribe: {subscribe}{responses}}}}}"
 
 
 def generate(nodes: list[str], names: Names | None = None) -> ClusterAuth:
-    """Fresh users with random passwords for a scheduler role, a client role and each node."""
+    """Fresh users: a scheduler role and a client role with random passwords, an nkey for
+    each node."""
 
     def user(name: str) -> Credentials:
         return Credentials(user=name, password=secrets.token_urlsafe(18))
@@ -182,6 +188,6 @@ def generate(nodes: list[str], names: Names | None = None) -> ClusterAuth:
     return ClusterAuth(
         scheduler=user("scheduler"),
         client=user("client"),
-        nodes={node: user(f"node-{node_token(node)}") for node in nodes},
+        nodes={node: Credentials.nkey(f"node-{node_token(node)}") for node in nodes},
         names=names or Names(),
     )

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import ssl
 import weakref
 from collections.abc import Sequence
@@ -59,10 +60,41 @@ _closings: weakref.WeakKeyDictionary[Client, asyncio.Event] = weakref.WeakKeyDic
 
 @dataclass(frozen=True)
 class Credentials:
-    """A NATS user and password (``berth up`` generates one per role)."""
+    """A NATS user: its name and either a password or an **nkey** seed (``berth up`` makes
+    one per role; nodes get nkeys).  With an nkey the server holds only the user's public key
+    and the client proves it has the seed by signing the server's nonce: the server's
+    configuration holds no secret of that user, and the seed never leaves the client."""
 
     user: str
-    password: str
+    password: str | None = None
+    seed: str | None = None
+    """An nkey user seed (``SU…``), instead of a password."""
+
+    def __post_init__(self) -> None:
+        if (self.password is None) == (self.seed is None):
+            raise Invalid(f"user {self.user!r} needs a password or an nkey seed: one of them")
+
+    @classmethod
+    def nkey(cls, user: str) -> Credentials:
+        """``user`` with a fresh nkey (an Ed25519 key pair, encoded as NATS does)."""
+        import nkeys  # type: ignore[import-untyped]  # (pynacl; only for nkey users)
+
+        seed: bytes = nkeys.encode_seed(secrets.token_bytes(32), nkeys.PREFIX_BYTE_USER)
+        return cls(user, seed=seed.decode())
+
+    @property
+    def public_key(self) -> str | None:
+        """The nkey's public key (``U…``, what the server's configuration names), or ``None``
+        for a password user."""
+        if self.seed is None:
+            return None
+        import nkeys
+
+        pair = nkeys.from_seed(bytearray(self.seed.encode()))
+        try:
+            return str(pair.public_key.decode())
+        finally:
+            pair.wipe()
 
     @property
     def inbox_prefix(self) -> str:
@@ -70,19 +102,44 @@ class Credentials:
         safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in self.user)
         return f"_INBOX_{safe}"
 
+    def document(self) -> dict[str, str]:
+        """What a credentials file holds (:meth:`load` reads it back)."""
+        if self.seed is not None:
+            return {"user": self.user, "seed": self.seed}
+        assert self.password is not None  # one of them: __post_init__
+        return {"user": self.user, "password": self.password}
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Credentials:
-        """Read a credentials file (JSON: ``{"user": …, "password": …}``)."""
+        """Read a credentials file (JSON: ``{"user": …, "password": …}`` or
+        ``{"user": …, "seed": …}``); ``Invalid`` naming ``--creds`` otherwise."""
+        where = os.fspath(path)
         try:
             document = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             raise Invalid(
-                f"cannot read credentials from {os.fspath(path)}: {error}", field="--creds"
+                f"cannot read credentials from {where}: {error}", field="--creds"
             ) from None
-        user, password = document.get("user"), document.get("password")
-        if not isinstance(user, str) or not user or not isinstance(password, str):
-            raise Invalid(f"{os.fspath(path)} needs a user and a password", field="--creds")
-        return cls(user, password)
+        if not isinstance(document, dict):
+            raise Invalid(f"{where} is not a JSON object", field="--creds")
+        user, password, seed = (document.get(key) for key in ("user", "password", "seed"))
+        secrets_given = [value for value in (password, seed) if value is not None]
+        if (
+            not isinstance(user, str)
+            or not user
+            or len(secrets_given) != 1
+            or not isinstance(secrets_given[0], str)
+        ):
+            raise Invalid(f"{where} needs a user and a password or an nkey seed", field="--creds")
+        credentials = cls(user, password=password, seed=seed)
+        if seed is not None:
+            try:
+                credentials.public_key  # noqa: B018  # raises for a seed that is not one
+            except Exception:  # nkeys raises its own errors and binascii's for bad base32
+                raise Invalid(
+                    f"{where}: its seed is not an nkey user seed", field="--creds"
+                ) from None
+        return credentials
 
 
 _SCHEMES = ("nats", "tls")
@@ -154,8 +211,11 @@ async def connect(
 
     options: dict[str, object] = {}
     if credentials is not None:
-        options["user"] = credentials.user
-        options["password"] = credentials.password
+        if credentials.seed is not None:
+            options["nkeys_seed_str"] = credentials.seed
+        else:
+            options["user"] = credentials.user
+            options["password"] = credentials.password
         options["inbox_prefix"] = credentials.inbox_prefix
     if tls is not None:
         options["tls"] = tls

@@ -96,6 +96,30 @@ async def test_an_unreachable_node_makes_its_workload_unknown_and_its_stop_is_ke
         assert replacement.id != workload.id
 
 
+async def test_a_kept_stop_is_delivered_when_the_node_answers_with_nobody_reading() -> None:
+    """No read, no reconciler, no sweep, no event: the process that kept the stop asks the
+    node again in the background (issue 36's ``lost_stop``: the reconciler's lease holder
+    had died)."""
+    async with api_with_faults() as (under_test, api, faults):
+        assert under_test.events is not None and under_test.cluster is not None
+        under_test.events.held.update(under_test.cluster.agents)  # no start event either
+        workload = await create(api)
+        faults.cut(workload.node)
+        response = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 0})
+        assert response.status_code == 202, response.text
+        await asyncio.sleep(1.5)  # asked again meanwhile: still cut off, nothing changes
+        assert runs_on_its_node(under_test, workload) == "running"
+        faults.heal(workload.node)
+        await eventually(lambda: _ended(under_test, workload), 5.0)
+        assert under_test.backend is not None
+        record = await under_test.backend.workloads.get(workload.id)
+        assert record is not None and record.state == "stopped", record
+
+
+async def _ended(under_test: ApiUnderTest, workload: Workload) -> bool:
+    return runs_on_its_node(under_test, workload) == "ended"
+
+
 async def test_an_unknown_workload_runs_again_when_its_node_answers() -> None:
     async with api_with_faults() as (under_test, api, faults):
         workload = await create(api)

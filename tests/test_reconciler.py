@@ -311,6 +311,25 @@ async def test_of_two_reconcilers_sharing_a_lease_one_acts_and_the_other_takes_o
                     await task
 
 
+async def test_the_first_pass_comes_as_the_lease_is_taken_not_a_period_later() -> None:
+    """A holder that died left the records unreconciled for the lease's TTL already: the
+    next holder's first pass starts when it takes the lease."""
+    async with embedded_api(1) as under_test:
+        lease = MemoryLease(1.5)  # asked for every 0.5 s
+        assert await lease.hold("dead") is True
+        reconciler = Reconciler(backend_of(under_test), every_s=60.0)
+        task = asyncio.create_task(reconciler.run(lease, "next"))
+        try:
+            await asyncio.sleep(0.2)
+            assert reconciler.passes == 0  # the lease is another's
+            await lease.release("dead")  # as if its TTL had run out
+            await eventually(lambda: _async(reconciler.passes >= 1), 5.0)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def test_a_period_that_is_not_positive_is_invalid() -> None:
     async def main() -> None:
         async with embedded_api(1) as under_test:

@@ -48,8 +48,11 @@ within its period).
 for one the node does not know only once the node's report of its workloads is whole (not
 while a restarted agent is still adopting them: ``node_starting``).  **Unknown is
 not an end**: a node that does not answer makes its workloads ``unknown`` (claim kept); a
-stop then is kept on the record and delivered when the node answers, which also turns the
-record ``running`` again; only a node out of the schedulers' view for
+stop then is kept on the record (``202``) and delivered when the node answers, which also
+turns the record ``running`` again — asked by the API process that kept it, in the
+background, as soon as the node answers (:meth:`ClusterBackend.stop`: a kept stop must not
+wait for the reconciler, whose lease may be held by a process that just died), and by the
+reconciler's passes whatever becomes of that process; only a node out of the schedulers' view for
 :attr:`ClusterBackend.node_gone_after_s` is gone — its workloads ``lost``, their claims freed,
 restartable ones placed again (``replaced_by``).  **Stop** is idempotent (a workload that
 has ended is returned as it is).  **Drain** cordons the node, then stops its running
@@ -132,6 +135,13 @@ each time: the node boots it once), within :data:`~berth.defaults.RUN_TIMEOUT_S`
 RUN_RETRY_S = 0.5
 """The pause before the first retry of an unanswered run; it doubles for each further one
 (0.5 + 1 + 2 s: about as long as NATS takes to reconnect after a server restart, twice)."""
+KEPT_STOP_ASK_FIRST_S = 0.25
+"""The first wait before the node of a kept stop is asked again (then doubled)."""
+KEPT_STOP_ASK_MAX_S = 1.0
+"""The longest wait between two questions to the node of a kept stop: a node that answers
+again has its kept stops delivered within about this, plus the stop itself."""
+MAX_KEPT_STOPS = 10_000
+"""Kept stops one API process delivers in the background at once (more: the reconciler's)."""
 
 
 def not_found(what: str, name: str) -> Problem:
@@ -171,6 +181,17 @@ class ClusterBackend:
         )
         """The creates' idempotency keys (:mod:`berth.api.idempotency`)."""
         self._recent: deque[schemas.PlacementRecord] = deque(maxlen=recent_capacity)
+        self._couriers: dict[str, asyncio.Task[None]] = {}
+        """Kept stops this process delivers in the background, by record id (:meth:`stop`)."""
+
+    async def close(self) -> None:
+        """Cancel the background deliveries of kept stops (their records keep the stops: the
+        reconciler, or the next API process, delivers them)."""
+        couriers, self._couriers = list(self._couriers.values()), {}
+        for courier in couriers:
+            courier.cancel()
+        if couriers:
+            await asyncio.wait(couriers, timeout=1.0)
 
     # -- requests ----------------------------------------------------------------------------
     def _request(self, body: schemas.RequestBody) -> Request:
@@ -858,6 +879,49 @@ class ClusterBackend:
         log.info("delivered the kept stop of %s on %s", workload.id, workload.node)
         return stopped
 
+    def _deliver_when_back(self, workload_id: str) -> None:
+        """Ask the node of an ``unknown`` workload with a kept stop again in the background
+        until the stop is delivered or the record has ended (:meth:`_courier`); one task per
+        record, at most :data:`MAX_KEPT_STOPS` (beyond, the reconciler delivers them)."""
+        if workload_id in self._couriers:
+            return
+        if len(self._couriers) >= MAX_KEPT_STOPS:
+            log.warning(
+                "the kept stop of %s waits for the reconciler: %d deliveries already wait",
+                workload_id,
+                len(self._couriers),
+            )
+            return
+        task = asyncio.get_running_loop().create_task(self._courier(workload_id))
+        self._couriers[workload_id] = task
+        task.add_done_callback(lambda done: self._delivered(workload_id, done))
+
+    def _delivered(self, workload_id: str, task: asyncio.Task[None]) -> None:
+        if self._couriers.get(workload_id) is task:
+            del self._couriers[workload_id]
+
+    async def _courier(self, workload_id: str) -> None:
+        """Read the record and refresh it (:meth:`_refresh`: the node asked, once it is back
+        in the schedulers' view) every :data:`KEPT_STOP_ASK_FIRST_S` doubling to
+        :data:`KEPT_STOP_ASK_MAX_S`, until it has ended or carries no kept stop; a node that
+        answers again turns the record ``running`` and gets the stop at once.  Given up (the
+        reconciler's then) after :attr:`node_gone_after_s` — by then a node still silent
+        has made the record ``lost``."""
+        wait_s = KEPT_STOP_ASK_FIRST_S
+        give_up_at = self.clock() + self.node_gone_after_s
+        while self.clock() < give_up_at:
+            await asyncio.sleep(wait_s)
+            wait_s = min(wait_s * 2, KEPT_STOP_ASK_MAX_S)
+            try:
+                record = await self.workloads.get(workload_id)
+                if record is None or record.state not in LIVE_STATES or not record.stop_requested:
+                    return
+                if (await self._refresh(record)).state not in LIVE_STATES:
+                    return
+            except (Unavailable, Refused, Invalid) as error:
+                log.info("the kept stop of %s is not delivered yet: %s", workload_id, error)
+        log.warning("the kept stop of %s is left to the reconciler", workload_id)
+
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
         """Stop a workload (idempotent): the node's runtime sends the graceful signal and
         kills it ``grace_s`` later (``None``: the node's configured grace); this waits that
@@ -866,7 +930,10 @@ class ClusterBackend:
         A workload whose node cannot be reached now (``unknown``), or whose boot has not
         been answered (``pending``), keeps the stop on its record (``stop_requested``): it is
         delivered when the node answers again, and the record answered as it is (the HTTP
-        API's ``202``: accepted, not done)."""
+        API's ``202``: accepted, not done).  A ``pending`` one's create delivers it after its
+        boot; an ``unknown`` one's node is asked again from this process in the background
+        (:meth:`_deliver_when_back`) — and by the reconciler's passes, whichever answers
+        first: the stop is on the record, so it survives this process."""
         grace_s = checked_grace(grace_s)
         workload = await self.workload(workload_id)
         if workload.state in ("pending", "unknown"):
@@ -877,6 +944,8 @@ class ClusterBackend:
             )
             if kept is not None and kept.state == "running":  # it came back meanwhile
                 return await self._stop_on_node(kept, grace_s)
+            if kept is not None and kept.state == "unknown":
+                self._deliver_when_back(kept.id)
             return workload if kept is None else kept
         if workload.state != "running":
             return workload

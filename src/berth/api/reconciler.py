@@ -118,6 +118,10 @@ class Reconciler:
         """Until when the lease is surely held (``monotonic``; set by :meth:`run`)."""
         self._keys_expired_at = -math.inf
         """When a pass last deleted the expired key claims (``monotonic``)."""
+        self._taken = asyncio.Event()
+        """Set when this reconciler takes the lease (:meth:`_keep`): the first pass starts then,
+        not up to a period later — a holder that died has left the records unreconciled for
+        the lease's TTL already."""
 
     # -- one pass ----------------------------------------------------------------------------
     async def reconcile(self, *, acting: Callable[[], bool] = lambda: True) -> PassReport:
@@ -316,15 +320,20 @@ class Reconciler:
     async def run(self, lease: Lease, holder: str) -> None:
         """Reconcile every ``every_s`` while holding ``lease`` as ``holder``, until cancelled
         (then the lease is given up).  The lease is renewed every third of its TTL by a task
-        of its own, whatever a pass is doing; a pass starts only while it is held, stops no
-        ghost once a renewal has failed (:meth:`holding`), and is cut off after the TTL."""
+        of its own, whatever a pass is doing; a pass starts only while it is held — the first
+        one as soon as it is taken —, stops no ghost once a renewal has failed
+        (:meth:`holding`), and is cut off after the TTL."""
         keeper = asyncio.create_task(self._keep(lease, holder), name="berth reconciler lease")
         try:
             while True:
                 started = self.monotonic()
+                self._taken.clear()
                 if self.holding():
                     await self._bounded_pass(lease.ttl_s)
-                await asyncio.sleep(max(0.0, self.every_s - (self.monotonic() - started)))
+                with contextlib.suppress(TimeoutError):  # a period, or until the lease is taken
+                    await asyncio.wait_for(
+                        self._taken.wait(), max(0.0, self.every_s - (self.monotonic() - started))
+                    )
         finally:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -345,6 +354,7 @@ class Reconciler:
             if held:
                 if not self.holding():
                     log.info("%s holds the reconciler lease", holder)
+                    self._taken.set()
                 self._held_until = asked + lease.ttl_s * 2 / 3
             else:
                 if self.holding():

@@ -291,3 +291,4 @@ async def scheduler_api(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await api.stop()
+        await backend.close()

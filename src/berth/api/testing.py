@@ -132,6 +132,7 @@ async def embedded_api(
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
+            await backend.close()
 
 
 @contextlib.asynccontextmanager

@@ -38,7 +38,7 @@ from berth.nodeclient.agents import AgentNodes
 from berth.nodeclient.faults import FaultyNodes
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
-from berth.registry.memory import MemoryLease
+from berth.registry.memory import MemoryLease, MemoryRoutes
 from berth.registry.port import StoredWorkload
 from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
@@ -134,6 +134,44 @@ async def test_a_pending_record_whose_node_runs_it_is_adopted() -> None:
         transition = {"transition": "pending_running", "outcome": "applied"}
         assert counted(metrics, "berth_reconciler_transitions_total", **transition) == 1
         assert (await reconciler.reconcile()).transitions == {}  # converged: nothing more
+
+
+async def test_a_running_workloads_missing_route_is_written_and_an_ended_ones_removed() -> None:
+    """Routes are an index that converges (issue 36): a create whose scheduler died before
+    its route write leaves a running workload without one."""
+    async with reconciled() as (under_test, api, _faults, reconciler, _, metrics):
+        routes = MemoryRoutes()
+        reconciler.routes = routes
+        workload = await created(api, "svc")
+        record = await stored(backend_of(under_test), workload.id)
+        report = await reconciler.reconcile()
+        assert (report.routes_restored, report.routes_removed) == (1, 0)
+        route = await routes.whereis("default/svc/0")
+        assert route is not None and (route.node, route.reservation_id) == (
+            record.node,
+            record.reservation_id,
+        )
+        assert route.function == ("default", "svc") and route.spec is not None
+        assert route.spec.mem == record.request["spec"]["mem"]  # type: ignore[index]
+        assert (await reconciler.reconcile()).routes_restored == 0  # converged
+        stop = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 0})
+        assert stop.status_code == 200, stop.text
+        assert await routes.whereis("default/svc/0") is not None  # nobody released it here
+        report = await reconciler.reconcile()
+        assert (report.routes_restored, report.routes_removed) == (0, 1)
+        assert await routes.whereis("default/svc/0") is None
+        assert counted(metrics, "berth_reconciler_routes_total", action="restored") == 1
+        assert counted(metrics, "berth_reconciler_routes_total", action="removed") == 1
+
+
+async def test_a_route_is_left_alone_when_the_node_does_not_run_the_workload() -> None:
+    async with reconciled() as (_under_test, api, faults, reconciler, _, _metrics):
+        routes = MemoryRoutes()
+        reconciler.routes = routes
+        workload = await created(api, "svc")
+        faults.cut(workload.node)  # no report from its node: nothing is known, nothing written
+        report = await reconciler.reconcile()
+        assert report.routes_restored == 0 and await routes.list() == []
 
 
 async def test_a_pending_record_never_run_is_retried_after_its_deadline() -> None:

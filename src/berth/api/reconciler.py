@@ -26,6 +26,16 @@ each record towards what the node says — every change a compare-and-set on the
   (a create between recording its intent and the run is never taken for one: the record is
   read again before acting), is stopped and counted (``why``: ``unrecorded`` — no record at
   all — or ``ended`` — its record says it ended, e.g. ``lost`` while it ran on);
+* **routes** (with the scheduler's routing registry, ``berth_routes``: an index that must
+  converge, issue 36) — a workload recorded ``running`` and run by its node whose route is
+  missing (a create whose scheduler died between the placement and the route write, a
+  route deleted) gets it written again from the record (identity, node, reservation,
+  spec, function; :meth:`~berth.registry.port.RouteRegistry.repair`, never over a stored
+  route), and a route whose reservation is that of an ended record, with no live record of
+  its identity on that node, is removed at the revision read — both counted
+  (``berth_reconciler_routes_total{action}``).  A record without a reservation (its run was
+  retried by the reconciler: the node reserved for itself) gets none: the node would drop
+  a route it holds no reservation for;
 * **old idempotency keys** — at most every :data:`KEYS_EXPIRE_EVERY_S`, the creates' key
   claims older than their retention are deleted (:meth:`~berth.api.idempotency.CreateKeys.
   expire`; an expired claim counts as absent anyway: this only keeps the store small).
@@ -60,7 +70,15 @@ from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE, Request
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
-from berth.registry.port import CLAIM_PENDING_S, ENDED_STATES, LIVE_STATES, Lease, StoredWorkload
+from berth.registry.port import (
+    CLAIM_PENDING_S,
+    ENDED_STATES,
+    LIVE_STATES,
+    Lease,
+    Route,
+    RouteRegistry,
+    StoredWorkload,
+)
 
 __all__ = ["PassReport", "Reconciler"]
 
@@ -89,6 +107,10 @@ class PassReport:
     ghosts_seen: int = 0
     keys_expired: int = 0
     """Expired idempotency key claims deleted (on the passes that look, hourly)."""
+    routes_restored: int = 0
+    """Missing routes of running records written again."""
+    routes_removed: int = 0
+    """Routes of ended records removed."""
     seconds: float = 0.0
 
 
@@ -103,8 +125,11 @@ class Reconciler:
         pending_after_s: float = RECONCILE_PENDING_AFTER_S,
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
+        routes: RouteRegistry | None = None,
     ) -> None:
         self.backend = backend
+        self.routes = routes
+        """The routing registry whose routes of API workloads are converged (``None``: not)."""
         self.metrics = backend.scheduler.metrics if metrics is None else metrics
         """Where passes, transitions, ghosts and adoptions are counted (the scheduler's)."""
         self.every_s = INTERVAL_RULE(every_s, "reconcile_every")
@@ -141,9 +166,13 @@ class Reconciler:
         report.nodes_starting = len(starting)
         # a node still adopting its workloads is left alone until its report is whole
         live = [r for r in records if r.state in LIVE_STATES and r.node not in starting]
-        await asyncio.gather(*(self._converge(r, reports.get(r.node), report) for r in live))
+        after = await asyncio.gather(
+            *(self._converge(r, reports.get(r.node), report) for r in live)
+        )
         named = {(r.node, r.node_workload_id) for r in records if r.state in LIVE_STATES}
         await self._ghosts(reports, named, report, acting)
+        now = {r.id: r for r in records} | {r.id: r for r in after}
+        await self._routes(list(now.values()), reports, report, acting)
         await self._expire_keys(report, acting)
         report.seconds = self.monotonic() - started
         self.passes += 1
@@ -171,7 +200,9 @@ class Reconciler:
 
     async def _converge(
         self, record: StoredWorkload, runs: frozenset[str] | None, report: PassReport
-    ) -> None:
+    ) -> StoredWorkload:
+        """Move ``record`` towards its node's report (``runs``; ``None``: no answer); the
+        record as it is after (as it was, when that failed)."""
         before = record.state
         try:
             if runs is not None and record.node_workload_id in runs:
@@ -182,10 +213,11 @@ class Reconciler:
                 after = await self.backend.refresh(record)
         except (Unavailable, Refused, Invalid) as error:
             log.warning("reconciling %s: %s", record.id, error)
-            return
+            return record
         if after.state != before:
             self._count(report, f"{before}_{after.state}", True)
             log.info("%s: %s -> %s (%s)", record.id, before, after.state, after.detail)
+        return after
 
     async def _runs(self, record: StoredWorkload, report: PassReport) -> StoredWorkload:
         """The node reports that it runs ``record``: a ``pending`` one is adopted and an
@@ -296,6 +328,68 @@ class Reconciler:
         state = "no record names it" if record is None else f"its record is {record.state}"
         log.warning("stopped ghost %s on %s (%s)", workload_id, node, state)
 
+    async def _routes(
+        self,
+        records: list[StoredWorkload],
+        reports: dict[str, frozenset[str]],
+        report: PassReport,
+        acting: Callable[[], bool],
+    ) -> None:
+        """Write the missing routes of running workloads, remove those of ended ones (see the
+        module docstring); a registry that fails is tried again next pass."""
+        routes = self.routes
+        if routes is None or not acting():
+            return
+        try:
+            stored = {(r.workload, r.node): (rev, r) for rev, r in await routes.entries()}
+        except Unavailable as error:
+            log.warning("the routes were not read: %s", error)
+            return
+        live = {(_identity(r), r.node) for r in records if r.state in LIVE_STATES}
+        ended = {
+            (r.node, r.reservation_id)
+            for r in records
+            if r.state in ENDED_STATES and r.reservation_id is not None
+        }
+        missing = [
+            r
+            for r in records
+            if r.state == "running"
+            and r.reservation_id is not None
+            and r.node_workload_id in reports.get(r.node, ())
+            and (_identity(r), r.node) not in stored
+        ]
+        stale = [
+            (key, revision)
+            for key, (revision, route) in stored.items()
+            if (route.node, route.reservation_id) in ended and key not in live
+        ]
+        for record in missing:
+            if not acting():
+                return
+            try:
+                if await routes.repair(_route(record)) is not None:
+                    report.routes_restored += 1
+                    self._routed("restored")
+                    log.info("wrote the missing route of %s on %s", record.id, record.node)
+            except (Unavailable, Invalid) as error:
+                log.warning("the route of %s was not written: %s", record.id, error)
+        for (workload, node), revision in stale:
+            if not acting():
+                return
+            try:
+                await routes.remove(workload, node, revision=revision)
+            except Unavailable as error:
+                log.warning("the stale route of %s on %s stays: %s", workload, node, error)
+                continue
+            report.routes_removed += 1
+            self._routed("removed")
+            log.info("removed the route of %s on %s: its workload ended", workload, node)
+
+    def _routed(self, action: str) -> None:
+        if self.metrics is not None:
+            self.metrics.route_reconciled(action)
+
     async def _expire_keys(self, report: PassReport, acting: Callable[[], bool]) -> None:
         """Delete the expired idempotency key claims, if the last pass that did is
         :data:`KEYS_EXPIRE_EVERY_S` old; a registry that fails is tried again next pass."""
@@ -374,3 +468,24 @@ class Reconciler:
             return
         if metrics is not None:
             metrics.reconciler_pass(True)
+
+
+def _identity(record: StoredWorkload) -> str:
+    """The key a workload's route is stored under: its ``namespace/name/replica``
+    (:attr:`berth.model.Request.key`, what the scheduler records)."""
+    return f"{record.namespace}/{record.name}/{record.replica}"
+
+
+def _route(record: StoredWorkload) -> Route:
+    """The route a running record stands for, as its scheduler would have written it
+    (``placed_at`` its create's time)."""
+    request = Request.from_dict(record.request)
+    return Route(
+        _identity(record),
+        record.node,
+        record.reservation_id,
+        request.spec,
+        record.created_at,
+        record.namespace,
+        record.name,
+    )

@@ -276,7 +276,7 @@ async def scheduler_api(
         images,
         node_gone_after_s=node_gone_after_s,
     )
-    reconciler = Reconciler(backend, every_s=reconcile_every_s)
+    reconciler = Reconciler(backend, every_s=reconcile_every_s, routes=service.routes)
     events = await NatsEvents(client).start()
     lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
     api = await ApiServer(create_app(backend, token=token), host, port, https).start()

@@ -217,6 +217,13 @@ class Metrics:
             "Pending records whose node reports them running, taken as running.",
             registry=registry,
         )
+        self.reconciler_routes = Counter(
+            "berth_reconciler_routes",
+            "Routes the reconciler wrote for running workloads that had none (restored) or "
+            "removed for ended ones (removed).",
+            ["action"],
+            registry=registry,
+        )
         self.reconciler_passes = Counter(
             "berth_reconciler_passes",
             "Reconciler passes of the lease holder, by outcome.",
@@ -270,6 +277,10 @@ class Metrics:
 
     def adopted(self) -> None:
         self.reconciler_adoptions.inc()
+
+    def route_reconciled(self, action: str) -> None:
+        """The reconciler ``restored`` a missing route or ``removed`` a stale one."""
+        self.reconciler_routes.labels(action).inc()
 
     def event_applied(self, outcome: str, lag_s: float) -> None:
         """A node's event was taken: ``outcome`` of :data:`EVENT_OUTCOMES` (any other word

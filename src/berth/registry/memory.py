@@ -207,6 +207,18 @@ class MemoryRoutes:
             (revision, route) for revision, route in self._routes.values() if route.node == node
         ]
 
+    async def entries(self) -> builtins.list[tuple[int, Route]]:
+        return sorted(self._routes.values(), key=lambda entry: entry[0])
+
+    async def repair(self, route: Route) -> int | None:
+        key = self.key(route.workload, route.node)
+        if key in self._routes:
+            return None
+        self._revision += 1
+        self._routes[key] = (self._revision, route)
+        self._deliver(RouteEvent("put", key, route, self._revision))
+        return self._revision
+
     async def clear_node(self, node: str) -> int:
         keys = [key for key, (_, route) in self._routes.items() if route.node == node]
         for key in keys:

@@ -250,6 +250,25 @@ class NatsRoutes:
         copy): a route stored before this call began is in it."""
         return await self._read(f"{node_token(node)}.>")
 
+    async def entries(self) -> builtins.list[tuple[int, Route]]:
+        """Every route with its revision, read from the server (one consumer, as
+        :meth:`list`)."""
+        return await self._read(">")
+
+    async def repair(self, route: Route) -> int | None:
+        """Store ``route`` where its key holds no route — never written, purged, or deleted
+        (a KV *create*: over a delete marker it expects that marker's revision); ``None``
+        when a route is stored, now or by a writer that came first.  Unlike :meth:`restore`
+        (a node's own copy, which must not revive a route removed on purpose) this writes
+        over a delete: the reconciler's caller has just seen the record ``running`` and its
+        node running it."""
+        try:
+            return await self._bucket().create(
+                self.key(route.workload, route.node), encode_route(route)
+            )
+        except KeyWrongLastSequenceError:
+            return None
+
     async def clear_node(self, node: str) -> int:
         """Remove every route of ``node`` key by key (what a node's own user may do)."""
         routes = await self.list(node)

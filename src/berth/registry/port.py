@@ -488,6 +488,18 @@ class RouteRegistry(Protocol):
         is in it."""
         ...
 
+    async def entries(self) -> builtins.list[tuple[int, Route]]:
+        """Every route with its revision (what a reconciler's pass compares with the
+        records); a route stored before this call began is in it."""
+        ...
+
+    async def repair(self, route: Route) -> int | None:
+        """Store ``route`` exactly as it is (reservation, spec, function, ``placed_at``) unless
+        its key holds a route now — never written, purged, or deleted: what the reconciler
+        writes for a workload its record and its node both say runs; its revision, or
+        ``None`` when a route is stored (which is never overwritten)."""
+        ...
+
     async def clear_node(self, node: str) -> int:
         """Remove every route of ``node`` one by one (what a node may do of its own); how
         many there were."""

@@ -31,6 +31,7 @@ from berth.registry.port import (
     ImageLayer,
     ImageRegistry,
     KeyClaim,
+    Route,
     RouteEvent,
     RouteRegistry,
     StoredWorkload,
@@ -492,6 +493,33 @@ class RegistryContract:
             assert await routes.whereis("t/fn/0") is None
             await routes.remove("t/fn/0", "n1")  # idempotent
             await routes.remove("t/fn/0", "n1", revision=current)
+
+        self._run(check)
+
+    def test_a_repair_writes_only_where_no_route_is_stored(self) -> None:
+        async def check(registries: Registries) -> None:
+            routes = registries.routes
+            revision = await routes.record(
+                "t/fn/0", _placement("n1", "r0"), SPEC, function=FUNCTION
+            )
+            [(listed, stored)] = await routes.entries()
+            assert listed == revision and stored.reservation_id == "r0"
+            other = Route("t/fn/0", "n1", "r9", SPEC, 5.0, *FUNCTION)
+            assert await routes.repair(other) is None  # a stored route is never overwritten
+            assert (await routes.whereis("t/fn/0")) == stored
+            await routes.remove("t/fn/0", "n1")  # deleted (a tombstone on NATS): written again
+            repaired = await routes.repair(other)
+            assert repaired is not None and repaired > revision
+            assert await routes.whereis("t/fn/0") == other
+            never = Route("t/fn/1", "n2", "r1", None, 6.0)  # never written: written
+            assert await routes.repair(never) is not None
+            assert [(r.workload, r.node) for _, r in await routes.entries()] == [
+                ("t/fn/0", "n1"),
+                ("t/fn/1", "n2"),
+            ]
+            await routes.purge_node("n2")  # purged: written again
+            assert await routes.repair(never) is not None
+            assert await routes.whereis("t/fn/1") == never
 
         self._run(check)
 

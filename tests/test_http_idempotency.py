@@ -217,6 +217,62 @@ async def _always(claim: KeyClaim) -> bool:
     return True
 
 
+@pytest.mark.parametrize("first_is_up", [False, True])
+async def test_a_repeat_after_its_api_process_died_creates_at_once(first_is_up: bool) -> None:
+    """Issue 36: the API process serving a create is ``kill -9``'d after claiming the key and
+    the identity, before recording anything; the client fails over and repeats with its key.
+    The claim names its owner: once that process is out of the census the repeat takes the
+    key *and* the dead attempt's identity claim over, and creates (``201``) — not ``409`` in
+    progress for 30 s, then ``409`` identity taken.  While the owner is up it is in progress."""
+    async with EmbeddedCluster(embedded_configs(1, runtime="fake")) as cluster:
+        registry = MemoryWorkloads()
+        members = {"api-b", "api-a"} if first_is_up else {"api-b"}
+
+        async def alive() -> set[str]:
+            return members
+
+        backend = ClusterBackend(
+            cluster.scheduler,
+            cluster.client,
+            LocalPlacements(cluster.scheduler),
+            registry,
+            MemoryImages(),
+            owner="api-b",
+            members=alive,
+        )
+        body = WorkloadCreate.model_validate(BODY)
+        dead = new_workload_id()  # what api-a took before it died
+        now = backend.clock()
+        claim = KeyClaim(
+            key=key_name(KEY),
+            workload_id=dead,
+            request_hash=request_hash(body),
+            claimed_at=now,
+            owner="api-a",
+        )
+        assert (await registry.keys.claim(claim, replaceable=_never)).workload_id == dead
+        await registry.claims.claim("default/job/0", dead, holds=_no_holder, now=now)
+        if first_is_up:
+            with pytest.raises(Problem) as busy:
+                await backend.create(body, idempotency_key=KEY)
+            assert busy.value.kind == "idempotency_in_progress"
+            assert await registry.list() == []
+            return
+        created, repeated = await backend.create_or_repeat(body, KEY)
+        assert not repeated and created.id != dead and created.state == "running"
+        holder = await registry.claims.holder("default/job/0")
+        assert holder == created.id
+        held = await registry.keys.holder(key_name(KEY))
+        assert held is not None and (held.workload_id, held.owner) == (created.id, "api-b")
+        again, repeated = await backend.create_or_repeat(body, KEY)
+        assert repeated and again.id == created.id
+        assert [record.id for record in await registry.list()] == [created.id]
+
+
+async def _no_holder(claim: object) -> str | None:
+    return None
+
+
 async def test_a_create_that_fails_gives_its_key_back_and_a_retry_tries_again() -> None:
     async with api_and_client(1) as (under_test, api):
         assert under_test.backend is not None
@@ -252,15 +308,15 @@ async def test_an_expired_key_names_a_new_create_and_old_claims_are_deleted() ->
     keys = CreateKeys(registry.keys, registry, clock, abandoned_after_s=30.0, retention_s=100.0)
     body = WorkloadCreate.model_validate(BODY)
     other = WorkloadCreate.model_validate({**BODY, "name": "other"})
-    assert await keys.take(KEY, "w-000000000001", body) is None
+    assert await keys.take(KEY, "w-000000000001", body) == (None, None)
     await keys.confirm(KEY, "w-000000000001")
     clock.advance(99.0)
     with pytest.raises(Problem, match="another request"):
         await keys.take(KEY, "w-000000000002", other)
     assert await keys.expire() == 0
     clock.advance(1.0)
-    assert await keys.take(KEY, "w-000000000002", other) is None  # expired: a new create
-    assert await keys.take("second", "w-000000000003", body) is None
+    assert await keys.take(KEY, "w-000000000002", other) == (None, None)  # expired: new
+    assert await keys.take("second", "w-000000000003", body) == (None, None)
     clock.advance(100.5)
     assert await keys.expire() == 2 and await registry.keys.holder(key_name(KEY)) is None
 
@@ -268,8 +324,9 @@ async def test_an_expired_key_names_a_new_create_and_old_claims_are_deleted() ->
 @pytest.mark.parametrize("field", ["abandoned_after_s", "retention_s"])
 async def test_the_bounds_must_be_positive_seconds(field: str) -> None:
     registry = MemoryWorkloads()
+    options: dict[str, Any] = {field: 0.0}
     with pytest.raises(Invalid, match="idempotency"):
-        CreateKeys(registry.keys, registry, FakeClock(), **{field: 0.0})
+        CreateKeys(registry.keys, registry, FakeClock(), **options)
 
 
 async def test_the_reconciler_deletes_expired_key_claims_hourly() -> None:

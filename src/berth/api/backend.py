@@ -84,7 +84,7 @@ from collections.abc import Callable
 from typing import Any
 
 from berth.api import schemas
-from berth.api.idempotency import CreateKeys
+from berth.api.idempotency import CreateKeys, Members
 from berth.api.placements import Placements
 from berth.api.problems import Problem
 from berth.boot import BootSpec, WorkloadStatus
@@ -164,6 +164,8 @@ class ClusterBackend:
         node_gone_after_s: float = NODE_GONE_AFTER_S,
         idempotency_abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
         idempotency_retention_s: float = IDEMPOTENCY_RETENTION_S,
+        owner: str | None = None,
+        members: Members | None = None,
     ) -> None:
         self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "node_gone_after")
         self.scheduler = scheduler
@@ -178,8 +180,11 @@ class ClusterBackend:
             clock,
             abandoned_after_s=idempotency_abandoned_after_s,
             retention_s=idempotency_retention_s,
+            owner=owner,
+            members=members,
         )
-        """The creates' idempotency keys (:mod:`berth.api.idempotency`)."""
+        """The creates' idempotency keys (:mod:`berth.api.idempotency`; ``owner`` names this
+        process in the claims, ``members`` says which are up)."""
         self._recent: deque[schemas.PlacementRecord] = deque(maxlen=recent_capacity)
         self._couriers: dict[str, asyncio.Task[None]] = {}
         """Kept stops this process delivers in the background, by record id (:meth:`stop`)."""
@@ -358,12 +363,18 @@ class ClusterBackend:
         reschedule = body.reschedule_policy()
         if idempotency_key is None:
             return await self._boot(request, boot, workload_id, image, reschedule), False
-        first = await self.keys.take(idempotency_key, workload_id, body)
+        first, abandoned = await self.keys.take(idempotency_key, workload_id, body)
         if first is not None:
             return await self.workload(first), True
         try:
             booted = await self._boot(
-                request, boot, workload_id, image, reschedule, key=idempotency_key
+                request,
+                boot,
+                workload_id,
+                image,
+                reschedule,
+                key=idempotency_key,
+                abandoned=abandoned,
             )
         except Exception:
             await self.keys.give_back(idempotency_key, workload_id)
@@ -381,13 +392,16 @@ class ClusterBackend:
         reschedules: int = 0,
         why: str | None = None,
         key: str | None = None,
+        abandoned: str | None = None,
     ) -> StoredWorkload:
         """Claim the identity, place, record the intent (``pending``), boot on the chosen
         node under the workload's own id, record it ``running``: a running workload the API
         knows, an ended record with the node's reason, or a pending one whose boot's outcome
         is unknown (``Unavailable``) — never a workload the registry has not seen.  ``key``:
-        the create's idempotency key, claimed for ``workload_id``, renewed before the record."""
-        placement = await self._claim_and_place(request, workload_id)
+        the create's idempotency key, claimed for ``workload_id``, renewed before the record;
+        ``abandoned``: the workload of a dead attempt whose key this create took over — its
+        identity claim, if it has no record, is taken over too."""
+        placement = await self._claim_and_place(request, workload_id, abandoned)
         pending = StoredWorkload(
             id=workload_id,
             namespace=request.namespace,
@@ -420,11 +434,20 @@ class ClusterBackend:
         self._note(request, "placed", explanation, placement=placement, workload_id=workload_id)
         return workload
 
-    async def _claim_and_place(self, request: Request, workload_id: str) -> Placement:
-        """Take the request's identity for ``workload_id``, then place it; a placement that
-        fails gives the identity back."""
+    async def _claim_and_place(
+        self, request: Request, workload_id: str, abandoned: str | None = None
+    ) -> Placement:
+        """Take the request's identity for ``workload_id`` (over ``abandoned``'s claim, an
+        attempt of the same create that died before recording anything), then place it; a
+        placement that fails gives the identity back."""
+
+        async def holds(claim: Claim) -> str | None:
+            if claim.workload_id == abandoned and await self.workloads.get(abandoned) is None:
+                return None  # its create died with its key, which this create took over
+            return await self._holds(claim)
+
         claims = self.workloads.claims
-        await claims.claim(request.key, workload_id, holds=self._holds, now=self.clock())
+        await claims.claim(request.key, workload_id, holds=holds, now=self.clock())
         try:
             return await self._place(request, workload_id)
         except Exception:

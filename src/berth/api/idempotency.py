@@ -19,8 +19,13 @@ answered by it:
 * **same body, no record yet** → ``409`` ``idempotency_in_progress`` with ``Retry-After``: the
   first attempt is between its claim and its record — unless the claim is older than
   ``abandoned_after_s`` (:data:`~berth.defaults.IDEMPOTENCY_ABANDONED_AFTER_S`, 30 s, longer
-  than a create takes from its claim to its record): that attempt died before recording
-  anything, and the repeat takes the key over by compare-and-set and creates.
+  than a create takes from its claim to its record), or names as its ``owner`` an API
+  process that is gone (not in the schedulers' census — it was ``kill -9``'d with the create
+  in flight, and its client failed over): that attempt died before recording anything, and
+  the repeat takes the key over by compare-and-set and creates — taking over the identity
+  claim the dead attempt left as well (:attr:`Taken.abandoned`; nothing ran under it: a
+  create boots only after its record), so it is answered ``201`` at once instead of ``409``
+  in progress for 30 s and then ``409`` identity taken (issue 36).
 
 **No takeover races a record.**  Just before it records its workload the first attempt renews
 its claim (:meth:`CreateKeys.confirm`, a compare-and-set on the claim's revision, as a
@@ -53,8 +58,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable
-from typing import Annotated
+from collections.abc import Awaitable, Callable, Collection
+from typing import Annotated, NamedTuple
 
 from fastapi import Header
 from pydantic import BaseModel
@@ -71,6 +76,7 @@ __all__ = [
     "RETRY_AFTER_S",
     "CreateKeys",
     "KeyHeader",
+    "Taken",
     "key_name",
     "request_hash",
 ]
@@ -136,6 +142,20 @@ def _in_progress(workload_id: str | None, why: str) -> Problem:
     )
 
 
+class Taken(NamedTuple):
+    """What :meth:`CreateKeys.take` found: ``first``, the first attempt's recorded workload
+    (answer it; nothing is created), or ``None`` — the caller holds the key and creates;
+    then ``abandoned`` names the workload of an attempt that died before recording it, whose
+    key the caller took over (its identity claim may be taken over too), if any."""
+
+    first: str | None
+    abandoned: str | None = None
+
+
+Members = Callable[[], Awaitable[Collection[str]]]
+"""The API processes alive now (their owner ids: the schedulers' census)."""
+
+
 class CreateKeys:
     """The creates' keys over the registry's :class:`~berth.registry.port.IdempotencyKeys`
     (see the module docstring); ``clock`` is the API's (the claims' times)."""
@@ -148,43 +168,67 @@ class CreateKeys:
         *,
         abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
         retention_s: float = IDEMPOTENCY_RETENTION_S,
+        owner: str | None = None,
+        members: Members | None = None,
     ) -> None:
         self.keys = keys
         self.workloads = workloads
         self.clock = clock
+        self.owner = owner
+        """This API process, named in the claims it takes (``None``: unnamed)."""
+        self.members = members
+        """Who is alive (``None``: nobody can tell, a claim is abandoned only by its age)."""
         self.abandoned_after_s = INTERVAL_RULE(abandoned_after_s, "idempotency_abandoned_after")
         self.retention_s = INTERVAL_RULE(retention_s, "idempotency_retention")
 
-    async def take(self, key: str, workload_id: str, body: BaseModel) -> str | None:
-        """Claim ``key`` for a create of ``body`` as ``workload_id``: ``None`` when taken (the
-        create goes on), else the first attempt's workload id, recorded (answer it).  ``422``
-        for a key first used with another body; ``409`` while the first attempt has recorded
-        nothing (and has not been silent for ``abandoned_after_s``)."""
+    async def take(self, key: str, workload_id: str, body: BaseModel) -> Taken:
+        """Claim ``key`` for a create of ``body`` as ``workload_id`` (see :class:`Taken`).
+        ``422`` for a key first used with another body; ``409`` while the first attempt has
+        recorded nothing, has not been silent for ``abandoned_after_s`` and its process is
+        still up."""
         mine = KeyClaim(
             key=key_name(key),
             workload_id=workload_id,
             request_hash=request_hash(body),
             claimed_at=self.clock(),
+            owner=self.owner,
         )
+        abandoned: list[str] = []
 
         async def replaceable(held: KeyClaim) -> bool:
             age_s = self.clock() - held.claimed_at
             if age_s >= self.retention_s:
                 return True  # expired: the key names a new create
-            if held.request_hash != mine.request_hash or age_s < self.abandoned_after_s:
+            if held.request_hash != mine.request_hash:
                 return False
-            return await self.workloads.get(held.workload_id) is None  # its create died
+            if age_s < self.abandoned_after_s and not await self._gone(held.owner):
+                return False
+            if await self.workloads.get(held.workload_id) is not None:
+                return False
+            abandoned.append(held.workload_id)  # its create died before recording it
+            return True
 
         held = await self.keys.claim(mine, replaceable=replaceable)
         if held.workload_id == workload_id:
-            return None
+            return Taken(None, abandoned[-1] if abandoned else None)
         if held.request_hash != mine.request_hash:
             raise _reused(held)
         if await self.workloads.get(held.workload_id) is None:
             age_s = max(0.0, self.clock() - held.claimed_at)
             why = f"workload {held.workload_id}, claimed {age_s:.1f}s ago, not recorded yet"
             raise _in_progress(held.workload_id, why)
-        return held.workload_id
+        return Taken(held.workload_id)
+
+    async def _gone(self, owner: str | None) -> bool:
+        """Whether the API process ``owner`` is surely gone: named, not this one, and not
+        among the members alive (a census that fails says nothing)."""
+        if owner is None or owner == self.owner or self.members is None:
+            return False
+        try:
+            return owner not in await self.members()
+        except Exception as error:
+            log.info("could not tell whether %s is up: %s", owner, error)
+            return False
 
     async def confirm(self, key: str, workload_id: str) -> None:
         """Renew ``workload_id``'s claim just before its create records it; ``409`` in

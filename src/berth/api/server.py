@@ -268,6 +268,10 @@ async def scheduler_api(
     workloads = await NatsWorkloads(client).start()
     images = await NatsImages(client).start()
     placements = NatsScheduler(client, prefix=service.prefix)
+
+    async def members() -> set[str]:  # the API processes up now: every scheduler's
+        return set(await placements.census())
+
     backend = ClusterBackend(
         service.scheduler,
         nodes,
@@ -275,6 +279,8 @@ async def scheduler_api(
         workloads,
         images,
         node_gone_after_s=node_gone_after_s,
+        owner=service.id,
+        members=members,
     )
     reconciler = Reconciler(backend, every_s=reconcile_every_s, routes=service.routes)
     events = await NatsEvents(client).start()

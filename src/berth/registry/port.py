@@ -307,6 +307,10 @@ class KeyClaim(BaseModel):
     workload_id: str
     request_hash: str
     claimed_at: float
+    owner: str | None = None
+    """The API process whose create took it (its scheduler service's id; ``None`` from a
+    process that did not say): once that process is gone, a repeat need not wait for the
+    claim to look abandoned (:mod:`berth.api.idempotency`)."""
 
 
 Replaceable = Callable[[KeyClaim], Awaitable[bool]]

@@ -26,8 +26,13 @@ def test_the_file_and_the_flag_name_every_endpoint(tmp_path: Path) -> None:
     assert located.ca == str(tmp_path / "tls" / "ca.pem") and located.token == "t"
     flagged = locate("http://x:1,http://y:2", None, environ=env)
     assert flagged.urls == ("http://x:1", "http://y:2") and flagged.token is None
-    # the file's token (and CA) go with the file's first endpoint
+    # the file's token and CA go with any of the file's endpoints
     assert locate("https://a:1,https://c:3", None, environ=env).token == "t"
+    assert locate("https://b:2", None, environ=env).token == "t"
+    # `export BERTH_API=… BERTH_TOKEN=…` as berth up prints: the file's CA is still trusted
+    exported = locate("https://a:1", "mine", environ=env)
+    assert exported.token == "mine" and exported.ca == str(tmp_path / "tls" / "ca.pem")
+    assert locate("https://elsewhere:1", "mine", environ=env).ca is None
 
 
 @pytest.mark.parametrize(

@@ -130,8 +130,10 @@ def error_line(up: Up, *args: str, env: dict[str, str] | None = None) -> str:
 
 def test_berth_up_tells_where_the_api_and_dashboard_are(up: Up) -> None:
     written = json.loads((up.home / "api.json").read_text())
-    assert written["url"].startswith("http://127.0.0.1:") and len(written["token"]) >= 16
+    # TLS is the default: HTTPS, the cluster's CA named in the file and printed
+    assert written["url"].startswith("https://127.0.0.1:") and len(written["token"]) >= 16
     output = up.output()
+    assert f"HTTPS CA:          {written['ca']}  (curl --cacert" in output
     assert f"dashboard:         {written['url']}/?token={written['token']}" in output
     assert f"export BERTH_API={written['url']}" in output
 

@@ -499,10 +499,14 @@ class LocalCluster:
         if self.runtime == "microvm":
             images = GuestFiles.at(self.configs[0].microvm.data_dir).images_dir
             then = f"berth images import-oci {images}; berth run busybox --type micro -- echo hi"
+        trust = []
+        if self.api_ca is not None:  # a browser or curl does not know this cluster's CA
+            trust = [f"  HTTPS CA:          {self.api_ca}  (curl --cacert; trust it in a browser)"]
         return [
             "",
             f"  API:               {url}  (OpenAPI at {url}/openapi.json)",
             *others,
+            *trust,
             f"  dashboard:         {url}/?token={token}",
             f"  metrics:           {url}/metrics  (Authorization: Bearer $BERTH_TOKEN)",
             f"  export BERTH_API={url}",

@@ -184,18 +184,19 @@ def locate(
     api: str | None, token: str | None, *, environ: dict[str, str] | None = None
 ) -> ApiLocation:
     """The API to talk to: ``api``/``token`` (the flags, or their environment variables),
-    else ``$BERTH_HOME/api.json``.  The file's token is used with the file's URL, or with an
-    ``api`` equal to it; a token given explicitly always wins."""
+    else ``$BERTH_HOME/api.json``.  The file's token and CA are used with the file's URL, or
+    with an ``api`` equal to one of the file's; a token given explicitly always wins (the CA
+    is no secret: it says whom to trust, so it is taken with either token)."""
     path = api_file(environ)
     token = _checked_token(token, "--token")
     if api is not None:
         urls = _checked_urls(api, "--api")
         ca = None
-        if token is None:
-            written = _read_api_file(path)
-            if written is not None and _written_urls(written, path)[0] == urls[0]:
+        written = _read_api_file(path)
+        if written is not None and urls[0] in _written_urls(written, path):
+            if token is None:
                 token = _checked_token(written.get("token"), f"{path}: token")
-                ca = _written_ca(written, path)
+            ca = _written_ca(written, path)
         return ApiLocation(urls[0], token, "--api", urls[1:], ca)
     written = _read_api_file(path)
     if written is None:

@@ -83,7 +83,10 @@ def page(request: Request, token: str | None = None) -> Response:
             return _denied()
         response = RedirectResponse("/", status_code=303, headers=_HEADERS)
         issued = new_session(request.app)
-        response.set_cookie(COOKIE, issued.cookie, httponly=True, samesite="strict", path="/")
+        secure = request.url.scheme == "https"  # over HTTPS, never sent in plain text
+        response.set_cookie(
+            COOKIE, issued.cookie, httponly=True, samesite="strict", path="/", secure=secure
+        )
         return response
     if not _authorized(request):
         return _denied()

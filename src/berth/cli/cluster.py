@@ -587,9 +587,9 @@ def up(
         typer.Option(
             "--tls/--no-tls",
             help="A local CA and certificates: mutual TLS to NATS (and between its servers), "
-            "HTTPS for the API.",
+            "HTTPS for the API (its CA in api.json, which the CLI trusts).",
         ),
-    ] = False,
+    ] = True,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.up import LocalCluster, wait_for_signal

@@ -8,11 +8,18 @@ of staying up dead on NATS.  A stop, and a close berth asked for after it, raise
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
 from berth.errors import Invalid, Unavailable
-from berth.nats.connection import ConnectionClosed, connect, server_urls, until_stopped
+from berth.nats.connection import (
+    ConnectionClosed,
+    connect,
+    request,
+    server_urls,
+    until_stopped,
+)
 from berth.testing.nats import NatsServer
 from berth.up import free_port
 
@@ -38,6 +45,29 @@ def test_a_connection_closed_for_good_ends_the_wait_with_a_clear_error(
         await other.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_a_request_its_caller_gives_up_on_leaves_no_task_behind(nats_server: NatsServer) -> None:
+    """A caller's own timeout (``wait_for``, as the API's node status has) cancels the
+    request: nothing runs on to end in a timeout nobody reads — which the event loop logged,
+    traceback and all, as "Task exception was never retrieved"."""
+
+    async def scenario() -> list[dict[str, object]]:
+        unread: list[dict[str, object]] = []
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: unread.append(context))
+        client = await connect(nats_server.url, name="berth-test-given-up")
+        silent = await client.subscribe("berth.test.silent")  # takes it, never answers
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(request(client, "berth.test.silent", b"", 1.5), 0.1)
+        await asyncio.sleep(1.8)  # past the request's own timeout
+        await silent.unsubscribe()
+        await client.close()
+        gc.collect()  # an unread exception is reported when its task is collected
+        await asyncio.sleep(0)
+        return unread
+
+    unread = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert not [c for c in unread if "never retrieved" in str(c.get("message"))], unread
 
 
 def test_a_stop_ends_the_wait_and_the_close_after_it_raises_nothing(

@@ -316,6 +316,9 @@ async def request(
     dropped = asyncio.ensure_future(lost.wait())
     try:
         done, _ = await asyncio.wait({asked, dropped}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller gave up (a wait_for of its own): so does the request
+        asked.cancel()  # else it ends in a timeout nobody reads ("never retrieved" in the log)
+        raise
     finally:
         dropped.cancel()
     if asked in done:

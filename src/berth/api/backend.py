@@ -941,7 +941,7 @@ class ClusterBackend:
                     return
                 if (await self._refresh(record)).state not in LIVE_STATES:
                     return
-            except (Unavailable, Refused, Invalid) as error:
+            except Exception as error:  # a background task: whatever failed, ask again
                 log.info("the kept stop of %s is not delivered yet: %s", workload_id, error)
         log.warning("the kept stop of %s is left to the reconciler", workload_id)
 

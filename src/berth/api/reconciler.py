@@ -342,7 +342,7 @@ class Reconciler:
             return
         try:
             stored = {(r.workload, r.node): (rev, r) for rev, r in await routes.entries()}
-        except Unavailable as error:
+        except Exception as error:  # an index: the next pass reads it again
             log.warning("the routes were not read: %s", error)
             return
         live = {(_identity(r), r.node) for r in records if r.state in LIVE_STATES}
@@ -372,14 +372,14 @@ class Reconciler:
                     report.routes_restored += 1
                     self._routed("restored")
                     log.info("wrote the missing route of %s on %s", record.id, record.node)
-            except (Unavailable, Invalid) as error:
+            except Exception as error:  # the next pass writes it
                 log.warning("the route of %s was not written: %s", record.id, error)
         for (workload, node), revision in stale:
             if not acting():
                 return
             try:
                 await routes.remove(workload, node, revision=revision)
-            except Unavailable as error:
+            except Exception as error:  # the next pass removes it
                 log.warning("the stale route of %s on %s stays: %s", workload, node, error)
                 continue
             report.routes_removed += 1

@@ -39,7 +39,9 @@ from berth.nodeclient.faults import FaultyNodes
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.registry.memory import MemoryLease, MemoryRoutes
-from berth.registry.port import StoredWorkload
+from berth.registry.port import Route, StoredWorkload
+from berth.scheduler.nats_server import RouteReplicas
+from berth.scheduler.spread import Replicas
 from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
 from berth.units import MiB
@@ -162,6 +164,34 @@ async def test_a_running_workloads_missing_route_is_written_and_an_ended_ones_re
         assert await routes.whereis("default/svc/0") is None
         assert counted(metrics, "berth_reconciler_routes_total", action="restored") == 1
         assert counted(metrics, "berth_reconciler_routes_total", action="removed") == 1
+
+
+async def test_a_pass_compares_with_a_watched_copy_of_the_routes() -> None:
+    """With a route index (the scheduler's watch-fed copy) a pass reads no routes from the
+    registry; what the copy lacks is written (never over a stored route) and what it holds
+    of an ended workload removed, as before."""
+    async with reconciled() as (_under_test, api, _faults, reconciler, _, _metrics):
+        routes, index = CountedRoutes(), RouteReplicas(Replicas(30.0))
+        await routes.follow(index)
+        reconciler.routes, reconciler.route_index = routes, index
+        workload = await created(api, "svc")
+        assert (await reconciler.reconcile()).routes_restored == 1
+        assert len(index) == 1 and await routes.whereis("default/svc/0") is not None
+        assert (await reconciler.reconcile()).routes_restored == 0
+        stop = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 0})
+        assert stop.status_code == 200, stop.text
+        assert (await reconciler.reconcile()).routes_removed == 1
+        assert len(index) == 0 and routes.read == 0  # the registry was never read whole
+
+
+class CountedRoutes(MemoryRoutes):
+    """The in-memory routes, counting reads of every route."""
+
+    read = 0
+
+    async def entries(self) -> list[tuple[int, Route]]:
+        self.read += 1
+        return await super().entries()
 
 
 async def test_a_route_is_left_alone_when_the_node_does_not_run_the_workload() -> None:

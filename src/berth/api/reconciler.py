@@ -27,8 +27,9 @@ each record towards what the node says — every change a compare-and-set on the
   read again before acting), is stopped and counted (``why``: ``unrecorded`` — no record at
   all — or ``ended`` — its record says it ended, e.g. ``lost`` while it ran on);
 * **routes** (with the scheduler's routing registry, ``berth_routes``: an index that must
-  converge, issue 36) — a workload recorded ``running`` and run by its node whose route is
-  missing (a create whose scheduler died between the placement and the route write, a
+  converge, issue 36; compared with the scheduler's watched copy of them, :class:`RouteIndex`,
+  not read from the bucket every pass) — a workload recorded ``running`` and run by its node
+  whose route is missing (a create whose scheduler died between the placement and the route write, a
   route deleted) gets it written again from the record (identity, node, reservation,
   spec, function; :meth:`~berth.registry.port.RouteRegistry.repair`, never over a stored
   route), and a route whose reservation is that of an ended record, with no live record of
@@ -62,6 +63,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from berth.api.backend import STATUS_TIMEOUT_S, ClusterBackend
 from berth.boot import BootSpec
@@ -80,13 +82,23 @@ from berth.registry.port import (
     StoredWorkload,
 )
 
-__all__ = ["PassReport", "Reconciler"]
+__all__ = ["PassReport", "Reconciler", "RouteIndex"]
 
 log = logging.getLogger("berth.reconciler")
 
 KEYS_EXPIRE_EVERY_S = 3600.0
 """How often a pass deletes the expired idempotency key claims (a pass an hour: they are
 kept a day)."""
+
+
+class RouteIndex(Protocol):
+    """A copy of the routing registry kept by a watch: what a pass compares the records with,
+    without reading the bucket (a route it lacks is written with ``repair``, which never
+    overwrites; one it still holds is removed only at its revision)."""
+
+    def entries(self) -> list[tuple[int, Route]]: ...
+
+
 STARTING = object()
 """A node's report while it reconciles its journal: neither what it runs nor unreachable."""
 
@@ -126,10 +138,15 @@ class Reconciler:
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
         routes: RouteRegistry | None = None,
+        route_index: RouteIndex | None = None,
     ) -> None:
         self.backend = backend
         self.routes = routes
         """The routing registry whose routes of API workloads are converged (``None``: not)."""
+        self.route_index = route_index
+        """A watched copy of those routes to compare with (the scheduler's
+        :class:`~berth.scheduler.nats_server.RouteReplicas`); ``None``: the registry is read
+        every pass."""
         self.metrics = backend.scheduler.metrics if metrics is None else metrics
         """Where passes, transitions, ghosts and adoptions are counted (the scheduler's)."""
         self.every_s = INTERVAL_RULE(every_s, "reconcile_every")
@@ -341,7 +358,9 @@ class Reconciler:
         if routes is None or not acting():
             return
         try:
-            stored = {(r.workload, r.node): (rev, r) for rev, r in await routes.entries()}
+            index = self.route_index
+            listed = index.entries() if index is not None else await routes.entries()
+            stored = {(r.workload, r.node): (rev, r) for rev, r in listed}
         except Exception as error:  # an index: the next pass reads it again
             log.warning("the routes were not read: %s", error)
             return

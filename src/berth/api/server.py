@@ -282,7 +282,9 @@ async def scheduler_api(
         owner=service.id,
         members=members,
     )
-    reconciler = Reconciler(backend, every_s=reconcile_every_s, routes=service.routes)
+    reconciler = Reconciler(
+        backend, every_s=reconcile_every_s, routes=service.routes, route_index=service.shared
+    )
     events = await NatsEvents(client).start()
     lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
     api = await ApiServer(create_app(backend, token=token), host, port, https).start()

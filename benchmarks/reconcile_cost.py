@@ -13,7 +13,8 @@ this process, talking only through NATS:
 * **one pass** — ``--nodes`` nodes with ``--per-node`` workloads each, every one recorded
   ``running`` in the API's registry (in memory: the registry's own listing is not what is
   measured), a :class:`~berth.api.reconciler.Reconciler` pass timed ``--passes`` times (a
-  converged cluster: nothing to change, every node asked).  The extrapolation to 10,000
+  converged cluster: nothing to change, every node asked — a fresh reconciler each time,
+  holding no report).  The extrapolation to 10,000
   nodes is linear in the nodes (``pass_s × 10000 / nodes``).  Every agent here answers on
   the benchmark's own event loop, so the pass's time includes all the nodes' work done on
   one core (on real machines it is done in parallel): the per-node figure grows with the
@@ -21,8 +22,22 @@ this process, talking only through NATS:
   puts most of it in listing the records: the memory registry deep-copies each one.)  The
   bytes per pass are the request and reply sizes summed over the nodes.
 
-``--json`` prints one JSON object; ``--quick`` is the CI smoke run (~10 s).  Exits 1 if a
-report ever differs from what the node runs, or if a converged pass changes anything.
+* **a pass at scale** (issue 36: a converged pass within 0.5 s at 10,000 nodes and 100,000
+  records) — ``--scale-nodes`` simulated nodes (default 10,000) with ``--per-node``
+  workloads each: no agents, but what a scheduler sees of them on the real server — every
+  node's ``NodeState`` (berth's encoder, :func:`~berth.store.nats.encode_state`, with the
+  digest of its report) published into the nodes bucket that a real scheduler service
+  follows, and the nodes' ``running`` questions answered in berth's wire format by one
+  subscription.  The records are the registry's watched copy
+  (:class:`~berth.registry.port.RecordIndex`).  The first pass asks every node; before each
+  later one every node publishes a snapshot (the heartbeat each sends within a period) with
+  the same digest, and the pass is timed once the scheduler's replica holds them: a
+  converged pass asks no node.  ``changed`` passes then alter ``--changed`` nodes' reports
+  (one workload more each, a ghost) before their heartbeat: those nodes are asked.
+
+``--json`` prints one JSON object; ``--quick`` is the CI smoke run (~15 s).  Exits 1 if a
+report ever differs from what the node runs, if a converged pass changes anything or asks a
+node, or if a changed pass asks other nodes than the changed ones.
 Loopback only; it stops by itself.
 """
 
@@ -42,13 +57,18 @@ from berth.api.reconciler import Reconciler
 from berth.boot import BootSpec
 from berth.embedded import embedded_configs
 from berth.model import Request, Spec
+from berth.nats.connection import connect, settle
 from berth.nats.names import Names
-from berth.nats.wire import encode_request, ok_reply
+from berth.nats.wire import encode_request, node_token, ok_reply
+from berth.platform import host
 from berth.registry.memory import MemoryImages, MemoryWorkloads
 from berth.registry.port import StoredWorkload, new_workload_id
+from berth.scheduler.nats_server import scheduler_service
+from berth.state import NodeState, running_digest
+from berth.store.nats import encode_state
 from berth.testing.cluster import NatsCluster, nats_cluster
 from berth.testing.nats import running_server, unique_name
-from berth.units import KiB
+from berth.units import GiB, KiB
 
 SPEC = Spec(vcpus=0.0001, mem=64 * KiB, disk=64 * KiB)
 EXTRAPOLATE_TO = 10_000
@@ -121,27 +141,10 @@ async def one_pass(url: str, nodes: int, per_node: int, passes: int) -> dict[str
         )
         for node, ids in zip(sorted(cluster.node_services), booted, strict=True):
             for replica, workload_id in enumerate(ids):
-                await workloads.record(
-                    StoredWorkload(
-                        id=workload_id,
-                        namespace="bench",
-                        name=f"w-{node}",
-                        replica=replica,
-                        node=node,
-                        node_workload_id=workload_id,
-                        colocated_bytes=0,
-                        rank=0,
-                        state="running",
-                        command=["sleep", "600"],
-                        restartable=False,
-                        created_at=time.time(),
-                        request=request,
-                    )
-                )
-        reconciler = Reconciler(backend)
+                await workloads.record(stored(node, workload_id, replica, request))
         times, changed, unanswered = [], 0, 0
-        for _ in range(passes):
-            report = await reconciler.reconcile()
+        for _ in range(passes):  # a reconciler of its own each: it holds no node's report
+            report = await Reconciler(backend).reconcile()
             times.append(report.seconds)
             changed += sum(report.transitions.values()) + report.ghosts_seen
             unanswered += report.nodes_unanswered
@@ -164,6 +167,160 @@ async def one_pass(url: str, nodes: int, per_node: int, passes: int) -> dict[str
         }
 
 
+def stored(node: str, workload_id: str, replica: int, request: dict[str, Any]) -> StoredWorkload:
+    """The record of a workload ``node`` runs, as the API keeps it."""
+    return StoredWorkload(
+        id=workload_id,
+        namespace="bench",
+        name=f"w-{node}",
+        replica=replica,
+        node=node,
+        node_workload_id=workload_id,
+        colocated_bytes=0,
+        rank=0,
+        state="running",
+        command=["sleep", "600"],
+        restartable=False,
+        created_at=time.time(),
+        request=request,
+    )
+
+
+class SimulatedNodes:
+    """``count`` nodes as a scheduler sees them over NATS: their snapshots in the nodes
+    bucket, their ``running`` reports answered by one subscription (counted per node)."""
+
+    def __init__(self, names: Names, count: int, per_node: int) -> None:
+        self.names = names
+        self.runs = {
+            f"sim-{i:05d}": [new_workload_id() for _ in range(per_node)] for i in range(count)
+        }
+        self.generation = 0
+        self.asked: dict[str, int] = {}
+        self.platform = host()
+
+    def state(self, node: str) -> NodeState:
+        return NodeState(
+            node=node,
+            platform=self.platform,
+            generation=self.generation,
+            published_at=time.time(),
+            mem_free=64 * GiB,
+            disk_free=512 * GiB,
+            cpu_capacity=64.0,
+            disk_bw_ceiling=1e9,
+            net_bw_ceiling=1e9,
+            running_digest=running_digest(self.runs[node]),
+        )
+
+    async def answer(self, client: Any) -> None:
+        prefix = f"{self.names.node_prefix}."
+
+        async def on_request(msg: Any) -> None:
+            node, _, operation = msg.subject[len(prefix) :].partition(".")  # a plain token
+            if operation != "running" or node not in self.runs:
+                return
+            self.asked[node] = self.asked.get(node, 0) + 1
+            await msg.respond(ok_reply(sorted(self.runs[node])))
+
+        await client.subscribe(f"{prefix}*.running", cb=on_request)
+        await settle(client)
+
+    async def heartbeat(self, client: Any, scheduler: Any) -> None:
+        """Every node publishes one snapshot; returns once the scheduler's replica has them."""
+        self.generation += 1
+        bucket = f"$KV.{self.names.nodes_bucket}."
+        for node in self.runs:
+            await client.publish(bucket + node_token(node), encode_state(self.state(node)))
+        await client.flush()
+        deadline = time.monotonic() + 60
+        while True:
+            states = scheduler.states()
+            if len(states) == len(self.runs) and all(
+                s.generation >= self.generation for s in states.values()
+            ):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the replica holds {len(states)} of {len(self.runs)} nodes")
+            await asyncio.sleep(0.05)
+
+
+async def scale_pass(
+    url: str, nodes: int, per_node: int, passes: int, changed: int
+) -> dict[str, Any]:
+    names = Names.namespaced(unique_name("scale"))
+    simulated = SimulatedNodes(names, nodes, per_node)
+    node_side = await connect(url, name="berth-simulated-nodes")
+    scheduler_side = await connect(url, name="berth-scheduler")
+    try:
+        async with scheduler_service(
+            scheduler_side,
+            bucket=names.nodes_bucket,
+            node_prefix=names.node_prefix,
+            prefix=names.scheduler_prefix,
+            heartbeat_s=30.0,
+        ) as service:
+            await simulated.answer(node_side)
+            started = time.perf_counter()
+            await simulated.heartbeat(node_side, service.scheduler)
+            synced_s = time.perf_counter() - started
+            workloads = MemoryWorkloads()
+            request = Request(namespace="bench", name="w", spec=SPEC).model_dump(mode="json")
+            for node, ids in simulated.runs.items():
+                for replica, workload_id in enumerate(ids):
+                    await workloads.record(stored(node, workload_id, replica, request))
+            backend = ClusterBackend(
+                service.scheduler,
+                service.scheduler.nodes,  # type: ignore[arg-type]  # NatsNodes: an AgentClient
+                LocalPlacements(service.scheduler),
+                workloads,
+                MemoryImages(),
+            )
+            reconciler = Reconciler(backend, records=workloads)
+            first = await reconciler.reconcile()
+            converged, problems = [], []
+            if first.nodes_asked != nodes or first.converged != nodes * per_node:
+                problems.append(f"first pass: {first}")
+            for _ in range(passes):
+                await simulated.heartbeat(node_side, service.scheduler)
+                report = await reconciler.reconcile()
+                converged.append(report.seconds)
+                if report.nodes_asked or report.transitions or report.ghosts_seen:
+                    problems.append(f"converged pass: {report}")
+            changed_times = []
+            for _ in range(passes):
+                altered = sorted(simulated.runs)[:changed]
+                for node in altered:  # a ghost on each: its report's digest changes
+                    simulated.runs[node].append(new_workload_id())
+                simulated.asked.clear()
+                await simulated.heartbeat(node_side, service.scheduler)
+                report = await reconciler.reconcile()
+                changed_times.append(report.seconds)
+                if set(simulated.asked) != set(altered) or report.ghosts_seen != changed:
+                    problems.append(f"changed pass asked {len(simulated.asked)}: {report}")
+                for node in altered:
+                    simulated.runs[node].pop()
+                await simulated.heartbeat(node_side, service.scheduler)
+                await reconciler.reconcile()  # back as recorded
+    finally:
+        await node_side.close()
+        await scheduler_side.close()
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    return {
+        "nodes": nodes,
+        "records": nodes * per_node,
+        "sync_s": synced_s,
+        "first_pass_s": first.seconds,
+        "converged_median_s": statistics.median(converged),
+        "converged_max_s": max(converged),
+        "changed_nodes": changed,
+        "changed_median_s": statistics.median(changed_times),
+        "changed_max_s": max(changed_times),
+        "ok": not problems,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--workloads", type=int, nargs="+", default=[0, 10, 100, 1000])
@@ -171,20 +328,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--per-node", type=int, default=10)
     parser.add_argument("--passes", type=int, default=10)
+    parser.add_argument("--scale-nodes", type=int, default=EXTRAPOLATE_TO)
+    parser.add_argument("--changed", type=int, default=100)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (CI)")
     args = parser.parse_args(argv)
     if args.quick:
         args.workloads, args.calls, args.nodes, args.per_node, args.passes = [0, 100], 50, 50, 4, 3
+        args.scale_nodes, args.changed = 1000, 10
 
     async def run() -> dict[str, Any]:
         with running_server() as server:
             reports = await one_report(server.url, args.workloads, args.calls)
             cluster_pass = await one_pass(server.url, args.nodes, args.per_node, args.passes)
-        return {"reports": reports, "pass": cluster_pass}
+            scale = await scale_pass(
+                server.url, args.scale_nodes, 10, min(args.passes, 5), args.changed
+            )
+        return {"reports": reports, "pass": cluster_pass, "scale": scale}
 
     result = asyncio.run(run())
-    result["ok"] = result["pass"]["changed"] == 0 and result["pass"]["unanswered"] == 0
+    result["ok"] = (
+        result["pass"]["changed"] == 0
+        and result["pass"]["unanswered"] == 0
+        and result["scale"]["ok"]
+    )
     if args.json:
         print(json.dumps(result))
     else:
@@ -199,6 +366,14 @@ def main(argv: list[str] | None = None) -> int:
             f"({p['per_node_ms']:.3f} ms/node); 10,000 nodes ≈ "
             f"{p[f'extrapolated_{EXTRAPOLATE_TO}_nodes_s']:.2f} s, "
             f"{p[f'extrapolated_{EXTRAPOLATE_TO}_nodes_bytes'] / 1e6:.1f} MB per pass"
+        )
+        s = result["scale"]
+        print(
+            f"pass at scale, {s['nodes']} simulated nodes, {s['records']} records: first "
+            f"{s['first_pass_s']:.2f} s (every node asked); converged median "
+            f"{s['converged_median_s'] * 1000:.0f} ms, max {s['converged_max_s'] * 1000:.0f} ms; "
+            f"{s['changed_nodes']} nodes changed: median {s['changed_median_s'] * 1000:.0f} ms, "
+            f"max {s['changed_max_s'] * 1000:.0f} ms"
         )
     return 0 if result["ok"] else 1
 

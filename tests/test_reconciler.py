@@ -38,10 +38,11 @@ from berth.nodeclient.agents import AgentNodes
 from berth.nodeclient.faults import FaultyNodes
 from berth.observability.metrics import Metrics
 from berth.ownership import Refused
-from berth.registry.memory import MemoryLease, MemoryRoutes
+from berth.registry.memory import MemoryLease, MemoryRoutes, MemoryWorkloads
 from berth.registry.port import Route, StoredWorkload
 from berth.scheduler.nats_server import RouteReplicas
 from berth.scheduler.spread import Replicas
+from berth.state import running_digest
 from berth.store.memory import MemoryStore
 from berth.testing.clock import FakeClock
 from berth.units import MiB
@@ -298,6 +299,75 @@ async def test_an_unreachable_node_goes_unknown_and_back_and_its_kept_stop_is_de
         await reconciler.reconcile()
         assert (await stored(backend, workload.id)).state == "stopped"
         assert on_node(under_test, workload.node, workload.id) == "ended"
+
+
+async def test_a_node_is_asked_again_only_when_its_snapshot_says_its_report_changed() -> None:
+    """Issue 36: a node's report is held while the node has published since it was taken with
+    the same digest; a new digest, or no snapshot since (a paused node publishes nothing),
+    and it is asked.  Heartbeats are an hour apart here: only what the test publishes."""
+    async with reconciled(heartbeat_s=3600.0) as (under_test, api, faults, reconciler, _, _m):
+        cluster, backend = cluster_of(under_test), backend_of(under_test)
+        workload = await created(api)
+
+        async def advertise() -> None:
+            for agent in cluster.agents.values():
+                await agent.advertise()
+
+        first = await reconciler.reconcile()
+        assert (first.nodes_asked, first.nodes_held, first.converged) == (3, 0, 1)
+        again = await reconciler.reconcile()  # nothing published since: asked again
+        assert (again.nodes_asked, again.nodes_held) == (3, 0)
+        await advertise()
+        held = await reconciler.reconcile()
+        assert (held.nodes_asked, held.nodes_held, held.converged) == (0, 3, 1)
+        assert held.transitions == {} and held.ghosts_seen == 0
+        other = next(node for node in sorted(cluster.agents) if node != workload.node)
+        await boot_behind_the_api(under_test, other, "w-0000000000ab")
+        await advertise()
+        changed = await reconciler.reconcile()  # the other node's digest changed: asked
+        assert (changed.nodes_asked, changed.nodes_held) == (1, 2)
+        assert changed.ghosts_seen == 1
+        await advertise()
+        faults.cut(workload.node)
+        cut = await reconciler.reconcile()  # published since, same digest: held, not asked
+        assert cut.nodes_asked == 0 and (await stored(backend, workload.id)).state == "running"
+        paused = await reconciler.reconcile()  # nothing since: asked, and it does not answer
+        assert (paused.nodes_asked, paused.nodes_unanswered) == (3, 1)
+        assert (await stored(backend, workload.id)).state == "unknown"
+
+
+class _NotCaughtUp:
+    def records(self) -> list[StoredWorkload] | None:
+        return None
+
+
+async def test_a_pass_takes_the_records_from_a_watched_copy_when_it_has_caught_up() -> None:
+    async with reconciled() as (under_test, api, _, reconciler, _c, _m):
+        backend = backend_of(under_test)
+        assert isinstance(backend.workloads, MemoryWorkloads)
+        ended, kept = await created(api, "ended"), await created(api, "kept")
+        await cluster_of(under_test).client.stop(ended.node, ended.id, grace_s=0)
+        reconciler.records = _NotCaughtUp()  # not caught up: the registry is listed
+        listed = await reconciler.reconcile()
+        assert listed.records == 2 and (await stored(backend, ended.id)).state == "stopped"
+        reconciler.records = backend.workloads  # this registry is its own watched copy
+        assert {r.id for r in backend.workloads.records()} == {ended.id, kept.id}
+        await cluster_of(under_test).client.stop(kept.node, kept.id, grace_s=0)
+        await cluster_of(under_test).agents[kept.node].advertise()  # its new report's digest
+        watched = await reconciler.reconcile()
+        assert watched.records == 2 and watched.transitions == {"running_stopped": 1}
+        assert (await stored(backend, kept.id)).state == "stopped"
+
+
+async def test_a_snapshot_digests_what_its_node_reports() -> None:
+    async with reconciled(heartbeat_s=3600.0) as (under_test, api, _, _r, _c, _m):
+        cluster = cluster_of(under_test)
+        workload = await created(api)
+        agent = cluster.agents[workload.node]
+        state = agent.snapshot()
+        assert state.running_digest == running_digest(await cluster.client.running(agent.name))
+        assert state.running_digest == running_digest([workload.id])
+        assert running_digest(["b", "a"]) == running_digest(["a", "b"]) != running_digest(["a"])
 
 
 async def test_a_ghost_is_stopped_after_one_period_and_counted() -> None:

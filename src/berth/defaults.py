@@ -20,6 +20,7 @@ __all__ = [
     "MICROVM_STOP_GRACE_S",
     "NODE_GONE_AFTER_S",
     "ORPHAN_GRACE_S",
+    "RECONCILE_ASK_AT_ONCE",
     "RECONCILE_EVERY_S",
     "RECONCILE_LEASE_TTL_S",
     "RECONCILE_PENDING_AFTER_S",
@@ -77,6 +78,12 @@ RECONCILE_EVERY_S = 5.0
 """How often the reconciler compares the API's records with the nodes' reports
 (``berth scheduler --reconcile-every``): a ghost is stopped, and a node's report acted on,
 within two of these."""
+
+RECONCILE_ASK_AT_ONCE = 256
+"""How many questions to nodes a reconciler pass has in flight at once (their reports, the
+status of each record it converges): ten thousand questions
+sent together time out on the pass's own event loop (every answer waits behind all of them),
+and a node that does not answer is taken for unreachable."""
 
 RECONCILE_LEASE_TTL_S = 15.0
 """How long a reconciler's lease lasts unrenewed: the longest a dead reconciler keeps another

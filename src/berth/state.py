@@ -27,6 +27,7 @@ the engine stores them), rates and loads finite ``ByteRate`` floats, cores ``Cor
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from typing import Annotated
@@ -55,6 +56,7 @@ __all__ = [
     "colocation_score",
     "first_failed_check",
     "fits",
+    "running_digest",
 ]
 
 Counter = Annotated[StrictInt, Field(ge=0, le=MAX_BYTES)]  # int64, as the engine keeps it
@@ -62,6 +64,19 @@ Timestamp = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Amount = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 MAX_SNAPSHOT_LAYERS = 1_000_000  # a node cannot hold more layers than this; bounds a bad peer
 LayerIds = Annotated[Names, Field(max_length=MAX_SNAPSHOT_LAYERS)]
+RunningDigest = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{32}$")]
+
+
+def running_digest(workload_ids: Iterable[str]) -> str:
+    """The digest of a node's report of what it runs (its workload ids, in any order): 128
+    bits of BLAKE2b over the sorted ids, each ended by a newline.  A node advertises it in
+    every snapshot (:attr:`NodeState.running_digest`), so a reconciler that holds the report
+    with that digest need not ask the node again (:mod:`berth.api.reconciler`)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for workload_id in sorted(workload_ids):
+        digest.update(workload_id.encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 class Overcommit(BerthModel):
@@ -95,6 +110,9 @@ class NodeState(BerthModel):
     ``mem_max``/``disk_max`` are the hard budget totals (for utilisation-aware policies).
     ``cordoned`` says an operator cordoned the node: it admits no new workloads (its own
     admission refuses them, ``cordoned``; the checks filter it out), running ones go on.
+    ``running_digest`` is :func:`running_digest` of the ids the node runs when it published
+    (its ``running`` report); ``None`` while a restarted agent still reconciles its journal,
+    and from agents that predate it — then a reconciler asks the node.
     """
 
     node: Name
@@ -118,6 +136,7 @@ class NodeState(BerthModel):
     cached_layers: LayerIds = frozenset()
     overcommit: Overcommit | None = None
     cordoned: StrictBool = False
+    running_digest: RunningDigest | None = None
 
     @property
     def mem_total(self) -> int:

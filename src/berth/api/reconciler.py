@@ -1,8 +1,8 @@
 """The reconciler: the API's records compared with what the nodes report, and converged.
 
 The API records a workload (``pending``) before its node is asked to run it, and the nodes are
-the authority on what runs.  Each pass of :class:`Reconciler` lists the records, asks every
-node in the schedulers' view which workload ids it runs
+the authority on what runs.  Each pass of :class:`Reconciler` takes the records, the report of
+every node in the schedulers' view of which workload ids it runs
 (:meth:`~berth.nodeclient.port.AgentClient.running`, one small request per node), and moves
 each record towards what the node says — every change a compare-and-set on the record
 (:meth:`~berth.registry.port.WorkloadRegistry.transition`), logged and counted in
@@ -37,6 +37,14 @@ each record towards what the node says — every change a compare-and-set on the
   (``berth_reconciler_routes_total{action}``).  A record without a reservation (its run was
   retried by the reconciler: the node reserved for itself) gets none: the node would drop
   a route it holds no reservation for;
+* **what changed, not everything** (issue 36: a pass over 10,000 nodes and 100,000 records
+  within its period) — the records come from a watched copy of the registry when one is
+  given (:class:`~berth.registry.port.RecordIndex`; listing copies every record), and a node
+  is asked only when what it runs may have changed: every snapshot a node publishes carries
+  the digest of its report (:attr:`~berth.state.NodeState.running_digest`), and the report
+  held from the last question stands while the node has published since it was taken (it
+  answers: a paused node publishes nothing, and is asked) with the same digest.  A record
+  its node runs, ``running`` with no stop kept, needs nothing and costs no coroutine;
 * **old idempotency keys** — at most every :data:`KEYS_EXPIRE_EVERY_S`, the creates' key
   claims older than their retention are deleted (:meth:`~berth.api.idempotency.CreateKeys.
   expire`; an expired claim counts as absent anyway: this only keeps the store small).
@@ -61,13 +69,13 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from berth.api.backend import STATUS_TIMEOUT_S, ClusterBackend
 from berth.boot import BootSpec
-from berth.defaults import RECONCILE_EVERY_S, RECONCILE_PENDING_AFTER_S
+from berth.defaults import RECONCILE_ASK_AT_ONCE, RECONCILE_EVERY_S, RECONCILE_PENDING_AFTER_S
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE, Request
 from berth.observability.metrics import Metrics
@@ -77,14 +85,17 @@ from berth.registry.port import (
     ENDED_STATES,
     LIVE_STATES,
     Lease,
+    RecordIndex,
     Route,
     RouteRegistry,
     StoredWorkload,
 )
+from berth.state import NodeState, running_digest
 
 __all__ = ["PassReport", "Reconciler", "RouteIndex"]
 
 log = logging.getLogger("berth.reconciler")
+T = TypeVar("T")
 
 KEYS_EXPIRE_EVERY_S = 3600.0
 """How often a pass deletes the expired idempotency key claims (a pass an hour: they are
@@ -104,11 +115,25 @@ STARTING = object()
 
 
 @dataclass
+class _Held:
+    """A node's report held from the last question: its ids, their digest, and the
+    generation of the node's snapshot that last vouched for it."""
+
+    ids: frozenset[str]
+    digest: str
+    generation: int
+
+
+@dataclass
 class PassReport:
     """What one pass saw and did."""
 
     records: int = 0
+    converged: int = 0
+    """Records that needed nothing (live and run by their node as recorded): not visited."""
     nodes_asked: int = 0
+    nodes_held: int = 0
+    """Nodes not asked: their snapshot since the last question has the held report's digest."""
     nodes_unanswered: int = 0
     nodes_starting: int = 0
     """Nodes still adopting their workloads (``node_starting``): their records left alone."""
@@ -139,8 +164,12 @@ class Reconciler:
         metrics: Metrics | None = None,
         routes: RouteRegistry | None = None,
         route_index: RouteIndex | None = None,
+        records: RecordIndex | None = None,
     ) -> None:
         self.backend = backend
+        self.records = records
+        """A watched copy of the records to compare (``None``, or one not caught up yet: the
+        registry is listed)."""
         self.routes = routes
         """The routing registry whose routes of API workloads are converged (``None``: not)."""
         self.route_index = route_index
@@ -154,6 +183,8 @@ class Reconciler:
         self.monotonic = monotonic
         self.passes = 0
         """Passes this reconciler completed (only while holding the lease, under :meth:`run`)."""
+        self._held: dict[str, _Held] = {}
+        """The nodes' reports from the last questions (see the module docstring)."""
         self._unrecorded: dict[tuple[str, str], float] = {}
         """Ids a node ran that no live record named: since when (``monotonic``)."""
         self._held_until = -math.inf
@@ -172,20 +203,24 @@ class Reconciler:
         started = self.monotonic()
         report = PassReport()
         backend = self.backend
-        records = await backend.workloads.list()
+        watched = None if self.records is None else self.records.records()
+        records = await backend.workloads.list() if watched is None else watched
         report.records = len(records)
-        nodes = sorted(backend.scheduler.states())
-        answers = dict(zip(nodes, await asyncio.gather(*map(self._report, nodes)), strict=True))
+        answers = await self._reports(backend.scheduler.states(), report)
         reports = {n: ids for n, ids in answers.items() if isinstance(ids, frozenset)}
         starting = {n for n, ids in answers.items() if ids is STARTING}
-        report.nodes_asked = len(nodes)
-        report.nodes_unanswered = len(nodes) - len(reports)
+        report.nodes_unanswered = len(answers) - len(reports)
         report.nodes_starting = len(starting)
         # a node still adopting its workloads is left alone until its report is whole
-        live = [r for r in records if r.state in LIVE_STATES and r.node not in starting]
-        after = await asyncio.gather(
-            *(self._converge(r, reports.get(r.node), report) for r in live)
-        )
+        work = [
+            r
+            for r in records
+            if r.state in LIVE_STATES
+            and r.node not in starting
+            and not _converged(r, reports.get(r.node))
+        ]
+        report.converged = sum(1 for r in records if r.state in LIVE_STATES) - len(work)
+        after = await _at_once([self._converge(r, reports.get(r.node), report) for r in work])
         named = {(r.node, r.node_workload_id) for r in records if r.state in LIVE_STATES}
         await self._ghosts(reports, named, report, acting)
         now = {r.id: r for r in records} | {r.id: r for r in after}
@@ -194,6 +229,37 @@ class Reconciler:
         report.seconds = self.monotonic() - started
         self.passes += 1
         return report
+
+    async def _reports(
+        self, states: dict[str, NodeState], report: PassReport
+    ) -> dict[str, frozenset[str] | object | None]:
+        """Every node's report: the one held, while the node has published since it was
+        taken with the same digest; else asked (:meth:`_report`) and held again."""
+        answers: dict[str, frozenset[str] | object | None] = {}
+        asked: list[tuple[str, int]] = []
+        for node, state in states.items():
+            held = self._held.get(node)
+            if (
+                held is not None
+                and state.generation > held.generation
+                and state.running_digest == held.digest
+            ):
+                held.generation = state.generation
+                answers[node] = held.ids
+            else:
+                asked.append((node, state.generation))
+        fresh = await _at_once([self._report(node) for node, _ in asked])
+        for (node, generation), ids in zip(asked, fresh, strict=True):
+            answers[node] = ids
+            if isinstance(ids, frozenset):
+                self._held[node] = _Held(ids, running_digest(ids), generation)
+            else:
+                self._held.pop(node, None)
+        for node in [node for node in self._held if node not in states]:
+            del self._held[node]
+        report.nodes_asked = len(asked)
+        report.nodes_held = len(states) - len(asked)
+        return answers
 
     async def _report(self, node: str) -> frozenset[str] | object | None:
         """The ids ``node`` runs; ``None`` when it did not answer; :data:`STARTING` while it
@@ -487,6 +553,29 @@ class Reconciler:
             return
         if metrics is not None:
             metrics.reconciler_pass(True)
+
+
+async def _at_once(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather`` of ``calls``, :data:`~berth.defaults.RECONCILE_ASK_AT_ONCE` of them
+    running at a time (each may ask a node: thousands asked together time out)."""
+    limit = asyncio.Semaphore(RECONCILE_ASK_AT_ONCE)
+
+    async def bounded(call: Coroutine[Any, Any, T]) -> T:
+        async with limit:
+            return await call
+
+    return await asyncio.gather(*map(bounded, calls))
+
+
+def _converged(record: StoredWorkload, runs: frozenset[str] | None) -> bool:
+    """Whether ``record`` needs nothing from a pass: ``running`` with no stop kept, and its
+    node's report (``runs``) has it."""
+    return (
+        record.state == "running"
+        and not record.stop_requested
+        and runs is not None
+        and record.node_workload_id in runs
+    )
 
 
 def _identity(record: StoredWorkload) -> str:

@@ -397,9 +397,16 @@ class Agent:
             task.cancel()
 
     # -- advertising -------------------------------------------------------------------------
+    @property
+    def reporting(self) -> bool:
+        """Whether this agent reports what it runs: not while an agent with a journal has
+        not reconciled it yet (the workloads it is about to adopt would be missing)."""
+        return self.state_dir is None or self.recovery is not None
+
     def snapshot(self) -> NodeState:
-        """This node's state now (wall clock), with the next generation number."""
-        return self.core.snapshot(self._wall_clock())
+        """This node's state now (wall clock), with the next generation number and, once
+        it reports (:attr:`reporting`), the digest of what it runs."""
+        return self.core.snapshot(self._wall_clock(), reporting=self.reporting)
 
     async def advertise(self) -> None:
         """Publish the current snapshot now."""

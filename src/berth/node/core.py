@@ -114,7 +114,7 @@ from berth.node.runtime.supervisor import alive
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform, matches_any
-from berth.state import NodeState
+from berth.state import NodeState, running_digest
 from berth.validation import Rule, shown
 
 __all__ = ["ENDED_MEMORY", "Booted", "NodeCore", "Recovery"]
@@ -930,8 +930,10 @@ class NodeCore:
         return {workload_id: entry.layer_ids for workload_id, entry in self._running.items()}
 
     # -- the snapshot ------------------------------------------------------------------------
-    def snapshot(self, now: float) -> NodeState:
-        """This node's state at ``now`` (the caller's clock), with the next generation number.
+    def snapshot(self, now: float, *, reporting: bool = True) -> NodeState:
+        """This node's state at ``now`` (the caller's clock), with the next generation number,
+        and the digest of what it runs (``reporting``; else none: the agent's ``running``
+        report is refused while it reconciles its journal).
 
         Loads are read from the budget's readings, clamped to the snapshot's ranges
         (``cpu_load`` to 0..1, bandwidths to ≥ 0): a monitor may briefly over- or undershoot.
@@ -963,6 +965,7 @@ class NodeCore:
             cached_layers=self.layers.cached(),
             overcommit=self.budget.overcommit(),
             cordoned=self.budget.cordoned,
+            running_digest=running_digest(self._running) if reporting else None,
         )
 
     @property

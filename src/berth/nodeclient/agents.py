@@ -25,7 +25,7 @@ def running_on(agent: Agent) -> tuple[str, ...]:
     for every driver.  Refused ``node_starting`` while an agent with a journal has not
     reconciled it yet: the workloads it is about to adopt would be missing, and a reconciler
     would take them for ended, or for ghosts."""
-    if agent.state_dir is not None and agent.recovery is None:
+    if not agent.reporting:
         with refused_by(agent.name):
             raise Refused("node_starting", "the agent is reconciling its journal")
     return tuple(sorted(agent.workloads()))

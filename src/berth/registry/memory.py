@@ -106,6 +106,11 @@ class MemoryDocuments(Generic[Model]):
     async def all(self) -> builtins.list[Model]:
         return [document.model_copy(deep=True) for document, _ in self._documents.values()]
 
+    def stored(self) -> builtins.list[Model]:
+        """Every document as stored — shared, not copied: a reader must not change them
+        (each change here stores a new copy, so one read stays as it was)."""
+        return [document for document, _ in self._documents.values()]
+
 
 class MemoryClaims(DocumentClaims):
     """Identity claims in this process."""
@@ -125,7 +130,13 @@ class MemoryWorkloads(DocumentWorkloads):
     """The workload registry in this process, its claims and keys beside it."""
 
     def __init__(self) -> None:
-        super().__init__(MemoryDocuments[StoredWorkload](), MemoryClaims(), MemoryKeys())
+        self._stored = MemoryDocuments[StoredWorkload]()
+        super().__init__(self._stored, MemoryClaims(), MemoryKeys())
+
+    def records(self) -> builtins.list[StoredWorkload]:
+        """Every record, shared rather than copied: this registry is its own watched copy
+        (a :class:`~berth.registry.port.RecordIndex`, always caught up)."""
+        return self._stored.stored()
 
 
 class MemoryImages(DocumentImages):

@@ -87,6 +87,7 @@ __all__ = [
     "ImageRegistry",
     "KeyClaim",
     "Lease",
+    "RecordIndex",
     "Replaceable",
     "Route",
     "RouteEvent",
@@ -243,6 +244,20 @@ class WorkloadRegistry(Protocol):
         state: str | None = None,
     ) -> builtins.list[StoredWorkload]:
         """The workloads matching every filter given, oldest first (then by id)."""
+        ...
+
+
+class RecordIndex(Protocol):
+    """A copy of a workload registry's records kept current by its change feed (a watch):
+    what the reconciler compares with the nodes' reports every pass, instead of listing (and
+    copying) every record — a listing of 100,000 records costs seconds.
+
+    It may lag the registry by the feed's delay: a reader acts on a record only through the
+    registry's compare-and-sets, and reads a record again before anything it cannot undo."""
+
+    def records(self) -> builtins.list[StoredWorkload] | None:
+        """Every record now — shared, never to be changed by the caller —, or ``None`` while
+        the copy has not caught up with the registry yet (then list the registry)."""
         ...
 
 

@@ -234,6 +234,36 @@ async def test_a_pending_record_never_run_is_retried_after_its_deadline() -> Non
         assert on_node(under_test, node, record.id) == "running"
 
 
+async def test_a_pending_record_whose_identity_was_given_back_is_failed_not_retried() -> None:
+    """A create whose intent write failed gives its identity back, but the write may have
+    landed (its answer lost): the ``pending`` record found later is not run, which could make
+    two workloads of one identity — the one that took the identity since runs alone."""
+    clock = FakeClock()
+    async with reconciled(clock) as (under_test, api, faults, reconciler, _, _metrics):
+        backend = backend_of(under_test)
+        cluster = cluster_of(under_test)
+        node = sorted(cluster.agents)[0]
+        for other in cluster.agents:
+            if other != node:
+                await cluster.client.cordon(other)
+        await eventually(lambda: _cordoned_seen(backend, node))
+        faults.cut(node)
+        assert (await create(api)).status_code == 503
+        (record,) = await backend.workloads.list()
+        identity = Request.from_dict(record.request).key
+        await backend.workloads.claims.release(identity, record.id)  # what the create did
+        faults.heal(node)
+        taken = await created(api)  # the same identity, created again: it runs
+        delivered = len(faults.runs)
+        clock.advance(reconciler.pending_after_s)
+        report = await reconciler.reconcile()
+        assert report.retried == 0 and len(faults.runs) == delivered
+        failed = await stored(backend, record.id)
+        assert failed.state == "failed" and f"held by {taken.id}" in (failed.detail or "")
+        assert await backend.workloads.claims.holder(identity) == taken.id
+        assert (await stored(backend, taken.id)).state == "running"
+
+
 async def _cordoned_seen(backend: ClusterBackend, node: str) -> bool:
     states = backend.scheduler.states()
     return all(state.cordoned for name, state in states.items() if name != node)

@@ -16,6 +16,9 @@ each record towards what the node says — every change a compare-and-set on the
   (its create is still asking), older it is **retried** under the same id (the node runs an
   id once) — ``running`` if the node now runs it, ``failed`` with the node's reason if it
   refuses — and after :data:`~berth.registry.port.CLAIM_PENDING_S` it is ended ``failed``;
+  only while it holds its identity's claim, though: a create whose intent write failed gives
+  the identity back, yet the write may have landed — that record is ended ``failed``, never
+  run beside the workload that took the identity since;
   a kept stop on a pending record that never ran ends it ``stopped``;
 * **the node does not answer** (or left the view) — what the API's reads do: ``running`` →
   ``unknown``; after ``node_gone_after`` → ``lost`` (and a restartable one placed again);
@@ -339,6 +342,15 @@ class Reconciler:
             return await self.backend.refresh(record)  # never ran: ended failed with why
         request = Request.from_dict(record.request)
         assert request.spec is not None  # a record is created only with a spec
+        holder = await self.backend.workloads.claims.holder(request.key)
+        if holder != record.id:  # its create gave the identity back: running it makes two
+            held = "free" if holder is None else f"held by {holder}"
+            update = {
+                "state": "failed",
+                "detail": f"never ran: not retried, its identity {request.key} is {held} "
+                "(its create failed and gave it back)",
+            }
+            return await self.backend.end(record, update)
         boot = BootSpec(
             name=record.id, command=tuple(record.command), env=record.env, image=record.image
         )

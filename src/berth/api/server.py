@@ -282,8 +282,13 @@ async def scheduler_api(
         owner=service.id,
         members=members,
     )
+    record_watch = await workloads.watch()
     reconciler = Reconciler(
-        backend, every_s=reconcile_every_s, routes=service.routes, route_index=service.shared
+        backend,
+        every_s=reconcile_every_s,
+        routes=service.routes,
+        route_index=service.shared,
+        records=record_watch,
     )
     events = await NatsEvents(client).start()
     lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
@@ -299,4 +304,5 @@ async def scheduler_api(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await api.stop()
+        await record_watch.stop()
         await backend.close()

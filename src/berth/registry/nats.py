@@ -24,12 +24,22 @@ compare-and-set on the key's revision, released with a conditional delete (only 
 own claim).  NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
 naming the bucket — the API answers ``503``, never ``500``.
 
+**A watched copy of the records** (:meth:`NatsWorkloads.watch`, a
+:class:`~berth.registry.port.RecordIndex`): an ordered consumer of the ``w.`` keys, like the
+routing registry's follow, holding every record by its id.  It is what the reconciler's pass
+compares with the nodes' reports without reading the bucket: a listing reads (and decodes)
+every record every pass, seconds at 100,000 records.  The copy may lag the bucket by the
+feed's delay, which the reconciler allows for (it acts only through the registry's
+compare-and-sets); after a server restart nats-py's ordered consumer resumes it from the last
+message it saw.  A stream purge is not delivered: nothing in berth purges the ``w.`` keys.
+
 What it is not: the routing registry (:mod:`berth.registry.nats_routes`, the schedulers'
 index of reservations, in a bucket of its own).
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import contextlib
 import logging
@@ -38,15 +48,18 @@ from typing import Generic, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, KeyValueConfig
 from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from berth.errors import Unavailable
+from berth.nats.connection import settle
 from berth.nats.names import API_BUCKET
 from berth.nats.streams import created, stream_replicas
-from berth.nats.wire import node_token
+from berth.nats.wire import KV_OPERATION, MARKER_REASON, node_token
 from berth.registry.documents import (
     DocumentClaims,
     DocumentImages,
@@ -62,6 +75,7 @@ __all__ = [
     "NatsClaims",
     "NatsImages",
     "NatsKeys",
+    "NatsRecordWatch",
     "NatsWorkloads",
     "asking",
     "opened",
@@ -281,6 +295,147 @@ class NatsWorkloads(DocumentWorkloads):
         await self.claims.start()
         await self.keys.start()
         return self
+
+    async def watch(
+        self, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+    ) -> NatsRecordWatch:
+        """A copy of every record kept current by the bucket's change feed (see the module
+        docstring); returns once the records stored now were delivered, or after
+        ``sync_timeout_s`` (logged: the watch goes on, and its :meth:`~NatsRecordWatch.records`
+        is ``None`` until it catches up).  Stop it with :meth:`NatsRecordWatch.stop`."""
+        return await NatsRecordWatch(self._bucket).start(idle_heartbeat_s, sync_timeout_s)
+
+
+class NatsRecordWatch:
+    """A running :meth:`NatsWorkloads.watch`: every workload record by its id, with the
+    revision it was stored at (a :class:`~berth.registry.port.RecordIndex`).
+
+    Fed by an ordered push consumer of the bucket's ``w.`` keys, the latest value of each
+    first, then every change as it lands.  A delete or purge of a key removes its record; a
+    value that is not a record, or is the record of another id than its key's, is logged,
+    counted in ``rejected`` and skipped — and the key no longer holds a record, so whatever
+    the copy held for it goes too (as the registry's listing would not show it).  An older
+    revision never replaces a newer one of the same id.
+    """
+
+    def __init__(self, bucket: JsonBucket[StoredWorkload]) -> None:
+        self.bucket = bucket
+        self.rejected = 0
+        """How many values were skipped: not a record, or a record under another id's key."""
+        self._records: dict[str, tuple[int, StoredWorkload]] = {}
+        self._subject = f"$KV.{bucket.bucket}.{bucket.prefix}."
+        self._subscription: JetStreamContext.PushSubscription | None = None
+        self._synced = asyncio.Event()
+
+    def records(self) -> builtins.list[StoredWorkload] | None:
+        """Every record now — a fresh list of the shared records, never to be changed by the
+        caller —, or ``None`` while the watch has not caught up with the bucket yet (or was
+        stopped): then list the registry."""
+        if not self._synced.is_set() or self._subscription is None:
+            return None
+        return [record for _, record in self._records.values()]
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> NatsRecordWatch:
+        """Subscribe, and wait until the records stored now were delivered (at most
+        ``sync_timeout_s``; past it the watch goes on, logged)."""
+        bucket = self.bucket
+        bucket._bucket()  # started?
+        with bucket._asking():
+            self._subscription = await bucket.client.jetstream().subscribe(
+                f"{self._subject}>",
+                stream=f"KV_{bucket.bucket}",
+                cb=self._on_message,
+                ordered_consumer=True,
+                idle_heartbeat=idle_heartbeat_s,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=max(30.0, 10 * idle_heartbeat_s),
+            )
+            try:
+                await settle(bucket.client)
+                info = await self._subscription.consumer_info()
+            except BaseException:
+                await self.stop()
+                raise
+        # nothing pending and nothing delivered: no record in the bucket (the consumer's
+        # sequence, not the stream's — the server starts a filtered consumer's stream
+        # sequence past the other prefixes' messages)
+        delivered = info.delivered
+        if info.num_pending == 0 and (delivered is None or delivered.consumer_seq == 0):
+            self._synced.set()
+        try:
+            await asyncio.wait_for(self._synced.wait(), sync_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "the watch of the records in %s did not catch up within %gs; it goes on",
+                bucket.bucket,
+                sync_timeout_s,
+            )
+        return self
+
+    async def stop(self) -> None:
+        """Unsubscribe; :meth:`records` is ``None`` from now on (the copy is no longer kept)."""
+        subscription, self._subscription = self._subscription, None
+        if subscription is not None:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def _on_message(self, msg: Msg) -> None:
+        try:
+            self._apply(msg)
+        except Exception:  # never out of the callback: the watch goes on
+            log.exception("the watch of %s failed on %s", self.bucket.bucket, msg.subject)
+        finally:
+            if not self._synced.is_set():
+                with contextlib.suppress(Exception):
+                    if msg.metadata.num_pending == 0:
+                        self._synced.set()
+
+    def _apply(self, msg: Msg) -> None:
+        if not msg.subject.startswith(self._subject):
+            return  # not a record's key (the filter lets none through)
+        key = msg.subject[len(self._subject) :]
+        revision = int(msg.metadata.sequence.stream)
+        held = self._records.get(key)
+        if held is not None and held[0] > revision:
+            return  # a newer revision is held already
+        headers = msg.headers or {}
+        if KV_OPERATION in headers or MARKER_REASON in headers or not msg.data:
+            self._records.pop(key, None)
+            return
+        record = self._record(key, msg.data)
+        if record is None:
+            self._records.pop(key, None)
+        else:
+            self._records[key] = (revision, record)
+
+    def _record(self, key: str, data: bytes) -> StoredWorkload | None:
+        """The record ``data`` holds under ``key`` (the id's token), or ``None`` (counted,
+        logged) when it is not one or is the record of another id."""
+        name = f"{self.bucket.prefix}.{key}"
+        try:
+            record = StoredWorkload.model_validate_json(data)
+        except ValidationError as error:
+            self.rejected += 1
+            log.warning(
+                "ignored %s in %s: not a workload record (%s)",
+                name,
+                self.bucket.bucket,
+                error.errors()[0].get("msg"),
+            )
+            return None
+        if not record.id or node_token(record.id) != key:
+            self.rejected += 1
+            log.warning(
+                "ignored %s in %s: it holds the record of %r, which belongs under another key",
+                name,
+                self.bucket.bucket,
+                record.id,
+            )
+            return None
+        return record
 
 
 class NatsImages(DocumentImages):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # starts a whole berth up
 
 HEARTBEAT_S = 0.5
 HALF = Spec(vcpus=0.01, mem=512 * MiB, disk=GiB)  # memory decides; CPU never does
-SLACK_S = 1.5  # the expiry marker's own delay, the census poll, a busy 2-core machine
+SLACK_S = 1.5  # the replica's sweep, the census poll, a busy 2-core machine
 
 
 async def _until(predicate: object, limit_s: float) -> float:

@@ -144,8 +144,8 @@ def test_a_nodes_rollup_cannot_purge_the_other_nodes_keys(
     secured: tuple[NatsServer, ClusterAuth],
 ) -> None:
     """Finding 2 of the security review: a message on a node's own key with ``Nats-Rollup:
-    all`` would purge every key of the bucket.  The scheduler closes the routes bucket to
-    rollups; the node-states bucket cannot be (see berth.nats.streams)."""
+    all`` would purge every key of the bucket.  The scheduler closes both buckets nodes write
+    to rollups — the node-states bucket too, whose expiry markers kept them on (issue 36)."""
     server, auth = secured
     configs = embedded_configs(2, runtime="fake", heartbeat_s=1.0)
 
@@ -162,15 +162,15 @@ def test_a_nodes_rollup_cannot_purge_the_other_nodes_keys(
                 rollup = {"KV-Operation": "DEL", "Nats-Rollup": "all"}
                 with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
                     await js.publish("$KV.berth_routes.node-01.x", headers=rollup, timeout=1.0)
-                # the node-states bucket keeps rollups (its expiry markers need them, and the
-                # server forces them on): a purge there lasts until each node's next beat
-                await js.publish("$KV.berth_nodes.node-01", headers=rollup, timeout=1.0)
+                with pytest.raises((nats.errors.TimeoutError, nats.errors.Error)):
+                    await js.publish("$KV.berth_nodes.node-01", headers=rollup, timeout=1.0)
             assert len(await running.routes.list()) == before  # nobody's routes went
+            # nobody's snapshot went: the other node is still in the bucket itself, not only
+            # in a replica its next heartbeat would have refilled
+            async with client(server.url, credentials=auth.scheduler) as admin:
+                nodes = await admin.jetstream().key_value("berth_nodes")
+                assert {"node-00", "node-01"} <= set(await nodes.keys())
             states = running.scheduler_services[0].scheduler.states
-            for _ in range(60):
-                if {"node-00", "node-01"} <= set(states()):
-                    break
-                await asyncio.sleep(0.05)
             assert {"node-00", "node-01"} <= set(states())
 
     asyncio.run(scenario())

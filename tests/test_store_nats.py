@@ -1,17 +1,22 @@
 """The NATS JetStream state store passes the store contract against a real nats-server;
-then what only this driver does: malformed peer data, expiry markers, generation offsets."""
+then what only this driver does: malformed peer data, replicas that age out silent nodes
+(the bucket without markers, closed to rollups), generation offsets."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
+import nats.errors
 import pytest
+from nats.js.api import KeyValueConfig
 
 from berth.errors import Invalid
 from berth.model import Placement
+from berth.nats.streams import forbid_rollups
 from berth.nats.wire import MAX_TOKEN, MalformedMessage, node_token
 from berth.registry.nats_routes import NatsRoutes
 from berth.store.nats import NatsStore, decode_state, encode_state
@@ -94,7 +99,9 @@ def test_malformed_peer_data_is_logged_and_changes_nothing(
     assert sum("malformed message on $KV." in r.getMessage() for r in caplog.records) == 3
 
 
-def test_expiry_reaches_a_second_reader_by_the_servers_marker(nats_server: NatsServer) -> None:
+def test_a_silent_node_leaves_a_second_readers_replica_within_the_ttl(
+    nats_server: NatsServer,
+) -> None:
     async def scenario() -> None:
         bucket = unique_name("ttl")
         async with (
@@ -103,13 +110,104 @@ def test_expiry_reaches_a_second_reader_by_the_servers_marker(nats_server: NatsS
             NatsStore(one, bucket=bucket, ttl_s=0.5) as writer,
             NatsStore(two, bucket=bucket, ttl_s=0.5) as reader,
         ):
+            events: list[tuple[str, str, float]] = []
+            reader.subscribe(lambda e: events.append((e.kind, e.node, time.monotonic())))
+            await writer.publish(sample_state("gone"))
+            await _eventually(lambda: ("put", "gone") in [(k, n) for k, n, _ in events])
+            # the writer is silent from now on: the reader's sweep removes the node
+            await _eventually(lambda: ("delete", "gone") in [(k, n) for k, n, _ in events], 3)
+            assert await reader.states() == {}
+            put = next(t for k, _, t in events if k == "put")
+            gone = next(t for k, _, t in events if k == "delete")
+            assert 0.5 <= gone - put <= 0.5 + 0.5  # the ttl, and a sweep or two
+            # the stream has no markers (they would keep rollups on) and refuses rollups
+            info = await one.jetstream().stream_info(f"KV_{bucket}")
+            assert not info.config.subject_delete_marker_ttl
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_started_after_a_node_went_silent_drops_it_on_time(
+    nats_server: NatsServer,
+) -> None:
+    """The values a watch catches up on are aged from the server's timestamps: a node that
+    died 0.6 s before a reader started leaves it 0.4 s later (a 1 s ttl), not 1 s later."""
+
+    async def scenario() -> None:
+        bucket = unique_name("late")
+        async with client(nats_server.url) as nc:
+            async with NatsStore(nc, bucket=bucket, ttl_s=1.0, watch=False) as writer:
+                await writer.publish(sample_state("early"))
+                await asyncio.sleep(0.6)
+                await writer.publish(sample_state("fresh"))
+            started = time.monotonic()
+            async with NatsStore(nc, bucket=bucket, ttl_s=1.0) as reader:
+                assert set(await reader.states()) == {"early", "fresh"}
+                await _eventually(lambda: "early" not in reader._replica, 2)
+                assert time.monotonic() - started < 0.8
+                assert "fresh" in reader._replica
+                await _eventually(lambda: "fresh" not in reader._replica, 2)
+
+    asyncio.run(scenario())
+
+
+def test_a_sweep_that_wakes_late_drops_nothing(nats_server: NatsServer) -> None:
+    """An event loop held past the ttl (a long garbage collection) must not empty the
+    replica before the snapshots that arrived meanwhile are read."""
+
+    async def scenario() -> None:
+        bucket = unique_name("held")
+        async with (
+            client(nats_server.url) as one,
+            client(nats_server.url) as two,
+            NatsStore(one, bucket=bucket, ttl_s=0.5) as writer,
+            NatsStore(two, bucket=bucket, ttl_s=0.5) as reader,
+        ):
+            beating = True
+
+            async def beat() -> None:
+                generation = 1
+                while beating:
+                    await writer.publish(sample_state("alive", generation))
+                    generation += 1
+                    await asyncio.sleep(0.1)
+
             events: list[StateEvent] = []
             reader.subscribe(events.append)
-            await writer.publish(sample_state("gone"))
-            await _eventually(lambda: ("put", "gone") in [(e.kind, e.node) for e in events])
-            # the writer is silent from now on: the server's expiry marker removes the node
-            await _eventually(lambda: ("delete", "gone") in [(e.kind, e.node) for e in events], 3)
-            assert await reader.states() == {}
+            beater = asyncio.create_task(beat())
+            await _eventually(lambda: "alive" in reader._replica)
+            time.sleep(0.8)  # the loop is held past the ttl: nothing published, nothing read
+            await asyncio.sleep(0.6)
+            assert "alive" in reader._replica
+            assert ("delete", "alive") not in [(e.kind, e.node) for e in events]
+            beating = False
+            await beater
+
+    asyncio.run(scenario())
+
+
+def test_a_bucket_made_with_markers_is_closed_to_rollups(nats_server: NatsServer) -> None:
+    """A node-states bucket created by an older berth (with limit markers, which keep rollups
+    on): forbid_rollups turns both off, and a rollup on one key is refused."""
+
+    async def scenario() -> None:
+        bucket = unique_name("old")
+        async with client(nats_server.url) as nc:
+            js = nc.jetstream()
+            config = KeyValueConfig(bucket=bucket, history=1, ttl=3.0, limit_marker_ttl=1.0)
+            kv = await js.create_key_value(config)
+            await kv.put("a", b"1")
+            await kv.put("b", b"2")
+            assert await forbid_rollups(nc, bucket)
+            assert not await forbid_rollups(nc, bucket)  # closed already
+            info = await js.stream_info(f"KV_{bucket}")
+            assert not info.config.allow_rollup_hdrs and not info.config.subject_delete_marker_ttl
+            rollup = {"KV-Operation": "PURGE", "Nats-Rollup": "all"}
+            with pytest.raises(nats.errors.Error):
+                await js.publish(f"$KV.{bucket}.a", b"", headers=rollup, timeout=1.0)
+            assert sorted(await kv.keys()) == ["a", "b"]
+            await kv.delete("a")  # a delete is no rollup
+            assert await kv.keys() == ["b"]
 
     asyncio.run(scenario())
 

@@ -22,13 +22,11 @@ buckets nodes write; the server then refuses any message carrying a rollup heade
 The scheduler services apply it when they start (their user may update those streams; a
 node's may not), so a bucket an agent created first is closed as soon as a scheduler runs.
 
-What it cannot close: the node-states bucket.  Its snapshots expire with *subject delete
-markers* (how a watcher learns that a node went silent), and nats-server keeps rollups
-allowed on a stream with markers — an update turning them off is accepted and ignored
-(checked on nats-server 2.15.1).  So a node's user can still purge that bucket; the harm is
-bounded by the heartbeat — every live node publishes again within one, and the replicas
-take it back — where a purge of the routes was permanent.  Confining it needs a server-side
-guard (an account per node writing through a republish, or JWT-scoped subjects): issue 21.
+Rollups go with *subject delete markers*: nats-server keeps rollups allowed on a stream with
+markers — an update turning them off alone is accepted and ignored (nats-server 2.15.1) —,
+so :func:`forbid_rollups` turns the markers off too.  The node-states bucket had them (how a
+watcher learned that a node went silent); its readers now age their replicas themselves
+(:mod:`berth.store.nats`), and no node's user can purge it any more (issue 36).
 """
 
 from __future__ import annotations
@@ -84,17 +82,20 @@ log = logging.getLogger("berth.nats")
 
 
 async def forbid_rollups(client: Client, bucket: str) -> bool:
-    """Refuse rollup headers on ``bucket``'s stream from now on; whether this call changed
-    it.  A stream that cannot be read or updated (missing, no permission) is logged and left:
-    it is not this caller's to close."""
+    """Refuse rollup headers on ``bucket``'s stream from now on — its subject delete markers
+    off too, which keep rollups on —; whether this call changed it.  A stream that cannot be
+    read or updated (missing, no permission) is logged and left: it is not this caller's to
+    close."""
     js = client.jetstream()
     stream = f"KV_{bucket}"
     try:
         info = await js.stream_info(stream)
-        if not info.config.allow_rollup_hdrs:
+        config = info.config
+        if not config.allow_rollup_hdrs and not config.subject_delete_marker_ttl:
             return False
-        info.config.allow_rollup_hdrs = False
-        await js.update_stream(info.config)
+        config.allow_rollup_hdrs = False
+        config.subject_delete_marker_ttl = None
+        await js.update_stream(config)
     except (NatsError, TimeoutError) as error:
         log.warning("cannot forbid rollups on stream %s: %s", stream, error or type(error).__name__)
         return False

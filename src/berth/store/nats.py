@@ -5,13 +5,24 @@ Every node *publishes* its ``NodeState`` as the value of its own key in one buck
 watch of the whole bucket, and serves :meth:`NatsStore.states` and
 :meth:`NatsStore.subscribe` from it without a round trip.
 
-**Liveness is the server's.**  The bucket's ``max_age`` is the snapshot time-to-live (three
-heartbeats: :func:`bucket_ttl_s`) and it is created *with limit markers*
-(``limit_marker_ttl``): when a node's last value ages out, the server writes a marker that
-every watcher receives as a purge, so a node that stops heartbeating leaves every replica,
-decided by the server's clock, never a node's.  Without markers an expired key vanishes
-silently and stays in every replica (docs/design.md §5).  :meth:`NatsStore.remove` (an agent's
-clean shutdown) deletes the key at once.
+**Liveness is the server's clock, and every reader ages its own replica.**  The bucket's
+``max_age`` is the snapshot time-to-live (three heartbeats: :func:`bucket_ttl_s`), so the
+server drops a silent node's last value, and a reader that starts later never sees it.  A
+reader also drops a node from its replica once it has received nothing from it for that
+``max_age`` (the bucket's, read when the store starts): a sweep every
+:data:`SWEEP_EVERY_S` removes it and tells the subscribers (a ``delete``), so a node that
+stops publishing leaves every replica within three heartbeats and a sweep.  The server's
+*limit markers* once did this (a marker per expired key, delivered to every watcher), but a
+stream with markers keeps ``Nats-Rollup`` allowed whatever its configuration says, and a
+rollup on a node's own key purges every other node's snapshot (issue 36):
+:func:`~berth.nats.streams.forbid_rollups` now turns markers off with rollups.  The values a
+watch catches up on when it starts are aged from their server timestamps (at most
+``max_age`` old: older ones are gone), so a node that died just before a scheduler started
+leaves it on time too — to the precision of the two machines' clocks, and a reader whose
+clock runs ahead drops such a node early, until its next heartbeat.  A sweep that wakes
+late (the event loop was held) expires nothing that round: the snapshots received meanwhile
+wait in the connection's buffer.  :meth:`NatsStore.remove` (an agent's clean shutdown)
+deletes the key at once.
 
 **The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
 1 s): nats-py resets an ordered consumer after two missed heartbeats, from the stream
@@ -45,6 +56,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -80,6 +93,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("berth.store.nats")
+
+SWEEP_EVERY_S = 0.25
+"""How often a reader's replica drops the nodes it has heard nothing from for the bucket's
+``max_age`` (see the module docstring)."""
 
 
 def bucket_ttl_s(heartbeat_s: float) -> float:
@@ -124,7 +141,6 @@ class NatsStore:
         *,
         bucket: str = DEFAULT_BUCKET,
         ttl_s: float | None = None,
-        marker_ttl_s: float = 1.0,
         idle_heartbeat_s: float = 1.0,
         sync_timeout_s: float = 10.0,
         watch: bool = True,
@@ -132,12 +148,9 @@ class NatsStore:
     ) -> None:
         if ttl_s is not None and not ttl_s > 0:
             raise Invalid(f"must be positive, got {ttl_s!r}", field="ttl_s")
-        if not marker_ttl_s >= 1:
-            raise Invalid(f"must be at least 1 second, got {marker_ttl_s!r}", field="marker_ttl_s")
         self.client = client
         self.bucket = bucket
         self.ttl_s = ttl_s
-        self.marker_ttl_s = marker_ttl_s
         self.idle_heartbeat_s = idle_heartbeat_s
         self.sync_timeout_s = sync_timeout_s
         self.watch = watch
@@ -159,6 +172,13 @@ class NatsStore:
         self._subscription: Any = None
         self._kv: KeyValue | None = None
         self._synced = asyncio.Event()
+        self._max_age_s: float | None = None
+        """The bucket's ``max_age`` (``None``: snapshots never expire), read at start."""
+        self._expires: OrderedDict[str, float] = OrderedDict()
+        """node → when the replica drops it (``monotonic``), soonest first."""
+        self._sweeper: asyncio.Task[None] | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        self.wall_clock: Callable[[], float] = time.time
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> NatsStore:
@@ -166,6 +186,8 @@ class NatsStore:
         self._kv = await self._ensure_bucket()
         if not self.watch:
             return self
+        if self._max_age_s is not None:
+            self._sweeper = asyncio.create_task(self._sweep(), name=f"berth sweep {self.bucket}")
         self._subscription = await self._js.subscribe(
             f"{self._prefix}>",
             stream=self._stream,
@@ -182,6 +204,7 @@ class NatsStore:
         try:
             await asyncio.wait_for(self._synced.wait(), self.sync_timeout_s)
         except TimeoutError:
+            await self.close()
             raise Unavailable(
                 f"the state store's watch of bucket {self.bucket} did not catch up "
                 f"within {self.sync_timeout_s:g}s"
@@ -193,9 +216,10 @@ class NatsStore:
         config.replicas = stream_replicas(self.client)
         if self.ttl_s is not None:
             config.ttl = self.ttl_s
-            config.limit_marker_ttl = self.marker_ttl_s
         try:
-            return await created(lambda: self._js.create_key_value(config), self.bucket)
+            created_kv = await created(lambda: self._js.create_key_value(config), self.bucket)
+            self._max_age_s = self.ttl_s
+            return created_kv
         except BadRequestError as error:  # exists with another configuration
             log.debug("bucket %s exists: %s", self.bucket, error)
         try:
@@ -210,10 +234,16 @@ class NatsStore:
                 status.ttl,
                 self.ttl_s,
             )
+        self._max_age_s = status.ttl or None  # 0: never
         return kv
 
     async def close(self) -> None:
         """Stop watching (the replica stays as it was; nothing is removed)."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
         subscription, self._subscription = self._subscription, None
         if subscription is not None:
             with contextlib.suppress(Exception):
@@ -297,9 +327,10 @@ class NatsStore:
         key = msg.subject[len(self._prefix) :]
         headers = msg.headers or {}
         if KV_OPERATION in headers or MARKER_REASON in headers:
-            node = self._key_nodes.pop(key, None)  # a delete, a purge or an expiry marker
-            if node is not None and self._replica.pop(node, None) is not None:
-                self._notify(StateEvent("delete", node))
+            # a delete, a purge, or the expiry marker of a bucket made before markers went
+            node = self._key_nodes.pop(key, None)
+            if node is not None:
+                self._drop(node)
             return
         try:
             state = decode_state(msg.data, key=key, source=msg.subject)
@@ -312,7 +343,48 @@ class NatsStore:
             return
         self._replica[state.node] = state
         self._key_nodes[key] = state.node
+        self._aged(state.node, msg)
         self._notify(StateEvent("put", state.node, state))
+
+    def _aged(self, node: str, msg: Msg) -> None:
+        """Set when the replica drops ``node``, whose snapshot ``msg`` just came in: the
+        bucket's ``max_age`` from now — from the server's timestamp for a value the watch
+        catches up on at start (see the module docstring)."""
+        max_age = self._max_age_s
+        if max_age is None:
+            return
+        age = 0.0
+        if not self._synced.is_set():
+            with contextlib.suppress(Exception):
+                stamped = msg.metadata.timestamp.timestamp()
+                age = min(max_age, max(0.0, self.wall_clock() - stamped))
+        self._expires[node] = self.clock() + max_age - age
+        self._expires.move_to_end(node)
+
+    def _drop(self, node: str) -> None:
+        """Take ``node`` out of the replica, telling the subscribers."""
+        self._expires.pop(node, None)
+        if self._replica.pop(node, None) is not None:
+            self._notify(StateEvent("delete", node))
+
+    async def _sweep(self) -> None:
+        """Drop the nodes heard from no later than the bucket's ``max_age`` ago, every
+        :data:`SWEEP_EVERY_S`, until cancelled; a round that wakes late drops none."""
+        due = self.clock() + SWEEP_EVERY_S
+        while True:
+            await asyncio.sleep(max(0.0, due - self.clock()))
+            now = self.clock()
+            late = now - due > SWEEP_EVERY_S
+            due = now + SWEEP_EVERY_S
+            if late:
+                continue  # the snapshots received while the loop was held come in first
+            while self._expires:
+                node, expires = next(iter(self._expires.items()))
+                if expires > now:
+                    break
+                self._key_nodes.pop(node_token(node), None)
+                self._drop(node)
+                log.info("dropped node %s: no snapshot for %gs", node, self._max_age_s)
 
     def _notify(self, event: StateEvent) -> None:
         for listener in list(self._listeners):

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
 import pytest
 from nats.js.api import KeyValueConfig
 
-from berth.errors import Invalid
+from berth.errors import Invalid, Unavailable
 from berth.nats.cluster import SYNC_INTERVAL, NatsCluster
 from berth.pki import CertificateAuthority, write_pair
+from berth.store.nats import NatsStore
+from berth.testing.nats import client
+from berth.testing.store_contract import sample_state
 
 
 def test_cluster_sizes_are_bounded() -> None:
@@ -191,3 +196,64 @@ def test_berths_buckets_and_streams_are_r3_on_a_cluster_and_r1_on_one_server(
         assert known == 3  # its peers were announced to it
     with NatsServer(store_dir=tmp_path / "single") as server:
         assert asyncio.run(replicas_made(server.url, "single")) == (1, [1, 1, 1, 1])
+
+
+def test_a_replica_keeps_its_nodes_while_the_node_buckets_leader_is_elected(
+    tmp_path: Path,
+) -> None:
+    """Readers age their replicas themselves (berth.store.nats): while the server leading the
+    nodes bucket is dead and its successor not yet elected (4-9 s), no node can publish —
+    and none is dropped; once the stream answers again, a node that stays silent is."""
+    ttl_s = 1.5
+    with NatsCluster(3, base_dir=tmp_path) as cluster:
+
+        async def scenario() -> None:
+            async with (
+                client(cluster.url) as writer_nc,
+                client(cluster.url) as reader_nc,
+                NatsStore(writer_nc, bucket="nodes", ttl_s=ttl_s, watch=False) as writer,
+                NatsStore(reader_nc, bucket="nodes", ttl_s=ttl_s) as reader,
+            ):
+                silent: set[str] = set()
+                beats = {"a": 0, "b": 0}
+
+                async def beat() -> None:
+                    while True:
+                        for node in beats.keys() - silent:
+                            beats[node] += 1
+                            with contextlib.suppress(Unavailable):
+                                await writer.publish(sample_state(node, beats[node]))
+                        await asyncio.sleep(0.3)
+
+                dropped: list[str] = []
+                reader.subscribe(lambda e: dropped.append(e.node) if e.kind == "delete" else None)
+                beater = asyncio.create_task(beat())
+                try:
+                    await _until(lambda: set(reader._replica) == {"a", "b"}, 10)
+                    info = await writer_nc.jetstream().stream_info("KV_nodes")
+                    assert info.cluster is not None and info.cluster.leader is not None
+                    names = [cluster.server_name(i) for i in range(3)]
+                    killed_at = asyncio.get_running_loop().time()
+                    await asyncio.to_thread(cluster.kill, names.index(info.cluster.leader))
+                    before = reader._replica["a"].generation
+                    # the new leader takes snapshots again (the nodes publish through it)
+                    await _until(lambda: reader._replica["a"].generation > before + 2, 20)
+                    elected_s = asyncio.get_running_loop().time() - killed_at
+                    print(f"snapshots stored again {elected_s:.1f}s after the kill")
+                    assert dropped == [], f"dropped while no node could publish: {dropped}"
+                    silent.add("b")
+                    await _until(lambda: "b" not in reader._replica, ttl_s + 2)
+                    assert "a" in reader._replica and dropped == ["b"]
+                finally:
+                    beater.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beater
+
+        asyncio.run(scenario())
+
+
+async def _until(predicate: Callable[[], bool], limit_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {limit_s:g}s"
+        await asyncio.sleep(0.05)

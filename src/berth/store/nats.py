@@ -21,8 +21,14 @@ watch catches up on when it starts are aged from their server timestamps (at mos
 leaves it on time too — to the precision of the two machines' clocks, and a reader whose
 clock runs ahead drops such a node early, until its next heartbeat.  A sweep that wakes
 late (the event loop was held) expires nothing that round: the snapshots received meanwhile
-wait in the connection's buffer.  :meth:`NatsStore.remove` (an agent's clean shutdown)
-deletes the key at once.
+wait in the connection's buffer.  And silence everywhere is the bucket's, not the nodes':
+when a sweep would drop nodes and no snapshot at all has come in for ``max_age``, it asks the
+stream whether it has a leader (:data:`PROBE_TIMEOUT_S`) — while the server leading it is
+down and its successor not yet elected (4–9 s), or this reader is cut off from the servers,
+no node can publish, so nothing is dropped; once the stream answers again (or a snapshot
+comes in) every node held gets a fresh ``max_age`` to publish in.  A stream that answers
+while every node is silent means they are: they are dropped.  :meth:`NatsStore.remove` (an
+agent's clean shutdown) deletes the key at once.
 
 **The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
 1 s): nats-py resets an ordered consumer after two missed heartbeats, from the stream
@@ -56,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -97,6 +104,9 @@ log = logging.getLogger("berth.store.nats")
 SWEEP_EVERY_S = 0.25
 """How often a reader's replica drops the nodes it has heard nothing from for the bucket's
 ``max_age`` (see the module docstring)."""
+PROBE_TIMEOUT_S = 1.0
+"""How long a sweep waits for the stream to say it has a leader, when no node has published
+for ``max_age`` (see the module docstring)."""
 
 
 def bucket_ttl_s(heartbeat_s: float) -> float:
@@ -177,6 +187,11 @@ class NatsStore:
         self._expires: OrderedDict[str, float] = OrderedDict()
         """node → when the replica drops it (``monotonic``), soonest first."""
         self._sweeper: asyncio.Task[None] | None = None
+        self._last_put = -math.inf
+        """When the last snapshot came in (``monotonic``): a watch silent for ``max_age``
+        may be a bucket that cannot take them (see the module docstring)."""
+        self._outage = False
+        """Whether the stream did not answer a sweep's probe since the last snapshot."""
         self.clock: Callable[[], float] = time.monotonic
         self.wall_clock: Callable[[], float] = time.time
 
@@ -358,8 +373,31 @@ class NatsStore:
             with contextlib.suppress(Exception):
                 stamped = msg.metadata.timestamp.timestamp()
                 age = min(max_age, max(0.0, self.wall_clock() - stamped))
-        self._expires[node] = self.clock() + max_age - age
+        now = self._last_put = self.clock()
+        if self._outage:
+            self._regrace(now)
+        self._expires[node] = now + max_age - age
         self._expires.move_to_end(node)
+
+    def _regrace(self, now: float) -> None:
+        """The bucket answers again after an outage: every node held gets a fresh
+        ``max_age`` to publish in (none could while it did not)."""
+        self._outage = False
+        assert self._max_age_s is not None
+        for node in self._expires:
+            self._expires[node] = now + self._max_age_s
+        held = len(self._expires)
+        log.info("bucket %s answers again: %d node(s) given a fresh ttl", self.bucket, held)
+
+    async def _stream_answers(self) -> bool:
+        """Whether the bucket's stream has a leader to take snapshots (asked, within
+        :data:`PROBE_TIMEOUT_S`)."""
+        try:
+            info = await asyncio.wait_for(self._js.stream_info(self._stream), PROBE_TIMEOUT_S)
+        except Exception as error:  # no leader, no connection: nothing can be said
+            log.debug("stream %s did not answer: %r", self._stream, error)
+            return False
+        return info.cluster is None or bool(info.cluster.leader)
 
     def _drop(self, node: str) -> None:
         """Take ``node`` out of the replica, telling the subscribers."""
@@ -378,6 +416,25 @@ class NatsStore:
             due = now + SWEEP_EVERY_S
             if late:
                 continue  # the snapshots received while the loop was held come in first
+            if not self._expires or next(iter(self._expires.values())) > now:
+                continue
+            if now - self._last_put >= (self._max_age_s or 0.0):
+                # every node silent: a bucket that cannot take snapshots, or nodes all gone?
+                answers = await self._stream_answers()
+                now = self.clock()
+                if not answers:
+                    if not self._outage:
+                        log.warning(
+                            "no snapshot in %s for %gs and its stream does not answer: "
+                            "no node is dropped until it does",
+                            self.bucket,
+                            now - self._last_put,
+                        )
+                    self._outage = True
+                    continue
+                if self._outage:
+                    self._regrace(now)
+                    continue
             while self._expires:
                 node, expires = next(iter(self._expires.items()))
                 if expires > now:

@@ -43,11 +43,13 @@ no endpoint took the connection — certainly not done.
 answer (a placement made, booted and recorded) to a create *sent after it* — how long
 placements stop.  The workers go on after the fault's window until that
 has happened (at most ``PAUSE_LIMIT_S`` from the fault's start; a fault without one counts in
-``pause_unmeasured``).  Killing the server that leads the API's bucket and the routes stream
-pauses placements for 5-10 s: nats-server 2.15 elects a stream's new leader 5-6 s after its
-leader died (idle, three servers), and a write sent meanwhile waits out its JetStream
-timeout; any other fault, or another server, pauses them for well under a second (an
-``agent_pause`` up to a few seconds: placements tried on the stopped node wait for it).
+``pause_unmeasured``).  Killing the server that leads the API's bucket pauses creates until
+its successor is elected — nats-server 2.15 does so 4-9 s after its leader died (its Raft
+election timeouts, not a setting) — and no longer: the API's reads and writes are asked
+again every second (:mod:`berth.registry.nats`), where each once waited out JetStream's 5 s
+timeout (pauses of 5 or 10 s).  Any other fault, or another server, pauses them for well
+under a second (an ``agent_pause`` up to a few seconds: placements tried on the stopped node
+wait for it).
 
 What it observes is the host and the views, never what the processes say of themselves alone:
 

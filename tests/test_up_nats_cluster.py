@@ -7,6 +7,7 @@ placements made during the failover are stored too (a failed route write is aske
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 from api_helpers import api_client
 from berth.errors import Invalid
 from berth.nats.connection import connect
+from berth.nats.names import API_BUCKET
 from berth.registry.nats_routes import NatsRoutes
 from berth.up import LocalCluster
 
@@ -103,3 +105,91 @@ def test_a_bad_server_count_is_refused_before_anything_starts() -> None:
         with pytest.raises(Invalid) as refused:
             LocalCluster(1, runtime="fake", nats_servers=count)
         assert refused.value.field == "--nats-servers"
+
+
+WORKLOAD = {**REQUEST, "command": ["sleep", "100"]}
+
+
+def test_creates_resume_as_soon_as_the_api_buckets_new_leader_is_elected() -> None:
+    """Issue 36: killing the nats-server that leads the API's bucket paused creates for 5 or
+    10 s — its successor is elected 4-9 s later (nats-server's Raft timeouts), and a read or
+    write sent meanwhile waited out JetStream's 5 s timeout.  Now they are asked again every
+    second (writes under one message id), so creates resume within about a second of the
+    election.  The pause is printed; its target lives in benchmarks/faults.py."""
+    with (
+        LocalCluster(
+            2, heartbeat_s=0.5, runtime="fake", http=("127.0.0.1", 0), nats_servers=3
+        ) as up,
+        api_client(up) as api,
+    ):
+        assert up.nats_cluster is not None and up.auth is not None
+        for index in range(2):
+            answer = api.post("/v1/workloads", json={**WORKLOAD, "name": f"before{index}"})
+            assert answer.status_code == 201, answer.text
+        names = [up.nats_cluster.server_name(index) for index in range(3)]
+        leader = asyncio.run(_leader(up, f"KV_{API_BUCKET}", up.url))
+        assert leader is not None
+        survivors = ",".join(
+            u for u, n in zip(up.nats_cluster.urls, names, strict=True) if n != leader
+        )
+        up.nats_cluster.kill(names.index(leader))
+        killed = time.monotonic()
+        answers: list[tuple[float, float, int]] = []  # sent, answered (since the kill), status
+        stop = threading.Event()
+
+        def creates(worker: int) -> None:
+            sent = 0
+            while not stop.is_set():
+                sent += 1
+                at = time.monotonic() - killed
+                body = {**WORKLOAD, "name": f"after{worker}x{sent}"}
+                try:
+                    status = api.post("/v1/workloads", json=body, timeout=30).status_code
+                except httpx.HTTPError:
+                    status = 0
+                answers.append((at, time.monotonic() - killed, status))
+                time.sleep(0.1)
+
+        workers = [threading.Thread(target=creates, args=(w,)) for w in range(2)]
+        for worker in workers:
+            worker.start()
+        try:
+            elected = None
+            while elected is None and time.monotonic() - killed < 30:
+                if asyncio.run(_leader(up, f"KV_{API_BUCKET}", survivors)):
+                    elected = time.monotonic() - killed
+                else:
+                    time.sleep(0.05)
+            assert elected is not None, "no new leader within 30 s"
+            time.sleep(3.0)
+        finally:
+            stop.set()
+            for worker in workers:
+                worker.join()
+        created = sorted(done for _, done, status in answers if status == 201)
+        assert created, answers
+        print(
+            f"API bucket's new leader elected {elected:.2f}s after the kill; "
+            f"first create answered 201 at {created[0]:.2f}s"
+        )
+        assert {status for _, _, status in answers} <= {201, 503}, answers  # never a 500
+        # within a second's attempt (and the poll's slack) of the election, not a 5 s timeout
+        assert created[0] <= elected + 1.5, (elected, created[0])
+
+
+async def _leader(up: LocalCluster, stream: str, url: str) -> str | None:
+    """The server leading ``stream`` (asked as the scheduler), ``None`` while none does."""
+    assert up.auth is not None
+    try:
+        client = await connect(
+            url, name="berth-test-leader", credentials=up.auth.scheduler, connect_timeout_s=0.5
+        )
+    except Exception:  # a cluster failing over: no answer yet
+        return None
+    try:
+        info = await client.jetstream(timeout=0.5).stream_info(stream)
+    except Exception:  # no leader to answer yet
+        return None
+    finally:
+        await client.close()
+    return None if info.cluster is None else info.cluster.leader

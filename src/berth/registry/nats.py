@@ -24,6 +24,18 @@ compare-and-set on the key's revision, released with a conditional delete (only 
 own claim).  NATS failing under a question (a timeout, a closed connection) is ``Unavailable``
 naming the bucket — the API answers ``503``, never ``500``.
 
+**A write waits out its stream's election, not a timeout** (issue 36).  When the server
+leading the bucket's stream dies, its replicas elect a new leader 4–9 s later (nats-server's
+Raft election timeout, not a setting); a write sent meanwhile gets no answer.  A write asked
+JetStream once, with its 5 s timeout, so one sent just after the kill failed at 5 s and the
+next went through only after the election: creates paused 5 or 10 s.  Now each write is sent
+for :data:`ATTEMPT_S` at a time, again every :data:`ATTEMPT_RETRY_S` while no leader
+answers, for :data:`ATTEMPT_PATIENCE_S` in all — every copy under one ``Nats-Msg-Id``, so the
+stream stores it once: a copy that reaches a leader after an earlier one was stored is
+acknowledged as the duplicate it is (the stream's deduplication window is 2 minutes), never
+refused by its own compare-and-set.  Reads (the bucket's leader answers them too) are asked
+the same way.  So a create goes through as soon as the new leader is elected.
+
 **A watched copy of the records** (:meth:`NatsWorkloads.watch`, a
 :class:`~berth.registry.port.RecordIndex`): an ordered consumer of the ``w.`` keys, like the
 routing registry's follow, holding every record by its id.  It is what the reconciler's pass
@@ -43,15 +55,23 @@ import asyncio
 import builtins
 import contextlib
 import logging
-from collections.abc import Iterator
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Generic, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig
-from nats.js.errors import BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.api import DeliverPolicy, Header, KeyValueConfig
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
@@ -84,10 +104,18 @@ __all__ = [
 log = logging.getLogger("berth.registry.workloads")
 
 Model = TypeVar("Model", bound=BaseModel)
+T = TypeVar("T")
 WATCH_TIMEOUT_S = 5.0
 """How long :meth:`JsonBucket.all` waits for the next entry of its watch."""
-WRONG_LAST_SEQUENCE = 10071
-"""JetStream's error code for a write whose expected last revision is not the current one."""
+WRONG_LAST_SEQUENCE = (10071, 10164)
+"""JetStream's error codes for a write whose expected last revision is not the current one."""
+ATTEMPT_S = 1.0
+"""How long one attempt of a read or a write waits for its answer before it is asked again."""
+ATTEMPT_RETRY_S = 0.1
+"""The pause before a read or a write is asked again (no leader answered, or none in time)."""
+ATTEMPT_PATIENCE_S = 5.0
+"""How long a read or a write is attempted in all (JetStream's own request timeout): past it
+a write's outcome is unknown — it may still be stored — and it fails ``Unavailable``."""
 
 
 def opened(kv: KeyValue | None, bucket: str) -> KeyValue:
@@ -119,6 +147,7 @@ class JsonBucket(Generic[Model]):
         self.prefix = prefix
         self.bucket = bucket
         self._kv: KeyValue | None = None
+        self._reads: KeyValue | None = None
 
     async def start(self) -> None:
         js = self.client.jetstream()
@@ -130,9 +159,14 @@ class JsonBucket(Generic[Model]):
                 self._kv = await created(lambda: js.create_key_value(config), self.bucket)
             except BadRequestError:  # it exists with other settings: use it as it is
                 self._kv = await js.key_value(self.bucket)
+            # reads wait :data:`ATTEMPT_S` for each answer, and are asked again (_patiently)
+            self._reads = await self.client.jetstream(timeout=ATTEMPT_S).key_value(self.bucket)
 
     def _bucket(self) -> KeyValue:
         return opened(self._kv, self.bucket)
+
+    def _read_bucket(self) -> KeyValue:
+        return opened(self._reads, self.bucket)
 
     def _asking(self) -> contextlib.AbstractContextManager[None]:
         return asking(self.bucket)
@@ -142,7 +176,7 @@ class JsonBucket(Generic[Model]):
 
     async def put(self, name: str, document: Model) -> None:
         with self._asking():
-            await self._bucket().put(self.key(name), document.model_dump_json().encode())
+            await self._write(name, document.model_dump_json().encode())
 
     async def get(self, name: str) -> Model | None:
         found = await self.entry(name)
@@ -151,43 +185,87 @@ class JsonBucket(Generic[Model]):
     async def entry(self, name: str) -> tuple[Model | None, int] | None:
         """The document and its revision (``None`` for a document that does not decode);
         ``None`` when the key is absent or deleted."""
+        reads, key = self._read_bucket(), self.key(name)
         with self._asking():
             try:
-                entry = await self._bucket().get(self.key(name))
+                entry = await self._patiently(lambda _: reads.get(key), "a read")
             except KeyNotFoundError:  # includes a deleted key
                 return None
         return self._decode(entry.key, entry.value), entry.revision or 0
 
     async def create(self, name: str, document: Model) -> bool:
         """Store ``document`` only if the key is absent (or deleted); ``False`` if it is not."""
+        data = document.model_dump_json().encode()
         with self._asking():
-            try:
-                await self._bucket().create(self.key(name), document.model_dump_json().encode())
-            except KeyWrongLastSequenceError:
-                return False
-        return True
+            if await self._write(name, data, last=0):
+                return True
+            try:  # a key deleted (or purged) is created over its marker's revision
+                reads, key = self._read_bucket(), self.key(name)
+                await self._patiently(lambda _: reads.get(key), "a read")
+            except KeyNotFoundError as absent:
+                marker = absent.entry  # None: gone altogether since (purged): create again
+                revision = 0 if marker is None else marker.revision or 0
+                return await self._write(name, data, last=revision)
+        return False
 
     async def replace(self, name: str, document: Model, revision: int) -> bool:
         """Store ``document`` only if the key is still at ``revision``; ``False`` if not."""
         with self._asking():
-            try:
-                await self._bucket().update(
-                    self.key(name), document.model_dump_json().encode(), last=revision
-                )
-            except KeyWrongLastSequenceError:
-                return False
-        return True
+            return await self._write(name, document.model_dump_json().encode(), last=revision)
 
     async def delete_at(self, name: str, revision: int) -> bool:
         """Delete the key only if it is still at ``revision``; ``False`` if not."""
         with self._asking():
+            return await self._write(name, b"", last=revision, operation="DEL")
+
+    async def _write(
+        self, name: str, data: bytes, *, last: int | None = None, operation: str | None = None
+    ) -> bool:
+        """Store ``data`` under ``name``'s key — only if the key is at revision ``last``
+        (``0``: absent) when it is given, ``False`` if it is not —, as a KV ``operation``
+        (``"DEL"``) when given.  Sent again while the stream has no leader to answer
+        (:meth:`_patiently`) under one message id, so a copy that was stored already is
+        acknowledged, not stored twice."""
+        self._bucket()  # started?
+        headers: dict[str, str] = {Header.MSG_ID.value: uuid.uuid4().hex}
+        if last is not None:
+            headers[Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value] = str(last)
+        if operation is not None:
+            headers[KV_OPERATION] = operation
+        subject = f"$KV.{self.bucket}.{self.key(name)}"
+        js = self.client.jetstream()
+
+        async def attempt(timeout_s: float) -> bool:
             try:
-                await self._bucket().delete(self.key(name), last=revision)
-            except BadRequestError as error:
-                if error.err_code != WRONG_LAST_SEQUENCE:
+                await js.publish(subject, data, headers=headers, timeout=timeout_s)
+            except APIError as error:
+                if error.err_code in WRONG_LAST_SEQUENCE:
+                    return False
+                raise
+            return True
+
+        return await self._patiently(attempt, "a write")
+
+    async def _patiently(self, attempt: Callable[[float], Awaitable[T]], what: str) -> T:
+        """``attempt(timeout_s)``, again every :data:`ATTEMPT_RETRY_S` while the stream has no
+        leader to answer it — no answer within :data:`ATTEMPT_S`, no responder, JetStream's
+        503 —, for :data:`ATTEMPT_PATIENCE_S` in all; then the last failure is raised (the
+        outcome is unknown).  Any other failure at once."""
+        deadline = time.monotonic() + ATTEMPT_PATIENCE_S
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return await attempt(max(0.05, min(ATTEMPT_S, left)))
+            except (
+                nats.errors.TimeoutError,
+                nats.errors.NoRespondersError,
+                NoStreamResponseError,
+                ServiceUnavailableError,
+            ) as error:
+                if time.monotonic() + ATTEMPT_RETRY_S >= deadline:
                     raise
-                return False
-        return True
+                log.debug("%s to %s is asked again: %r", what, self.bucket, error)
+            await asyncio.sleep(ATTEMPT_RETRY_S)
 
     async def all(self) -> builtins.list[Model]:
         """Every document under the prefix (skipping, and logging, any that is not one).

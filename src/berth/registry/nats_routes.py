@@ -230,7 +230,7 @@ class NatsRoutes:
         try:
             await self._bucket().delete(self.key(workload, node), last=revision)
         except APIError as error:
-            if revision is None or error.err_code != WRONG_LAST_SEQUENCE:
+            if revision is None or error.err_code not in WRONG_LAST_SEQUENCE:
                 raise
 
     async def whereis(self, workload: str) -> Route | None:

@@ -240,16 +240,8 @@ async def test_a_pending_record_whose_identity_was_given_back_is_failed_not_retr
     two workloads of one identity — the one that took the identity since runs alone."""
     clock = FakeClock()
     async with reconciled(clock) as (under_test, api, faults, reconciler, _, _metrics):
-        backend = backend_of(under_test)
-        cluster = cluster_of(under_test)
-        node = sorted(cluster.agents)[0]
-        for other in cluster.agents:
-            if other != node:
-                await cluster.client.cordon(other)
-        await eventually(lambda: _cordoned_seen(backend, node))
-        faults.cut(node)
-        assert (await create(api)).status_code == 503
-        (record,) = await backend.workloads.list()
+        backend, _cluster, node = await _one_node_open(under_test)
+        record = await _pending_on(node, faults, api, backend)
         identity = Request.from_dict(record.request).key
         await backend.workloads.claims.release(identity, record.id)  # what the create did
         faults.heal(node)
@@ -264,6 +256,28 @@ async def test_a_pending_record_whose_identity_was_given_back_is_failed_not_retr
         assert (await stored(backend, taken.id)).state == "running"
 
 
+async def _one_node_open(under_test: ApiUnderTest) -> tuple[ClusterBackend, EmbeddedCluster, str]:
+    """The backend, the cluster and its first node, every other node cordoned (and seen so)."""
+    backend = backend_of(under_test)
+    cluster = cluster_of(under_test)
+    node = sorted(cluster.agents)[0]
+    for other in cluster.agents:
+        if other != node:
+            await cluster.client.cordon(other)
+    await eventually(lambda: _cordoned_seen(backend, node))
+    return backend, cluster, node
+
+
+async def _pending_on(
+    node: str, faults: FaultyNodes, api: httpx.AsyncClient, backend: ClusterBackend
+) -> StoredWorkload:
+    """A create cut from ``node`` (the only one open): ``503``, its record left ``pending``."""
+    faults.cut(node)
+    assert (await create(api)).status_code == 503
+    (record,) = await backend.workloads.list()
+    return record
+
+
 async def _cordoned_seen(backend: ClusterBackend, node: str) -> bool:
     states = backend.scheduler.states()
     return all(state.cordoned for name, state in states.items() if name != node)
@@ -272,16 +286,8 @@ async def _cordoned_seen(backend: ClusterBackend, node: str) -> bool:
 async def test_a_retried_run_the_node_refuses_ends_failed_with_its_reason() -> None:
     clock = FakeClock()
     async with reconciled(clock) as (under_test, api, faults, reconciler, _, _metrics):
-        backend = backend_of(under_test)
-        cluster = cluster_of(under_test)
-        node = sorted(cluster.agents)[0]
-        for other in cluster.agents:
-            if other != node:
-                await cluster.client.cordon(other)
-        await eventually(lambda: _cordoned_seen(backend, node))
-        faults.cut(node)
-        assert (await create(api)).status_code == 503
-        (record,) = await backend.workloads.list()
+        backend, cluster, node = await _one_node_open(under_test)
+        record = await _pending_on(node, faults, api, backend)
         faults.heal(node)
         await cluster.client.cordon(node)  # the retry is refused at the node's admission
         clock.advance(reconciler.pending_after_s)

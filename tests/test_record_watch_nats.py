@@ -213,6 +213,6 @@ async def test_an_older_revision_never_replaces_a_newer_one(nats_server: NatsSer
                 reply = f"$JS.ACK.KV_{r.bucket}.replay.1.{revision}.1.{time.time_ns()}.0"
                 return Msg(r.conn, f"$KV.{r.bucket}.w.{older.id}", reply, data, headers)
 
-            await watch._on_message(replayed(old_revision, older.model_dump_json().encode(), None))
-            await watch._on_message(replayed(old_revision, b"", {"KV-Operation": "DEL"}))
+            watch._apply(replayed(old_revision, older.model_dump_json().encode(), None))
+            watch._apply(replayed(old_revision, b"", {"KV-Operation": "DEL"}))
             assert by_id(watch) == {newer.id: newer} and watch.rejected == 0

@@ -63,8 +63,7 @@ from typing import Generic, TypeVar
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, Header, KeyValueConfig
+from nats.js.api import Header, KeyValueConfig
 from nats.js.errors import (
     APIError,
     BadRequestError,
@@ -76,7 +75,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from berth.errors import Unavailable
-from berth.nats.connection import settle
+from berth.nats.follow import KvFollow
 from berth.nats.names import API_BUCKET
 from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import KV_OPERATION, MARKER_REASON, node_token
@@ -402,14 +401,13 @@ class NatsRecordWatch:
         """How many values were skipped: not a record, or a record under another id's key."""
         self._records: dict[str, tuple[int, StoredWorkload]] = {}
         self._subject = f"$KV.{bucket.bucket}.{bucket.prefix}."
-        self._subscription: JetStreamContext.PushSubscription | None = None
-        self._synced = asyncio.Event()
+        self._follow: KvFollow | None = None
 
     def records(self) -> builtins.list[StoredWorkload] | None:
         """Every record now — a fresh list of the shared records, never to be changed by the
         caller —, or ``None`` while the watch has not caught up with the bucket yet (or was
         stopped): then list the registry."""
-        if not self._synced.is_set() or self._subscription is None:
+        if self._follow is None or not self._follow.caught_up:
             return None
         return [record for _, record in self._records.values()]
 
@@ -421,55 +419,23 @@ class NatsRecordWatch:
         ``sync_timeout_s``; past it the watch goes on, logged)."""
         bucket = self.bucket
         bucket._bucket()  # started?
+        self._follow = KvFollow(
+            bucket.client,
+            stream=f"KV_{bucket.bucket}",
+            subject=f"{self._subject}>",
+            handle=self._apply,
+            what=f"the watch of the records in {bucket.bucket}",
+            idle_heartbeat_s=idle_heartbeat_s,
+        )
         with bucket._asking():
-            self._subscription = await bucket.client.jetstream().subscribe(
-                f"{self._subject}>",
-                stream=f"KV_{bucket.bucket}",
-                cb=self._on_message,
-                ordered_consumer=True,
-                idle_heartbeat=idle_heartbeat_s,
-                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-                inactive_threshold=max(30.0, 10 * idle_heartbeat_s),
-            )
-            try:
-                await settle(bucket.client)
-                info = await self._subscription.consumer_info()
-            except BaseException:
-                await self.stop()
-                raise
-        # nothing pending and nothing delivered: no record in the bucket (the consumer's
-        # sequence, not the stream's — the server starts a filtered consumer's stream
-        # sequence past the other prefixes' messages)
-        delivered = info.delivered
-        if info.num_pending == 0 and (delivered is None or delivered.consumer_seq == 0):
-            self._synced.set()
-        try:
-            await asyncio.wait_for(self._synced.wait(), sync_timeout_s)
-        except TimeoutError:
-            log.warning(
-                "the watch of the records in %s did not catch up within %gs; it goes on",
-                bucket.bucket,
-                sync_timeout_s,
-            )
+            await self._follow.start(sync_timeout_s)  # not caught up: logged, goes on
         return self
 
     async def stop(self) -> None:
         """Unsubscribe; :meth:`records` is ``None`` from now on (the copy is no longer kept)."""
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
-
-    async def _on_message(self, msg: Msg) -> None:
-        try:
-            self._apply(msg)
-        except Exception:  # never out of the callback: the watch goes on
-            log.exception("the watch of %s failed on %s", self.bucket.bucket, msg.subject)
-        finally:
-            if not self._synced.is_set():
-                with contextlib.suppress(Exception):
-                    if msg.metadata.num_pending == 0:
-                        self._synced.set()
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            await follow.stop()
 
     def _apply(self, msg: Msg) -> None:
         if not msg.subject.startswith(self._subject):

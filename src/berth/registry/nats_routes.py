@@ -62,7 +62,7 @@ from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
 from berth.model import NAME_RULE, Placement, Spec
-from berth.nats.connection import settle
+from berth.nats.follow import KvFollow
 from berth.nats.names import ROUTES_BUCKET
 from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
@@ -368,8 +368,7 @@ class NatsRouteWatch:
         self.rejected = 0
         self.seen = 0
         """The highest revision delivered so far."""
-        self._subscription: Any = None
-        self._synced = asyncio.Event()
+        self._follow: KvFollow | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     async def reached(self, revision: int, timeout_s: float) -> bool:
@@ -401,50 +400,31 @@ class NatsRouteWatch:
     async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> NatsRouteWatch:
         registry = self.registry
         registry._bucket()  # started?
-        self._subscription = await registry._js.subscribe(
-            f"{registry._prefix}>",
+        self._follow = KvFollow(
+            registry.client,
             stream=f"KV_{registry.bucket}",
-            cb=self._on_message,
-            ordered_consumer=True,
-            idle_heartbeat=idle_heartbeat_s,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            inactive_threshold=max(30.0, 10 * idle_heartbeat_s),
+            subject=f"{registry._prefix}>",
+            handle=self._handle,
+            what=f"the watch of routes bucket {registry.bucket}",
+            idle_heartbeat_s=idle_heartbeat_s,
         )
-        await settle(registry.client)
-        info = await self._subscription.consumer_info()
-        if info.num_pending == 0 and info.delivered.stream_seq == 0:
-            self._synced.set()  # an empty bucket
-        try:
-            await asyncio.wait_for(self._synced.wait(), sync_timeout_s)
-        except TimeoutError:
-            log.warning(
-                "the watch of routes bucket %s did not catch up within %gs; it goes on",
-                registry.bucket,
-                sync_timeout_s,
-            )
+        await self._follow.start(sync_timeout_s)  # not caught up: logged, goes on
         return self
 
     async def stop(self) -> None:
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            await follow.stop()
 
-    async def _on_message(self, msg: Msg) -> None:
-        try:
-            revision = _revision(msg)
-            event = self._event(msg, revision)
-            if event is not None:
-                try:
-                    self.listener(event)
-                except Exception:
-                    log.exception("a route listener failed on %s of %s", event.kind, event.key)
-            self._advance(revision)
-        finally:
-            if not self._synced.is_set():
-                with contextlib.suppress(Exception):
-                    if msg.metadata.num_pending == 0:
-                        self._synced.set()
+    def _handle(self, msg: Msg) -> None:
+        revision = _revision(msg)
+        event = self._event(msg, revision)
+        if event is not None:
+            try:
+                self.listener(event)
+            except Exception:
+                log.exception("a route listener failed on %s of %s", event.kind, event.key)
+        self._advance(revision)
 
     def _event(self, msg: Msg, revision: int) -> RouteEvent | None:
         key = msg.subject[len(self.registry._prefix) :]

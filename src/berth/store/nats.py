@@ -31,9 +31,9 @@ while every node is silent means they are: they are dropped.  :meth:`NatsStore.r
 agent's clean shutdown) deletes the key at once.
 
 **The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
-1 s): nats-py resets an ordered consumer after two missed heartbeats, from the stream
-sequence after the last one it saw, so a replica resumes about two seconds after a server
-restart — the stock KV watcher waits for its own 5 s heartbeats and resumed only after ~14 s.
+1 s; :class:`~berth.nats.follow.KvFollow`): a replica resumes about two seconds after a
+server restart — the stock KV watcher waits for its own 5 s heartbeats and resumed only after
+~14 s.
 
 **Messages are versioned and schema-checked.**  A value is ``{"v": 1, "state": {...}}``,
 berth's envelope (:mod:`berth.nats.wire`) around the state (:func:`encode_state`);
@@ -71,12 +71,12 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, KeyValueConfig
+from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from berth.errors import Invalid, Unavailable
-from berth.nats.connection import settle
+from berth.nats.follow import KvFollow
 from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
 from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
@@ -179,9 +179,8 @@ class NatsStore:
         self._listeners: list[StateListener] = []
         self._offsets: dict[str, int] = {}  # node → generation offset of this publisher
         self._last_published: dict[str, int] = {}
-        self._subscription: Any = None
+        self._follow: KvFollow | None = None
         self._kv: KeyValue | None = None
-        self._synced = asyncio.Event()
         self._max_age_s: float | None = None
         """The bucket's ``max_age`` (``None``: snapshots never expire), read at start."""
         self._expires: OrderedDict[str, float] = OrderedDict()
@@ -201,29 +200,22 @@ class NatsStore:
         self._kv = await self._ensure_bucket()
         if not self.watch:
             return self
-        if self._max_age_s is not None:
-            self._sweeper = asyncio.create_task(self._sweep(), name=f"berth sweep {self.bucket}")
-        self._subscription = await self._js.subscribe(
-            f"{self._prefix}>",
+        follow = self._follow = KvFollow(
+            self.client,
             stream=self._stream,
-            cb=self._on_message,
-            ordered_consumer=True,
-            idle_heartbeat=self.idle_heartbeat_s,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            inactive_threshold=max(30.0, 10 * self.idle_heartbeat_s),
+            subject=f"{self._prefix}>",
+            handle=self._apply,
+            what=f"the replica of {self.bucket}",
+            idle_heartbeat_s=self.idle_heartbeat_s,
         )
-        await settle(self.client)
-        info = await self._subscription.consumer_info()
-        if info.num_pending == 0 and info.delivered.stream_seq == 0:
-            self._synced.set()  # an empty bucket: nothing to wait for
-        try:
-            await asyncio.wait_for(self._synced.wait(), self.sync_timeout_s)
-        except TimeoutError:
+        if not await follow.start(self.sync_timeout_s):
             await self.close()
             raise Unavailable(
                 f"the state store's watch of bucket {self.bucket} did not catch up "
                 f"within {self.sync_timeout_s:g}s"
-            ) from None
+            )
+        if self._max_age_s is not None:
+            self._sweeper = asyncio.create_task(self._sweep(), name=f"berth sweep {self.bucket}")
         return self
 
     async def _ensure_bucket(self) -> KeyValue:
@@ -259,10 +251,9 @@ class NatsStore:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
-        subscription, self._subscription = self._subscription, None
-        if subscription is not None:
-            with contextlib.suppress(Exception):
-                await subscription.unsubscribe()
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            await follow.stop()
 
     async def __aenter__(self) -> NatsStore:
         return await self.start()
@@ -329,15 +320,6 @@ class NatsStore:
         return unsubscribe
 
     # -- the watch ---------------------------------------------------------------------------
-    async def _on_message(self, msg: Msg) -> None:
-        try:
-            self._apply(msg)
-        finally:
-            if not self._synced.is_set():
-                with contextlib.suppress(Exception):
-                    if msg.metadata.num_pending == 0:
-                        self._synced.set()
-
     def _apply(self, msg: Msg) -> None:
         key = msg.subject[len(self._prefix) :]
         headers = msg.headers or {}
@@ -369,7 +351,7 @@ class NatsStore:
         if max_age is None:
             return
         age = 0.0
-        if not self._synced.is_set():
+        if self._follow is None or not self._follow.caught_up:
             with contextlib.suppress(Exception):
                 stamped = msg.metadata.timestamp.timestamp()
                 age = min(max_age, max(0.0, self.wall_clock() - stamped))

@@ -169,7 +169,7 @@ LAYERS: Layers = (
     # the vocabulary: errors, pydantic's rules, units, platforms, the shared defaults, …
     ("berth.errors",),
     ("berth.validation",),
-    ("berth.units", "berth.platform", "berth.defaults", "berth.private"),
+    ("berth.units", "berth.platform", "berth.defaults", "berth.private", "berth.loops"),
     # … requests and specs, the one table of fit checks, admission, node snapshots, boots
     ("berth.model",),
     ("berth.checks",),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 import pytest
 from nats.js.errors import BadRequestError, ServiceUnavailableError
 
@@ -31,6 +32,14 @@ def test_a_creation_is_asked_again_while_replicas_cannot_be_placed() -> None:
         BadRequestError(code=400, err_code=NO_SUITABLE_PEERS, description="no suitable peers"),
         ServiceUnavailableError(code=503, err_code=10008, description="not ready"),
     )
+    assert asyncio.run(created(creations.create, "b")) == "made"
+    assert creations.asked == 3
+
+
+def test_a_creation_is_asked_again_while_jetstream_does_not_answer() -> None:
+    """A cluster electing its leaders, or a connection failing over, answers nothing: a
+    timeout is not a refusal (the creation may even have happened: asked again, it succeeds)."""
+    creations = Creations(nats.errors.TimeoutError(), nats.errors.NoRespondersError())
     assert asyncio.run(created(creations.create, "b")) == "made"
     assert creations.asked == 3
 

@@ -11,10 +11,16 @@ given.
 from __future__ import annotations
 
 __all__ = [
+    "API_STOP_GRACE_S",
+    "FOLLOW_IDLE_HEARTBEAT_S",
+    "FOLLOW_SYNC_TIMEOUT_S",
     "HEARTBEAT_S",
     "IDEMPOTENCY_ABANDONED_AFTER_S",
     "IDEMPOTENCY_RETENTION_S",
+    "KVM_PROBE_TIMEOUT_S",
     "LEASE_TTL_S",
+    "LOAD_SAMPLE_PERIOD_S",
+    "LOAD_TAU_S",
     "LOCAL_HEARTBEAT_S",
     "MAX_ORPHAN_GRACE_S",
     "MICROVM_STOP_GRACE_S",
@@ -43,6 +49,24 @@ HEARTBEAT_S = 5.0
 LOCAL_HEARTBEAT_S = 1.0
 """The heartbeat of ``berth up``'s agents: a local cluster on one machine settles in seconds."""
 
+LOAD_SAMPLE_PERIOD_S = 0.25
+"""How often an agent's load monitor samples CPU, disk and network (``[agent]
+sample_period_s``; Hyper samples CPU every 0.023 s)."""
+
+LOAD_TAU_S = 30.0
+"""The time constant of the load monitor's low-pass filters (``[agent] tau_s``; Hyper's)."""
+
+FOLLOW_IDLE_HEARTBEAT_S = 1.0
+"""The idle heartbeat of a replica's ordered consumer (:mod:`berth.nats.follow`): it resumes
+about two of these after a server restart."""
+
+FOLLOW_SYNC_TIMEOUT_S = 5.0
+"""How long a watch of the routes or the records waits to catch up when it starts (it goes
+on after, logged)."""
+
+KVM_PROBE_TIMEOUT_S = 30.0
+"""How long the probe guest that decides between KVM and TCG may take to report in."""
+
 SCHEDULE_TIMEOUT_S = 10.0
 """How long a caller of the scheduler queue group waits for a placement."""
 
@@ -56,6 +80,10 @@ them (``berth scheduler --grace``)."""
 STOP_GRACE_S = 2.0
 """How long a process workload gets after ``SIGTERM`` before ``SIGKILL`` (``[agent]
 stop_grace_s``), when a stop names no grace of its own."""
+
+API_STOP_GRACE_S = 10.0
+"""The grace of an API stop or drain that names none: how long a stop waits for its node,
+and each drained workload's grace (seconds)."""
 
 MICROVM_STOP_GRACE_S = 5.0
 """How long a guest's workload gets after ``SIGTERM`` before QEMU is killed."""

@@ -27,6 +27,7 @@ from berth.api import dashboard, idempotency, metrics, schemas
 from berth.api.auth import SAFE_METHODS, configure, require_token
 from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
+from berth.defaults import API_STOP_GRACE_S
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
 from berth.registry.port import LIVE_STATES, Image, Workload, WorkloadState
@@ -233,7 +234,7 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     async def drain(
         name: NodeName, body: schemas.DrainRequest | None = None
     ) -> schemas.DrainReport:
-        return await backend.drain(name, schemas.DRAIN_GRACE_S if body is None else body.grace_s)
+        return await backend.drain(name, API_STOP_GRACE_S if body is None else body.grace_s)
 
     # -- images ------------------------------------------------------------------------------
     @api.post(

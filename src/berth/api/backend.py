@@ -89,6 +89,7 @@ from berth.api.placements import Placements
 from berth.api.problems import Problem
 from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import (
+    API_STOP_GRACE_S,
     IDEMPOTENCY_ABANDONED_AFTER_S,
     IDEMPOTENCY_RETENTION_S,
     NODE_GONE_AFTER_S,
@@ -121,8 +122,6 @@ __all__ = ["ClusterBackend"]
 
 log = logging.getLogger("berth.api")
 
-DEFAULT_STOP_GRACE_S = 10.0
-"""How long a stop that names no grace waits for the node (which applies its own grace)."""
 STOP_MARGIN_S = 5.0
 """What a stop waits beyond its grace: the round trip, the kill, the runtime's cleanup."""
 STATUS_TIMEOUT_S = 2.0
@@ -948,7 +947,7 @@ class ClusterBackend:
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
         """Stop a workload (idempotent): the node's runtime sends the graceful signal and
         kills it ``grace_s`` later (``None``: the node's configured grace); this waits that
-        long plus :data:`STOP_MARGIN_S` (``None``: :data:`DEFAULT_STOP_GRACE_S` plus it).
+        long plus :data:`STOP_MARGIN_S` (``None``: :data:`API_STOP_GRACE_S` plus it).
 
         A workload whose node cannot be reached now (``unknown``), or whose boot has not
         been answered (``pending``), keeps the stop on its record (``stop_requested``): it is
@@ -977,7 +976,7 @@ class ClusterBackend:
     async def _stop_on_node(
         self, workload: StoredWorkload, grace_s: float | None
     ) -> StoredWorkload:
-        deadline = DEFAULT_STOP_GRACE_S if grace_s is None else grace_s
+        deadline = API_STOP_GRACE_S if grace_s is None else grace_s
         try:
             await asyncio.wait_for(
                 self.nodes.stop(workload.node, workload.node_workload_id, grace_s=grace_s),

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from berth.defaults import API_STOP_GRACE_S
 from berth.model import ReschedulePolicy, RestartPolicy
 from berth.node.runtime.port import StopGrace
 from berth.registry.port import Image, Workload
@@ -231,12 +232,8 @@ class NodeList(BaseModel):
     items: list[NodeInfo]
 
 
-DRAIN_GRACE_S = 10.0
-"""A drain's grace per workload when the request names none (seconds)."""
-
-
 class DrainRequest(_Body):
-    grace_s: StopGrace = DRAIN_GRACE_S
+    grace_s: StopGrace = API_STOP_GRACE_S
 
 
 class DrainItem(BaseModel):

@@ -47,6 +47,7 @@ from berth.defaults import (
     LEASE_TTL_S,
     LOCAL_HEARTBEAT_S,
     NODE_GONE_AFTER_S,
+    ORPHAN_GRACE_S,
     RECONCILE_EVERY_S,
     SHUTDOWN_GRACE_S,
 )
@@ -269,7 +270,7 @@ def _extend_agent(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 help="Seconds a process workload outlives this agent before it is killed "
-                "(default: the config's [agent] orphan_grace_s, 10)."
+                f"(default: the config's [agent] orphan_grace_s, {ORPHAN_GRACE_S:g})."
             ),
         ] = None,
     ) -> None:

@@ -39,8 +39,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from berth.api.client import ApiClient, locate
-from berth.api.schemas import DRAIN_GRACE_S
 from berth.cli.cluster import parse_layer_flag
+from berth.defaults import API_STOP_GRACE_S
 from berth.errors import Invalid
 from berth.model import NAME_RULE, ReschedulePolicy, RestartPolicy
 from berth.node.runtime.port import StopGrace
@@ -601,7 +601,7 @@ def uncordon(
 
 def drain(
     node: NodeArgument,
-    grace: GraceOption = DRAIN_GRACE_S,
+    grace: GraceOption = API_STOP_GRACE_S,
     api: ApiOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,

@@ -32,6 +32,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S
 from berth.nats.connection import settle
 
 __all__ = ["KvFollow"]
@@ -52,7 +53,7 @@ class KvFollow:
         subject: str,
         handle: Callable[[Msg], None],
         what: str,
-        idle_heartbeat_s: float = 1.0,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
     ) -> None:
         self.client = client
         self.stream = stream

@@ -39,6 +39,8 @@ from typing import TypeVar
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError
 
 __all__ = ["MAX_REPLICAS", "PLACEMENT_PATIENCE_S", "created", "forbid_rollups", "stream_replicas"]
@@ -58,8 +60,10 @@ T = TypeVar("T")
 
 async def created(create: Callable[[], Awaitable[T]], what: str) -> T:
     """``await create()``, asked again every 0.25 s while JetStream cannot place its
-    replicas (:data:`NO_SUITABLE_PEERS`, or a 503 from a JetStream not ready), for up to
-    :data:`PLACEMENT_PATIENCE_S`; any other error at once."""
+    replicas (:data:`NO_SUITABLE_PEERS`, or a 503 from a JetStream not ready) or does not
+    answer (a timeout, no responder: a cluster still electing its leaders, a connection
+    failing over), for up to :data:`PLACEMENT_PATIENCE_S`; any other error at once.  Asking
+    again is safe: creating a stream or bucket that exists with the same settings succeeds."""
     deadline = time.monotonic() + PLACEMENT_PATIENCE_S
     while True:
         try:
@@ -69,7 +73,11 @@ async def created(create: Callable[[], Awaitable[T]], what: str) -> T:
             if not placing or time.monotonic() >= deadline:
                 raise
             log.info("%s: JetStream cannot place it yet (%s); asking again", what, error)
-            await asyncio.sleep(0.25)
+        except (NatsTimeoutError, NoRespondersError) as error:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("%s: JetStream did not answer (%r); asking again", what, error)
+        await asyncio.sleep(0.25)
 
 
 def stream_replicas(client: Client) -> int:

@@ -73,6 +73,7 @@ from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid
 from berth.events.port import EventSink
+from berth.loops import call_on
 from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
@@ -431,17 +432,7 @@ class Agent:
 
     def _wake(self, flag: asyncio.Event) -> None:
         """Set ``flag`` from this loop or from another thread (e.g. a future's callback)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            flag.set()
-        else:  # a change from another thread (e.g. a future's callback)
-            loop.call_soon_threadsafe(flag.set)
+        call_on(self._loop, flag.set)
 
     # -- the node's side of the node client port: the core's -----------------------------
     async def try_run(

@@ -65,7 +65,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, ORPHAN_GRACE_S, STOP_GRACE_S
+from berth.defaults import (
+    HEARTBEAT_S,
+    LEASE_TTL_S,
+    LOAD_SAMPLE_PERIOD_S,
+    LOAD_TAU_S,
+    ORPHAN_GRACE_S,
+    STOP_GRACE_S,
+)
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
@@ -138,8 +145,8 @@ class AgentSection(BerthModel):
     """``[agent]``: how the agent runs (all optional)."""
 
     heartbeat_s: Interval = HEARTBEAT_S
-    sample_period_s: Interval = 0.25
-    tau_s: Interval = 30.0
+    sample_period_s: Interval = LOAD_SAMPLE_PERIOD_S
+    tau_s: Interval = LOAD_TAU_S
     layer_cache: Bytes = 10 * 2**30
     lease_ttl_s: Interval = LEASE_TTL_S
     runtime: Literal["process", "fake", "microvm"] = "process"

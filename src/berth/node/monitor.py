@@ -43,6 +43,7 @@ from typing import Protocol, Self
 
 import psutil
 
+from berth.defaults import LOAD_SAMPLE_PERIOD_S, LOAD_TAU_S
 from berth.errors import Invalid
 from berth.node.budget import LoadReadings
 
@@ -63,12 +64,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TAU_S = 30.0
-"""Time constant of the low-pass filters, seconds (Hyper's value)."""
-
-DEFAULT_PERIOD_S = 0.25
-"""Background sampling period, seconds (Hyper samples CPU every 0.023 s)."""
 
 
 class Clock(Protocol):
@@ -323,8 +318,8 @@ class LoadMonitor:
         cpu: CpuTimesSource | None = None,
         disk: ByteCounterSource | None = None,
         net: ByteCounterSource | None = None,
-        tau_s: float = DEFAULT_TAU_S,
-        period_s: float = DEFAULT_PERIOD_S,
+        tau_s: float = LOAD_TAU_S,
+        period_s: float = LOAD_SAMPLE_PERIOD_S,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:

@@ -44,6 +44,7 @@ from nats.aio.client import Client
 from berth.boot import BootSpec, WorkloadStatus
 from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
+from berth.loops import call_on
 from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.nats.connection import request
 from berth.nats.wire import (
@@ -244,17 +245,7 @@ class NatsNodes:
     def _owner_ended(self, node: str, reservation_id: str) -> None:
         with self._lock:
             self._ended.setdefault(node, []).append(reservation_id)
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._start_settling(node)
-        else:  # the owner ended in another thread
-            loop.call_soon_threadsafe(self._start_settling, node)
+        call_on(self._loop, self._start_settling, node)  # the owner may end in another thread
 
     def _start_settling(self, node: str) -> None:
         if node not in self._flushing:

@@ -27,6 +27,7 @@ from typing import Generic, TypeVar
 
 from pydantic import BaseModel
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S, FOLLOW_SYNC_TIMEOUT_S
 from berth.model import INTERVAL_RULE, Placement, Spec
 from berth.registry.documents import (
     DocumentClaims,
@@ -240,7 +241,11 @@ class MemoryRoutes:
         return await self.clear_node(node)
 
     async def follow(
-        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+        self,
+        listener: RouteListener,
+        *,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
+        sync_timeout_s: float = FOLLOW_SYNC_TIMEOUT_S,
     ) -> MemoryRouteWatch:
         """Deliver every route stored now, then every change; the timings are a network
         driver's and mean nothing here."""

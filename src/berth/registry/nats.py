@@ -74,6 +74,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S, FOLLOW_SYNC_TIMEOUT_S
 from berth.errors import Unavailable
 from berth.nats.follow import KvFollow
 from berth.nats.names import API_BUCKET
@@ -374,7 +375,10 @@ class NatsWorkloads(DocumentWorkloads):
         return self
 
     async def watch(
-        self, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+        self,
+        *,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
+        sync_timeout_s: float = FOLLOW_SYNC_TIMEOUT_S,
     ) -> NatsRecordWatch:
         """A copy of every record kept current by the bucket's change feed (see the module
         docstring); returns once the records stored now were delivered, or after

@@ -60,6 +60,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S, FOLLOW_SYNC_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import NAME_RULE, Placement, Spec
 from berth.nats.follow import KvFollow
@@ -287,7 +288,11 @@ class NatsRoutes:
         return len(routes)
 
     async def follow(
-        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+        self,
+        listener: RouteListener,
+        *,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
+        sync_timeout_s: float = FOLLOW_SYNC_TIMEOUT_S,
     ) -> NatsRouteWatch:
         """Call ``listener`` with every route in the bucket, then with every change as it
         lands; returns once the routes stored now were delivered (or ``sync_timeout_s``

@@ -67,6 +67,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S, FOLLOW_SYNC_TIMEOUT_S
 from berth.errors import BerthError
 from berth.model import Placement, ReschedulePolicy, RestartPolicy, Spec
 
@@ -530,7 +531,11 @@ class RouteRegistry(Protocol):
         ...
 
     async def follow(
-        self, listener: RouteListener, *, idle_heartbeat_s: float = 1.0, sync_timeout_s: float = 5.0
+        self,
+        listener: RouteListener,
+        *,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
+        sync_timeout_s: float = FOLLOW_SYNC_TIMEOUT_S,
     ) -> RouteWatch:
         """Call ``listener`` with every route stored now, then with every change as it lands;
         returns once the routes stored now were delivered (or ``sync_timeout_s`` passed).

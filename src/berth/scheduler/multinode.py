@@ -73,6 +73,7 @@ from typing import Generic, Literal, TypeVar
 from berth.boot import BootFailed
 from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
+from berth.loops import call_on
 from berth.model import (
     INTERVAL_RULE,
     MAX_BYTES,
@@ -270,8 +271,7 @@ class ClusterScheduler:
             loop = asyncio.get_running_loop()
 
             def owner_ended(_: object) -> None:
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to do
-                    loop.call_soon_threadsafe(self.replicas.ended, node, reservation_id)
+                call_on(loop, self.replicas.ended, node, reservation_id)
 
             owner.add_done_callback(owner_ended)
 

@@ -22,8 +22,9 @@ leaves it on time too — to the precision of the two machines' clocks, and a re
 clock runs ahead drops such a node early, until its next heartbeat.  A sweep that wakes
 late (the event loop was held) expires nothing that round: the snapshots received meanwhile
 wait in the connection's buffer.  And silence everywhere is the bucket's, not the nodes':
-when a sweep would drop nodes and no snapshot at all has come in for ``max_age``, it asks the
-stream whether it has a leader (:data:`PROBE_TIMEOUT_S`) — while the server leading it is
+when a sweep would drop nodes and no snapshot at all has come in for a heartbeat (a third of
+``max_age``: the nodes do not all fall silent on the same tick), it asks the stream whether it
+has a leader (:data:`PROBE_TIMEOUT_S`) — while the server leading it is
 down and its successor not yet elected (4–9 s), or this reader is cut off from the servers,
 no node can publish, so nothing is dropped; once the stream answers again (or a snapshot
 comes in) every node held gets a fresh ``max_age`` to publish in.  A stream that answers
@@ -75,6 +76,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S
 from berth.errors import Invalid, Unavailable
 from berth.nats.follow import KvFollow
 from berth.nats.names import NODES_BUCKET as DEFAULT_BUCKET
@@ -104,6 +106,10 @@ log = logging.getLogger("berth.store.nats")
 SWEEP_EVERY_S = 0.25
 """How often a reader's replica drops the nodes it has heard nothing from for the bucket's
 ``max_age`` (see the module docstring)."""
+QUIET_SHARE = 3
+"""A watch that has heard no node for ``max_age / QUIET_SHARE`` — a heartbeat, as ``max_age``
+is three (:func:`bucket_ttl_s`) — asks its stream before it drops a node: while the nodes
+live, one of them has published within a heartbeat (see the module docstring)."""
 PROBE_TIMEOUT_S = 1.0
 """How long a sweep waits for the stream to say it has a leader, when no node has published
 for ``max_age`` (see the module docstring)."""
@@ -151,7 +157,7 @@ class NatsStore:
         *,
         bucket: str = DEFAULT_BUCKET,
         ttl_s: float | None = None,
-        idle_heartbeat_s: float = 1.0,
+        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
         sync_timeout_s: float = 10.0,
         watch: bool = True,
         publish_timeout_s: float | None = None,
@@ -400,8 +406,8 @@ class NatsStore:
                 continue  # the snapshots received while the loop was held come in first
             if not self._expires or next(iter(self._expires.values())) > now:
                 continue
-            if now - self._last_put >= (self._max_age_s or 0.0):
-                # every node silent: a bucket that cannot take snapshots, or nodes all gone?
+            if now - self._last_put >= (self._max_age_s or 0.0) / QUIET_SHARE:
+                # no node heard from for a heartbeat: a bucket that cannot take snapshots?
                 answers = await self._stream_answers()
                 now = self.clock()
                 if not answers:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from berth.defaults import KVM_PROBE_TIMEOUT_S
 from berth.errors import BerthError
 from berth.node.config import AgentConfig
 from berth.node.microvm.images import busybox_layer, write_image
@@ -206,7 +207,7 @@ def choose_accel(
 ) -> tuple[Accel, str]:
     """KVM if a probe guest boots under it, else TCG if one boots under that; the detail says
     what each probe found.  :class:`SetupFailed` when no guest boots at all."""
-    kvm_ok, kvm_detail = probe(files, "kvm", qemu=qemu, timeout_s=30.0)
+    kvm_ok, kvm_detail = probe(files, "kvm", qemu=qemu, timeout_s=KVM_PROBE_TIMEOUT_S)
     say(f"probe under kvm: {'ok, ' if kvm_ok else ''}{kvm_detail}")
     if kvm_ok:
         return "kvm", f"kvm: {kvm_detail}"

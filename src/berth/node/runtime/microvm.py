@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from berth.defaults import MICROVM_STOP_GRACE_S, ORPHAN_GRACE_S
+from berth.defaults import KVM_PROBE_TIMEOUT_S, MICROVM_STOP_GRACE_S, ORPHAN_GRACE_S
 from berth.errors import BerthError, Invalid
 from berth.node.erofs import pid_alive
 from berth.node.layer_files import LayerFiles
@@ -453,7 +453,7 @@ class MicrovmRuntime:
             return recorded
         if not os.access("/dev/kvm", os.R_OK | os.W_OK):
             return "tcg", "tcg: no usable /dev/kvm"
-        ok, detail = probe(self.files, "kvm", qemu=self.qemu, timeout_s=30.0)
+        ok, detail = probe(self.files, "kvm", qemu=self.qemu, timeout_s=KVM_PROBE_TIMEOUT_S)
         chosen: Accel = "kvm" if ok else "tcg"
         detail = f"kvm: {detail}" if ok else f"tcg; kvm: {detail}"
         with contextlib.suppress(OSError):

@@ -5,6 +5,7 @@ then what only this driver does: malformed peer data, replicas that age out sile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -182,6 +183,54 @@ def test_a_sweep_that_wakes_late_drops_nothing(nats_server: NatsServer) -> None:
             assert ("delete", "alive") not in [(e.kind, e.node) for e in events]
             beating = False
             await beater
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_keeps_its_nodes_while_its_watch_is_made_again(nats_server: NatsServer) -> None:
+    """The watch's consumer can go while the stream answers (it lived on the server that
+    died, and nats-py makes another only after two missed heartbeats): the nodes publish, the
+    replica hears none of it — and must drop none, then be current again, and still drop a
+    node that really stops."""
+
+    async def scenario() -> None:
+        bucket = unique_name("rewatch")
+        async with (
+            client(nats_server.url) as one,
+            client(nats_server.url) as two,
+            NatsStore(one, bucket=bucket, ttl_s=0.5, watch=False) as writer,
+            NatsStore(two, bucket=bucket, ttl_s=0.5) as reader,
+        ):
+            silent: set[str] = set()
+
+            async def beat() -> None:
+                generation = 1
+                while True:
+                    for node in {"a", "b"} - silent:
+                        await writer.publish(sample_state(node, generation))
+                    generation += 1
+                    await asyncio.sleep(0.1)
+
+            events: list[StateEvent] = []
+            reader.subscribe(events.append)
+            beater = asyncio.create_task(beat())
+            try:
+                await _eventually(lambda: {"a", "b"} <= set(reader._replica))
+                follow = reader._follow
+                assert follow is not None and follow.idle_heartbeat_s == 1.0
+                consumer = (await follow._subscription.consumer_info()).name
+                await one.jetstream().delete_consumer(f"KV_{bucket}", consumer)
+                before = _generation(reader, "a") or 0
+                # made again after two missed heartbeats (2 s, four ttls): nothing dropped
+                await _eventually(lambda: (_generation(reader, "a") or 0) > before + 2, 10)
+                assert [e for e in events if e.kind == "delete"] == []
+                silent.add("b")
+                await _eventually(lambda: "b" not in reader._replica, 2)
+                assert "a" in reader._replica
+            finally:
+                beater.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beater
 
     asyncio.run(scenario())
 

@@ -134,7 +134,8 @@ def test_creates_resume_as_soon_as_the_api_buckets_new_leader_is_elected() -> No
         )
         up.nats_cluster.kill(names.index(leader))
         killed = time.monotonic()
-        answers: list[tuple[float, float, int]] = []  # sent, answered (since the kill), status
+        # sent, answered (since the kill), status, and the problem when not 201
+        answers: list[tuple[float, float, int, str]] = []
         stop = threading.Event()
 
         def creates(worker: int) -> None:
@@ -144,10 +145,12 @@ def test_creates_resume_as_soon_as_the_api_buckets_new_leader_is_elected() -> No
                 at = time.monotonic() - killed
                 body = {**WORKLOAD, "name": f"after{worker}x{sent}"}
                 try:
-                    status = api.post("/v1/workloads", json=body, timeout=30).status_code
-                except httpx.HTTPError:
-                    status = 0
-                answers.append((at, time.monotonic() - killed, status))
+                    answer = api.post("/v1/workloads", json=body, timeout=30)
+                    status = answer.status_code
+                    problem = "" if status == 201 else answer.text[:300]
+                except httpx.HTTPError as error:
+                    status, problem = 0, repr(error)
+                answers.append((at, time.monotonic() - killed, status, problem))
                 time.sleep(0.1)
 
         workers = [threading.Thread(target=creates, args=(w,)) for w in range(2)]
@@ -166,13 +169,13 @@ def test_creates_resume_as_soon_as_the_api_buckets_new_leader_is_elected() -> No
             stop.set()
             for worker in workers:
                 worker.join()
-        created = sorted(done for _, done, status in answers if status == 201)
+        created = sorted(done for _, done, status, _ in answers if status == 201)
         assert created, answers
         print(
             f"API bucket's new leader elected {elected:.2f}s after the kill; "
             f"first create answered 201 at {created[0]:.2f}s"
         )
-        assert {status for _, _, status in answers} <= {201, 503}, answers  # never a 500
+        assert {status for _, _, status, _ in answers} <= {201, 503}, answers  # never a 500
         # within a second's attempt (and the poll's slack) of the election, not a 5 s timeout
         assert created[0] <= elected + 1.5, (elected, created[0])
 

@@ -102,6 +102,22 @@ class KvFollow:
             return False
         return True
 
+    async def current(self, timeout_s: float) -> bool:
+        """Whether the follow's consumer answers (within ``timeout_s``) and has delivered every
+        message stored: then a follow that hears nothing means nothing was written.  ``False``
+        while it cannot say — no connection, the stream without a leader, or the consumer gone
+        with the server that held it (nats-py makes another after two missed heartbeats, once
+        the stream has a leader again)."""
+        subscription = self._subscription
+        if subscription is None:
+            return False
+        try:
+            info = await asyncio.wait_for(subscription.consumer_info(), timeout_s)
+        except Exception as error:  # no answer, or no such consumer (any more)
+            log.debug("%s's consumer did not answer: %r", self.what, error)
+            return False
+        return not info.num_pending
+
     async def stop(self) -> None:
         """Unsubscribe (nothing is delivered after)."""
         subscription, self._subscription = self._subscription, None

@@ -23,13 +23,21 @@ clock runs ahead drops such a node early, until its next heartbeat.  A sweep tha
 late (the event loop was held) expires nothing that round: the snapshots received meanwhile
 wait in the connection's buffer.  And silence everywhere is the bucket's, not the nodes':
 when a sweep would drop nodes and no snapshot at all has come in for a heartbeat (a third of
-``max_age``: the nodes do not all fall silent on the same tick), it asks the stream whether it
-has a leader (:data:`PROBE_TIMEOUT_S`) — while the server leading it is
-down and its successor not yet elected (4–9 s), or this reader is cut off from the servers,
-no node can publish, so nothing is dropped; once the stream answers again (or a snapshot
-comes in) every node held gets a fresh ``max_age`` to publish in.  A stream that answers
-while every node is silent means they are: they are dropped.  :meth:`NatsStore.remove` (an
-agent's clean shutdown) deletes the key at once.
+``max_age``: the nodes do not all fall silent on the same tick), it asks two questions
+(each within :data:`PROBE_TIMEOUT_S`): does the bucket's stream have a leader, and has the
+watch's consumer delivered every snapshot stored
+(:meth:`~berth.nats.follow.KvFollow.current`)?  While the server leading the stream is down
+and its successor not yet elected (4–9 s), no node can publish; while the watch's consumer
+is gone with that server (nats-py makes another after two missed heartbeats: up to two
+seconds *after* the election), no snapshot reaches the replica; while this reader is cut off
+from the servers, neither — so nothing is dropped.  Once both answer yes (or a snapshot comes
+in) every node held gets a fresh ``max_age`` to publish in.  Both yes while every node is
+silent means they are: they are dropped.  (Either question alone is not enough: the stream
+answers as soon as it is elected, before the consumer is made again, and a consumer on a
+surviving server answers "nothing pending" while the stream has no leader to store anything
+— either way the replica dropped every node, creates were refused for want of nodes, and
+CI caught it.)
+:meth:`NatsStore.remove` (an agent's clean shutdown) deletes the key at once.
 
 **The watch is an ordered consumer with a short idle heartbeat** (``idle_heartbeat_s``,
 1 s; :class:`~berth.nats.follow.KvFollow`): a replica resumes about two seconds after a
@@ -108,11 +116,11 @@ SWEEP_EVERY_S = 0.25
 ``max_age`` (see the module docstring)."""
 QUIET_SHARE = 3
 """A watch that has heard no node for ``max_age / QUIET_SHARE`` — a heartbeat, as ``max_age``
-is three (:func:`bucket_ttl_s`) — asks its stream before it drops a node: while the nodes
+is three (:func:`bucket_ttl_s`) — asks its consumer before it drops a node: while the nodes
 live, one of them has published within a heartbeat (see the module docstring)."""
 PROBE_TIMEOUT_S = 1.0
-"""How long a sweep waits for the stream to say it has a leader, when no node has published
-for ``max_age`` (see the module docstring)."""
+"""How long a sweep waits for its watch's consumer to say whether it has delivered every
+snapshot, when no node has published for a heartbeat (see the module docstring)."""
 
 
 def bucket_ttl_s(heartbeat_s: float) -> float:
@@ -368,24 +376,29 @@ class NatsStore:
         self._expires.move_to_end(node)
 
     def _regrace(self, now: float) -> None:
-        """The bucket answers again after an outage: every node held gets a fresh
-        ``max_age`` to publish in (none could while it did not)."""
+        """The watch is current again after an outage: every node held gets a fresh
+        ``max_age`` to publish in (none could be heard while it was not)."""
         self._outage = False
         assert self._max_age_s is not None
         for node in self._expires:
             self._expires[node] = now + self._max_age_s
         held = len(self._expires)
-        log.info("bucket %s answers again: %d node(s) given a fresh ttl", self.bucket, held)
+        log.info("%s's watch is current again: %d node(s) given a fresh ttl", self.bucket, held)
 
-    async def _stream_answers(self) -> bool:
-        """Whether the bucket's stream has a leader to take snapshots (asked, within
-        :data:`PROBE_TIMEOUT_S`)."""
+    async def _bucket_heard(self) -> bool:
+        """Whether the nodes could publish and this replica would have heard them: the
+        bucket's stream has a leader to take snapshots and the watch's consumer has delivered
+        every one stored (each asked within :data:`PROBE_TIMEOUT_S`; see the module
+        docstring)."""
         try:
             info = await asyncio.wait_for(self._js.stream_info(self._stream), PROBE_TIMEOUT_S)
         except Exception as error:  # no leader, no connection: nothing can be said
             log.debug("stream %s did not answer: %r", self._stream, error)
             return False
-        return info.cluster is None or bool(info.cluster.leader)
+        if info.cluster is not None and not info.cluster.leader:
+            return False
+        follow = self._follow
+        return follow is not None and await follow.current(PROBE_TIMEOUT_S)
 
     def _drop(self, node: str) -> None:
         """Take ``node`` out of the replica, telling the subscribers."""
@@ -407,14 +420,17 @@ class NatsStore:
             if not self._expires or next(iter(self._expires.values())) > now:
                 continue
             if now - self._last_put >= (self._max_age_s or 0.0) / QUIET_SHARE:
-                # no node heard from for a heartbeat: a bucket that cannot take snapshots?
-                answers = await self._stream_answers()
+                # no node heard from for a heartbeat: a bucket, or a watch, that is down?
+                heard_at = self._last_put
+                answers = await self._bucket_heard()
                 now = self.clock()
+                if self._last_put != heard_at:
+                    continue  # a snapshot came in meanwhile: the next round sees anew
                 if not answers:
                     if not self._outage:
                         log.warning(
-                            "no snapshot in %s for %gs and its stream does not answer: "
-                            "no node is dropped until it does",
+                            "no snapshot in %s for %gs, and its stream or its watch cannot "
+                            "answer for them: no node is dropped until both do",
                             self.bucket,
                             now - self._last_put,
                         )

@@ -19,13 +19,8 @@ from berth import Invalid, Layer, NoCapacity, NoMatchingPlatform, Request, Spec
 from berth.errors import Unavailable
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
-from berth.observability.metrics import (
-    DECISION_BUCKETS,
-    MAX_REASONS,
-    ClusterCollector,
-    Metrics,
-    outcome_of,
-)
+from berth.observability.metrics import DECISION_BUCKETS, MAX_REASONS, ClusterCollector, Metrics
+from berth.observability.outcomes import outcome_of
 from berth.ownership import Refused
 from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler

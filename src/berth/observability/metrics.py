@@ -63,7 +63,6 @@ or one past the first ``MAX_REASONS`` distinct codes is counted as ``other``.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -74,8 +73,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from berth.errors import Invalid, NoCapacity, Unavailable
+from berth.errors import Invalid
 from berth.model import Spec
+from berth.observability.outcomes import outcome_of, reason_of
 from berth.state import NodeState
 
 __all__ = [
@@ -85,8 +85,6 @@ __all__ = [
     "OUTCOMES",
     "ClusterCollector",
     "Metrics",
-    "outcome_of",
-    "reason_of",
 ]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -126,31 +124,6 @@ NODE_STATES = ("ready", "cordoned", "stale")
 
 MAX_REASONS = 64
 _REASON = re.compile(r"[a-z][a-z0-9_]{0,63}")
-
-
-def outcome_of(error: BaseException | None) -> str:
-    """A decision's outcome label: ``placed`` (no error), ``no_capacity``, ``invalid`` (bad
-    input, ``NoMatchingPlatform`` included), ``unavailable`` (a decision cancelled — its
-    scheduler is shutting down — included) or ``error``."""
-    if error is None:
-        return "placed"
-    if isinstance(error, NoCapacity):
-        return "no_capacity"
-    if isinstance(error, Invalid):
-        return "invalid"
-    if isinstance(error, Unavailable | asyncio.CancelledError):  # cancelled: shutting down
-        return "unavailable"
-    return "error"
-
-
-def reason_of(error: BaseException) -> str:
-    """A refusal's reason code (``Refused.reason``); ``unavailable`` for an unreachable node."""
-    reason = getattr(error, "reason", None)
-    if isinstance(reason, str) and reason:
-        return reason
-    if isinstance(error, Unavailable):
-        return "unavailable"
-    return type(error).__name__.lower()
 
 
 class Metrics:

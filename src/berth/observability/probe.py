@@ -18,12 +18,15 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from berth.observability import tracing
-from berth.observability.metrics import Metrics, outcome_of, reason_of
+from berth.observability.outcomes import outcome_of, reason_of
+
+if TYPE_CHECKING:  # the metrics (and prometheus-client) load only where they are made
+    from berth.observability.metrics import Metrics
 
 __all__ = ["SILENT", "PlacementProbe", "Probe", "placement_probe"]
 

@@ -68,7 +68,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
 from berth.boot import BootFailed
 from berth.defaults import LEASE_TTL_S
@@ -88,7 +88,6 @@ from berth.model import (
     checked_spec,
 )
 from berth.nodeclient.port import NodeClient
-from berth.observability.metrics import Metrics
 from berth.observability.probe import placement_probe
 from berth.ownership import Admission, Clock, Owner, Refused
 from berth.platform import Platform
@@ -103,6 +102,9 @@ from berth.scheduler.spread import LabelIndex, Replicas, SpreadRules
 from berth.state import NodeState, colocation_score
 from berth.store.port import StateEvent, StateStore
 from berth.validation import shown
+
+if TYPE_CHECKING:  # prometheus-client loads only where metrics are made
+    from berth.observability.metrics import Metrics
 
 __all__ = ["ClusterScheduler", "Confirmed"]
 
@@ -163,8 +165,11 @@ class ClusterScheduler:
             raise Invalid(
                 f"expected a function returning seconds, got {shown(clock)}", field="clock"
             )
-        if metrics is not None and not isinstance(metrics, Metrics):
-            raise Invalid(f"expected berth Metrics, got {shown(metrics)}", field="metrics")
+        if metrics is not None:
+            from berth.observability.metrics import Metrics
+
+            if not isinstance(metrics, Metrics):
+                raise Invalid(f"expected berth Metrics, got {shown(metrics)}", field="metrics")
         self.nodes = nodes
         self.policy = policy
         self.metrics = metrics

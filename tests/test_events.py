@@ -116,6 +116,37 @@ def test_a_message_on_the_stream_that_is_no_event_is_dropped_and_counted(
     run(test)
 
 
+def test_an_event_is_enveloped_and_one_the_previous_release_sent_bare_is_read(
+    nats_server: NatsServer,
+) -> None:
+    async def test() -> None:
+        names = Names.namespaced(unique_name("ev"))
+        async with client(nats_server.url) as nc:
+            events = await NatsEvents(nc, names=names, redeliver_after_s=0.05).start()
+            old = WorkloadEvent(node="n1", workload_id="w0", kind="started")
+            new = WorkloadEvent(node="n1", workload_id="w1", kind="ended", exit_code=0)
+            js = nc.jetstream()
+            await js.publish(events.subject("n1"), old.model_dump_json().encode())
+            await events.publish(new)
+            stored = await js.get_msg(names.events_stream, seq=2)
+            assert json.loads(stored.data or b"") == {"v": 1, "event": new.model_dump(mode="json")}
+            seen: list[WorkloadEvent] = []
+
+            async def handle(event: WorkloadEvent) -> None:
+                seen.append(event)
+
+            task = asyncio.create_task(events.consume(handle))
+            while len(seen) < 2:
+                await asyncio.sleep(0.02)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert sorted(seen, key=lambda e: e.workload_id) == [old, new]
+            assert events.rejected == 0
+
+    run(test)
+
+
 # -- the node core: an outbox, and the journal until the end is stored -----------------------
 LIMITS = BudgetLimits(
     mem_max=GiB, disk_max=10 * GiB, cpu_capacity=4, disk_bw_cap=GiB, net_bw_cap=GiB

@@ -13,7 +13,10 @@ from berth.nats.wire import (
     BadReply,
     MalformedMessage,
     Replies,
+    body_of,
     decode_document,
+    encode_body,
+    encode_model,
     encode_request,
     model_of,
     ok_reply,
@@ -45,6 +48,39 @@ def test_a_document_that_is_not_a_berth_message_is_malformed(
         decode_document(data, source=SOURCE)
     assert caught.value.field == field and caught.value.source == SOURCE
     assert f"malformed message on {SOURCE}: " in str(caught.value) and text in str(caught.value)
+
+
+def test_a_stored_or_streamed_document_is_the_envelope_around_it_under_its_name() -> None:
+    spec = Spec(vcpus=1, mem=2, disk=3)
+    data = encode_model("spec", spec)
+    assert data == b'{"v":1,"spec":%s}' % spec.model_dump_json().encode()
+    assert data == encode_body("spec", spec.model_dump_json().encode())
+    assert Spec.from_dict(body_of(data, "spec", source=SOURCE)) == spec
+    # the previous release's bare form is read where the caller allows it, and only there
+    bare = spec.model_dump_json().encode()
+    assert Spec.from_dict(body_of(bare, "spec", source=SOURCE, bare=True)) == spec
+    assert Spec.from_dict(body_of(data, "spec", source=SOURCE, bare=True)) == spec
+    with pytest.raises(MalformedMessage) as caught:
+        body_of(bare, "spec", source=SOURCE)
+    assert caught.value.field == "v"
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "text"),
+    [
+        (b"garbage", None, "not JSON"),
+        (b'"spec"', None, "not a JSON object"),
+        (b'{"v": 2, "spec": {}}', "v", "schema version 2, this berth reads 1"),
+        (b'{"v": 1, "state": {}}', "spec", "no 'spec' in the envelope"),
+        (b"[" * 100_000, None, "nested too deeply"),
+    ],
+)
+def test_a_document_that_is_not_in_the_envelope_is_malformed(
+    data: bytes, field: str | None, text: str
+) -> None:
+    with pytest.raises(MalformedMessage) as caught:
+        body_of(data, "spec", source=SOURCE, bare=True)
+    assert caught.value.field == field and text in str(caught.value)
 
 
 def test_a_model_field_names_its_invalid_field_under_its_own() -> None:

@@ -13,6 +13,7 @@ on a real nats-server, each test in a bucket of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,7 +24,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from berth.registry.nats import NatsRecordWatch, NatsWorkloads
+from berth.nats.wire import encode_model
+from berth.registry.nats import DOCUMENT, NatsRecordWatch, NatsWorkloads
 from berth.registry.port import StoredWorkload, new_workload_id
 from berth.testing.nats import NatsServer, client, unique_name
 
@@ -187,13 +189,35 @@ async def test_a_value_that_is_not_a_record_is_skipped_and_counted(
             assert by_id(watch) == {first.id: first}
 
 
+async def test_a_record_is_enveloped_and_one_the_previous_release_stored_bare_is_read(
+    nats_server: NatsServer,
+) -> None:
+    async with registry(nats_server.url) as r:
+        new, old = record(), record()
+        await r.workloads.record(new)
+        entry = await r.kv.get(f"w.{new.id}")
+        assert json.loads(entry.value or b"") == {"v": 1, DOCUMENT: new.model_dump(mode="json")}
+        # bare, as the previous release stored it
+        await r.kv.put(f"w.{old.id}", old.model_dump_json().encode())
+        assert await r.workloads.get(old.id) == old and await r.workloads.get(new.id) == new
+        assert {w.id for w in await r.workloads.list()} == {old.id, new.id}
+        async with watching(r.workloads) as watch:
+            assert by_id(watch) == {old.id: old, new.id: new} and watch.rejected == 0
+            # a record moved on is written in the envelope, whatever form it was read in
+            ended = old.model_copy(update={"state": "exited", "exit_code": 0})
+            await r.workloads.record(ended)
+            await until(lambda: by_id(watch)[old.id].state == "exited", "the update")
+        entry = await r.kv.get(f"w.{old.id}")
+        assert json.loads(entry.value or b"")["v"] == 1
+
+
 async def test_a_record_under_another_ids_key_is_rejected(nats_server: NatsServer) -> None:
     async with registry(nats_server.url) as r:
         kept, misplaced = record(), record()
         await r.workloads.record(kept)
         async with watching(r.workloads) as watch:
             other = new_workload_id()
-            await r.kv.put(f"w.{other}", misplaced.model_dump_json().encode())
+            await r.kv.put(f"w.{other}", encode_model(DOCUMENT, misplaced))
             await until(lambda: watch.rejected == 1, "the misplaced record counted")
             assert by_id(watch) == {kept.id: kept}
 
@@ -203,7 +227,7 @@ async def test_an_older_revision_never_replaces_a_newer_one(nats_server: NatsSer
     older revision of the key, handed to the watch after the newer one, changes nothing."""
     async with registry(nats_server.url) as r:
         older = record()
-        old_revision = await r.kv.put(f"w.{older.id}", older.model_dump_json().encode())
+        old_revision = await r.kv.put(f"w.{older.id}", encode_model(DOCUMENT, older))
         async with watching(r.workloads) as watch:
             newer = older.model_copy(update={"state": "exited", "exit_code": 0})
             await r.workloads.record(newer)
@@ -213,6 +237,6 @@ async def test_an_older_revision_never_replaces_a_newer_one(nats_server: NatsSer
                 reply = f"$JS.ACK.KV_{r.bucket}.replay.1.{revision}.1.{time.time_ns()}.0"
                 return Msg(r.conn, f"$KV.{r.bucket}.w.{older.id}", reply, data, headers)
 
-            watch._apply(replayed(old_revision, older.model_dump_json().encode(), None))
+            watch._apply(replayed(old_revision, encode_model(DOCUMENT, older), None))
             watch._apply(replayed(old_revision, b"", {"KV-Operation": "DEL"}))
             assert by_id(watch) == {newer.id: newer} and watch.rejected == 0

@@ -12,6 +12,9 @@
   acknowledgement (a node that restarted before it saw the ack) is stored once within the
   stream's :data:`DUPLICATE_WINDOW_S`.  No acknowledgement in time, no stream, no connection:
   ``Unavailable`` — the node keeps the event (and its journal entry) and publishes it again.
+  An event is berth's envelope around it, ``{"v": 1, "event": {…}}``
+  (:func:`~berth.nats.wire.encode_model`); one without the envelope (as the previous release
+  wrote them) is read too, for this release.
 * **The API consumes** through one durable pull consumer (``durable``, ``berth_api`` by
   default) shared by every API process: JetStream hands each message to one of them, and a
   message not acknowledged within ``ack_wait_s`` (its consumer died) to another.  A batch's
@@ -27,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
 
@@ -49,7 +51,7 @@ from berth.errors import BerthError, Unavailable
 from berth.events.port import EVENT_MAX_AGE_S, EventHandler, WorkloadEvent
 from berth.nats.names import Names
 from berth.nats.streams import created, stream_replicas
-from berth.nats.wire import node_token
+from berth.nats.wire import body_of, encode_model, node_token
 
 __all__ = ["API_CONSUMER", "DUPLICATE_WINDOW_S", "NatsEvents"]
 
@@ -122,7 +124,7 @@ class NatsEvents:
         return self
 
     async def publish(self, event: WorkloadEvent) -> None:
-        payload = event.model_dump_json().encode()
+        payload = encode_model("event", event)
         try:
             ack = await self._js.publish(
                 self.subject(event.node),
@@ -190,8 +192,9 @@ class NatsEvents:
     async def _event(self, message: Msg) -> WorkloadEvent | None:
         """The event ``message`` carries; ``None`` (logged, counted, terminated) if none."""
         try:
-            return WorkloadEvent.from_dict(json.loads(message.data))
-        except (ValueError, UnicodeDecodeError, BerthError) as error:
+            body = body_of(message.data, "event", source=message.subject, bare=True)
+            return WorkloadEvent.from_dict(body)
+        except BerthError as error:
             self.rejected += 1
             log.warning("not a workload event on %s, dropped: %s", message.subject, error)
             with contextlib.suppress(Exception):

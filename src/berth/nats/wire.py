@@ -10,6 +10,16 @@ operations and fields:
 * **the envelope** — a JSON object with ``"v": 1`` (:data:`SCHEMA_VERSION`) and the
   message's fields: :func:`encode_request` writes it, :func:`decode_document` reads it back
   (the version checked), :func:`field_of` and :func:`model_of` read its fields;
+* **documents** — what berth stores or streams rather than asks: a node's snapshot in the
+  nodes bucket (``state``, :mod:`berth.store.nats`), a workload event on the events stream
+  (``event``, :mod:`berth.events.nats`), an API record in the API's bucket (``document``,
+  :mod:`berth.registry.nats`) — is the same envelope around one model under one name,
+  ``{"v": 1, "<name>": {…}}``: :func:`encode_body` and :func:`encode_model` write it,
+  :func:`body_of` reads it back.  A route (:mod:`berth.registry.nats_routes`) is an envelope
+  of fields, like a request.  Events and API records were written bare (the model's JSON, no
+  version) by the previous release: :func:`body_of` reads that form too when asked
+  (``bare=True``) — for this release only, so the records already stored and the events of
+  agents not yet upgraded are still read; the next release drops it;
 * **replies** — ``{"v": 1, "ok": value}`` or ``{"v": 1, "error": {"kind": …}}``.  A
   protocol's :class:`Replies` lists the error kinds it carries, each an :class:`ErrorKind`
   (the exception, its body, the exception a body gives back): a node carries ``refused``
@@ -54,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar
 
 from nats.aio.msg import Msg
+from pydantic import BaseModel
 
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.nats.names import NODE_PREFIX
@@ -79,8 +90,11 @@ __all__ = [
     "Operation",
     "Replies",
     "Responder",
+    "body_of",
     "decode_document",
     "encode",
+    "encode_body",
+    "encode_model",
     "encode_request",
     "field_of",
     "model_of",
@@ -152,15 +166,22 @@ def ok_reply(value: Any) -> bytes:
     return encode({"v": SCHEMA_VERSION, "ok": value})
 
 
-def decode_document(data: bytes, *, source: str) -> dict[str, Any]:
-    """A message's fields; :class:`MalformedMessage` when it is not a berth message of this
-    version."""
+def _json_object(data: bytes, *, source: str) -> dict[str, Any]:
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:
         raise MalformedMessage(f"not JSON ({error})", source=source) from None
+    except RecursionError:
+        raise MalformedMessage("nested too deeply", source=source) from None
     if not isinstance(document, dict):
         raise MalformedMessage("not a JSON object", source=source)
+    return document
+
+
+def decode_document(data: bytes, *, source: str) -> dict[str, Any]:
+    """A message's fields; :class:`MalformedMessage` when it is not a berth message of this
+    version."""
+    document = _json_object(data, source=source)
     if document.get("v") != SCHEMA_VERSION:
         raise MalformedMessage(
             f"schema version {document.get('v')!r}, this berth reads {SCHEMA_VERSION}",
@@ -168,6 +189,35 @@ def decode_document(data: bytes, *, source: str) -> dict[str, Any]:
             field="v",
         )
     return document
+
+
+def encode_body(name: str, body: bytes) -> bytes:
+    """The envelope around one document already written as JSON: ``{"v": 1, "<name>":
+    <body>}`` (a node's snapshot is written this way on every heartbeat: no second pass)."""
+    return b'{"v":%d,"%s":%s}' % (SCHEMA_VERSION, name.encode(), body)
+
+
+def encode_model(name: str, model: BaseModel) -> bytes:
+    """The envelope around ``model`` under ``name`` (see the module docstring)."""
+    return encode_body(name, model.model_dump_json().encode())
+
+
+def body_of(data: bytes, name: str, *, source: str, bare: bool = False) -> Any:
+    """The document under ``name`` in an envelope (not yet validated: the caller's model
+    does that); :class:`MalformedMessage` when there is none.  ``bare``: a JSON object with
+    no ``"v"`` at all is the form written before the envelope, returned whole."""
+    document = _json_object(data, source=source)
+    if bare and "v" not in document:
+        return document
+    if document.get("v") != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"schema version {document.get('v')!r}, this berth reads {SCHEMA_VERSION}",
+            source=source,
+            field="v",
+        )
+    if name not in document:
+        raise MalformedMessage(f"no {name!r} in the envelope", source=source, field=name)
+    return document[name]
 
 
 def field_of(

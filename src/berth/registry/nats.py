@@ -79,7 +79,14 @@ from berth.errors import Unavailable
 from berth.nats.follow import KvFollow
 from berth.nats.names import API_BUCKET
 from berth.nats.streams import created, stream_replicas
-from berth.nats.wire import KV_OPERATION, MARKER_REASON, node_token
+from berth.nats.wire import (
+    KV_OPERATION,
+    MARKER_REASON,
+    MalformedMessage,
+    body_of,
+    encode_model,
+    node_token,
+)
 from berth.registry.documents import (
     DocumentClaims,
     DocumentImages,
@@ -89,6 +96,7 @@ from berth.registry.documents import (
 from berth.registry.port import Claim, Image, KeyClaim, StoredWorkload
 
 __all__ = [
+    "DOCUMENT",
     "WATCH_TIMEOUT_S",
     "WRONG_LAST_SEQUENCE",
     "JsonBucket",
@@ -99,6 +107,7 @@ __all__ = [
     "NatsWorkloads",
     "asking",
     "opened",
+    "stored",
 ]
 
 log = logging.getLogger("berth.registry.workloads")
@@ -109,6 +118,9 @@ WATCH_TIMEOUT_S = 5.0
 """How long :meth:`JsonBucket.all` waits for the next entry of its watch."""
 WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream's error codes for a write whose expected last revision is not the current one."""
+DOCUMENT = "document"
+"""The name a value of the API's bucket holds its document under, in berth's envelope:
+``{"v": 1, "document": {…}}`` (:mod:`berth.nats.wire`)."""
 ATTEMPT_S = 1.0
 """How long one attempt of a read or a write waits for its answer before it is asked again."""
 ATTEMPT_RETRY_S = 0.1
@@ -133,6 +145,24 @@ def asking(bucket: str) -> Iterator[None]:
         yield
     except nats.errors.Error as error:
         raise Unavailable(f"the {bucket} bucket did not answer: {error!r}") from None
+
+
+def stored(kind: type[Model], data: bytes, *, source: str) -> Model:
+    """The ``kind`` a value of the bucket holds: berth's envelope around it
+    (:func:`~berth.nats.wire.body_of`, :data:`DOCUMENT`), or — for this release — the bare
+    document the previous release wrote; :class:`MalformedMessage` (naming the field) when it
+    is neither."""
+    body = body_of(data, DOCUMENT, source=source, bare=True)
+    try:
+        return kind.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first.get("loc", ())) or None
+        raise MalformedMessage(
+            f"not a {kind.__name__}: {first.get('msg')}", source=source, field=field
+        ) from None
+    except RecursionError:
+        raise MalformedMessage(f"not a {kind.__name__}: nested too deeply", source=source) from None
 
 
 class JsonBucket(Generic[Model]):
@@ -176,7 +206,7 @@ class JsonBucket(Generic[Model]):
 
     async def put(self, name: str, document: Model) -> None:
         with self._asking():
-            await self._write(name, document.model_dump_json().encode())
+            await self._write(name, encode_model(DOCUMENT, document))
 
     async def get(self, name: str) -> Model | None:
         found = await self.entry(name)
@@ -195,7 +225,7 @@ class JsonBucket(Generic[Model]):
 
     async def create(self, name: str, document: Model) -> bool:
         """Store ``document`` only if the key is absent (or deleted); ``False`` if it is not."""
-        data = document.model_dump_json().encode()
+        data = encode_model(DOCUMENT, document)
         with self._asking():
             if await self._write(name, data, last=0):
                 return True
@@ -211,7 +241,7 @@ class JsonBucket(Generic[Model]):
     async def replace(self, name: str, document: Model, revision: int) -> bool:
         """Store ``document`` only if the key is still at ``revision``; ``False`` if not."""
         with self._asking():
-            return await self._write(name, document.model_dump_json().encode(), last=revision)
+            return await self._write(name, encode_model(DOCUMENT, document), last=revision)
 
     async def delete_at(self, name: str, revision: int) -> bool:
         """Delete the key only if it is still at ``revision``; ``False`` if not."""
@@ -318,15 +348,9 @@ class JsonBucket(Generic[Model]):
         if not value:
             return None
         try:
-            return self.kind.model_validate_json(value)
-        except ValidationError as error:
-            log.warning(
-                "ignored %s in %s: not a %s (%s)",
-                key,
-                self.bucket,
-                self.kind.__name__,
-                error.errors()[0].get("msg"),
-            )
+            return stored(self.kind, value, source=f"{key} in {self.bucket}")
+        except MalformedMessage as error:
+            log.warning("ignored: %s", error)
             return None
 
 
@@ -464,15 +488,10 @@ class NatsRecordWatch:
         logged) when it is not one or is the record of another id."""
         name = f"{self.bucket.prefix}.{key}"
         try:
-            record = StoredWorkload.model_validate_json(data)
-        except ValidationError as error:
+            record = stored(StoredWorkload, data, source=f"{name} in {self.bucket.bucket}")
+        except MalformedMessage as error:
             self.rejected += 1
-            log.warning(
-                "ignored %s in %s: not a workload record (%s)",
-                name,
-                self.bucket.bucket,
-                error.errors()[0].get("msg"),
-            )
+            log.warning("ignored: %s", error)
             return None
         if not record.id or node_token(record.id) != key:
             self.rejected += 1

@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -71,6 +70,8 @@ from berth.nats.wire import (
     MARKER_REASON,
     SCHEMA_VERSION,
     MalformedMessage,
+    decode_document,
+    encode,
     node_token,
 )
 from berth.registry.nats import WRONG_LAST_SEQUENCE
@@ -110,16 +111,13 @@ def route_document(route: Route) -> dict[str, Any]:
 
 
 def encode_route(route: Route) -> bytes:
-    return json.dumps(route_document(route), separators=(",", ":")).encode()
+    """``route`` as the bucket stores it: the wire's envelope of its fields."""
+    return encode(route_document(route))
 
 
 def decode_route(data: bytes, *, source: str) -> Route:
     """A stored route; :class:`MalformedMessage` when it is not one."""
-    try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise MalformedMessage(f"not JSON ({error})", source=source) from None
-    return route_of(document, source=source)
+    return route_of(decode_document(data, source=source), source=source)
 
 
 def route_of(document: object, *, source: str) -> Route:

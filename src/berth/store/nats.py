@@ -92,9 +92,9 @@ from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
     KV_OPERATION,
     MARKER_REASON,
-    SCHEMA_VERSION,
     MalformedMessage,
     decode_document,
+    encode_body,
     model_of,
     node_token,
 )
@@ -130,7 +130,7 @@ def bucket_ttl_s(heartbeat_s: float) -> float:
 
 def encode_state(state: NodeState) -> bytes:
     """The wire form of ``state`` (``{"v": 1, "state": {...}}``)."""
-    return b'{"v":%d,"state":%s}' % (SCHEMA_VERSION, state.to_json().encode())
+    return encode_body("state", state.to_json().encode())
 
 
 def decode_state(data: bytes, *, key: str | None = None, source: str = "state store") -> NodeState:

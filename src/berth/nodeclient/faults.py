@@ -19,24 +19,27 @@ instead of patching a transport.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
-from berth.boot import BootSpec, WorkloadStatus
+from berth.boot import BootSpec
 from berth.errors import Unavailable
 from berth.events.port import EventSink, WorkloadEvent
 from berth.model import Layer, Spec
+from berth.nodeclient.forwarding import ForwardingAgents
 from berth.nodeclient.port import AgentClient
-from berth.ownership import Admission, Owner
 from berth.platform import Platform
 
 __all__ = ["FaultyEvents", "FaultyNodes"]
 
+T = TypeVar("T")
 
-class FaultyNodes:
+
+class FaultyNodes(ForwardingAgents):
     """``AgentClient`` forwarding to ``nodes``, with nodes cut off and run answers lost."""
 
     def __init__(self, nodes: AgentClient, *, cut: set[str] | None = None) -> None:
-        self._nodes = nodes
+        super().__init__(nodes)
         self._cut: set[str] = set() if cut is None else cut
         """The nodes cut off (shared with a :class:`FaultyEvents` when given)."""
         self._lose_runs = 0
@@ -58,24 +61,9 @@ class FaultyNodes:
         if node in self._cut:
             raise Unavailable(f"node {node!r} is not reachable (cut off)")
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
+    async def forward(self, node: str, call: Callable[[], Awaitable[T]]) -> T:
         self._reach(node)
-        return await self._nodes.admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
-
-    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
-        self._reach(node)
-        await self._nodes.bind(node, reservation_id, owner)
-
-    async def release(self, node: str, reservation_id: str) -> bool:
-        self._reach(node)
-        return await self._nodes.release(node, reservation_id)
+        return await call()
 
     async def try_run(
         self,
@@ -90,33 +78,13 @@ class FaultyNodes:
     ) -> str:
         self._reach(node)
         self.runs.append((node, workload_id))
-        ran = await self._nodes.try_run(
+        ran = await super().try_run(
             node, spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
         )
         if self._lose_runs > 0:
             self._lose_runs -= 1
             raise Unavailable(f"node {node!r} did not answer run (the answer was lost)")
         return ran
-
-    async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
-        self._reach(node)
-        await self._nodes.stop(node, workload_id, grace_s=grace_s)
-
-    async def status(self, node: str, workload_id: str) -> WorkloadStatus:
-        self._reach(node)
-        return await self._nodes.status(node, workload_id)
-
-    async def running(self, node: str) -> tuple[str, ...]:
-        self._reach(node)
-        return await self._nodes.running(node)
-
-    async def cordon(self, node: str) -> bool:
-        self._reach(node)
-        return await self._nodes.cordon(node)
-
-    async def uncordon(self, node: str) -> bool:
-        self._reach(node)
-        return await self._nodes.uncordon(node)
 
 
 class FaultyEvents:

@@ -9,47 +9,32 @@ between decisions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from berth.model import Spec
+from berth.nodeclient.forwarding import ForwardingNodes
 from berth.nodeclient.port import NodeClient
-from berth.ownership import Admission, Owner, Refused
-from berth.platform import Platform
+from berth.ownership import Refused
 
 __all__ = ["RecordingNodes"]
 
+T = TypeVar("T")
 
-class RecordingNodes:
+
+class RecordingNodes(ForwardingNodes):
     """``NodeClient`` that forwards to ``nodes`` and appends ``(node, reason)`` per refusal."""
 
     def __init__(self, nodes: NodeClient) -> None:
-        self._nodes = nodes
+        super().__init__(nodes)
         self.refusals: list[tuple[str, str]] = []
 
     def clear(self) -> None:
         """Forget the refusals noted so far."""
         self.refusals = []
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
+    async def forward(self, node: str, call: Callable[[], Awaitable[T]]) -> T:
         try:
-            return await self._nodes.admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+            return await call()
         except Refused as refused:
             self.refusals.append((node, refused.reason))
             raise
-
-    async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
-        try:
-            await self._nodes.bind(node, reservation_id, owner)
-        except Refused as refused:
-            self.refusals.append((node, refused.reason))
-            raise
-
-    async def release(self, node: str, reservation_id: str) -> bool:
-        return await self._nodes.release(node, reservation_id)

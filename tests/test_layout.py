@@ -205,14 +205,24 @@ NODE_LAYERS: Layers = (
         "berth.node.runtime.supervisor",
         "berth.node.microvm",
     ),
-    # the load monitor, layers as files, the two light runtime drivers, the journal
+    # the load monitor, layers as files, the two light runtime drivers, the journal, a
+    # microVM guest's files
     (
         "berth.node.journal",
         "berth.node.monitor",
         "berth.node.layer_files",
         "berth.node.runtime.fake",
         "berth.node.runtime.process",
+        "berth.node.microvm.scratch",
     ),
+    # a microVM guest's QEMU, run as a process workload
+    ("berth.node.microvm.machine",),
+    # the node core's parts, bottom up: its workloads' records, their journal entries and
+    # events, their ends and restarts, then their boots and a restarted node's recovery
+    ("berth.node.workloads",),
+    ("berth.node.ledger",),
+    ("berth.node.ends",),
+    ("berth.node.lifecycle", "berth.node.recovery"),
     # the runtime package, the microVM driver; the node core over a runtime
     ("berth.node.runtime", "berth.node.runtime.microvm", "berth.node.core"),
     # the agent's configuration file, then what reads it: the agent, node classes, setup

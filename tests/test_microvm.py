@@ -30,6 +30,7 @@ from berth.node.microvm.initramfs import (
     config_archive,
     newc_archive,
 )
+from berth.node.microvm.machine import workload_exit
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
@@ -39,10 +40,11 @@ from berth.node.microvm.qemu import (
     qemu_argv,
     vm_size,
 )
+from berth.node.microvm.scratch import guest_user, guest_workdir
 from berth.node.microvm.setup import is_static_elf
 from berth.node.microvm.vm import GuestEnd, probe
 from berth.node.runtime import BootFailed, BootSpec, WorkloadExit
-from berth.node.runtime.microvm import MicrovmRuntime, _status, _user, _workdir
+from berth.node.runtime.microvm import MicrovmRuntime
 from berth.store.memory import MemoryStore
 from berth.testing.runtime_contract import run
 from berth.units import MiB
@@ -328,7 +330,7 @@ def test_agent_check_reports_what_is_missing_with_the_fix(tmp_path: Path) -> Non
 def test_guest_ends_become_workload_exits(
     end: GuestEnd, stopped: bool, expected: WorkloadExit
 ) -> None:
-    assert _status(end, stopped) == expected
+    assert workload_exit(end, stopped) == expected
 
 
 def test_scratch_left_by_a_dead_process_is_removed_at_start(tmp_path: Path) -> None:
@@ -371,7 +373,7 @@ def test_an_initramfs_from_another_berth_is_reported_and_refused(tmp_path: Path)
 
 
 def test_the_working_directory_stays_inside_the_image() -> None:
-    assert [_workdir(path) for path in ("", "/", "app", "/srv/app/", "/a/../../b", "/..")] == [
+    assert [guest_workdir(path) for path in ("", "/", "app", "/srv/app/", "/a/../../b", "/..")] == [
         "/",
         "/",
         "/app",
@@ -384,7 +386,7 @@ def test_the_working_directory_stays_inside_the_image() -> None:
 
 
 def test_image_users_are_checked() -> None:
-    assert [_user(user) for user in ("", "app", "1000", "app:staff", ":100", " 7 ")] == [
+    assert [guest_user(user) for user in ("", "app", "1000", "app:staff", ":100", " 7 ")] == [
         "",
         "app",
         "1000",
@@ -394,6 +396,6 @@ def test_image_users_are_checked() -> None:
     ]
     for bad in ("a:b:c", "a b", "x\ty"):
         with pytest.raises(BootFailed, match="is not a user"):
-            _user(bad)
+            guest_user(bad)
     with pytest.raises(Invalid, match="user"):
         GuestConfig(nonce="n", user="a:b:c")

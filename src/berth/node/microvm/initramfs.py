@@ -18,10 +18,13 @@ powers off, so the host never waits for a guest that cannot start):
    ``lowerdir`` lists the topmost layer first, as overlayfs reads it;
 4. look the program up inside the image (its ``PATH``, symlinks resolved inside the image)
    and report ``boot-failed not-found`` if it is not there;
-5. run the workload — ``env -i`` with exactly its environment, entering the image as root
-   directory and its working directory (busybox ``nsenter -r -w``), as the image's user
-   (``-S``/``-G``, names looked up in the image's ``/etc/passwd`` and ``/etc/group``), stdin
-   ``/dev/null``, output on the console — and print ``running``;
+5. print ``running`` and run the workload — ``env -i`` with exactly its environment,
+   entering the image as root directory and its working directory (busybox ``nsenter -r
+   -w``), as the image's user (``-S``/``-G``, names looked up in the image's ``/etc/passwd``
+   and ``/etc/group``), stdin ``/dev/null``, output on the console.  ``running`` comes
+   *first*: the host keeps the console's lines only from it on (what comes before is boot
+   chatter), and a workload started first could print, even end, before it — a short one
+   on a loaded host lost its output that way;
 6. on a ``berth-stop`` line on the console, ``SIGTERM`` every process but init;
 7. when the workload ends, print ``exit <status> <oom kills>`` (the shell's status: 128 + the
    signal for a killed process; the kernel's ``oom_kill`` counter) and power off.
@@ -184,9 +187,9 @@ if [ -n "$BERTH_USER" ]; then
 fi
 eval "set -- $BERTH_ENV_WORDS /bin/nsenter -r/newroot \"-w/newroot\$BERTH_WORKDIR\" $ids -F \
   $BERTH_COMMAND_WORDS"
+say running
 env -i -- "$@" </dev/null &
 child=$!
-say running
 (
   while read -r line; do
     [ "$line" = berth-stop ] && kill -TERM -1

@@ -5,11 +5,11 @@ console — from the log file QEMU writes it to (:class:`~berth.node.microvm.qem
 so the host never blocks the guest and a restarted agent reads it again from the start —
 recognising the init's protocol lines (``berth:<nonce>:<event>``, see
 :mod:`berth.node.microvm.initramfs`), asking the init to stop (a ``berth-stop`` line written
-to the console's socket) and killing QEMU when asked.  Starting QEMU is not its job: the
-runtime driver runs it under a supervisor (:mod:`berth.node.runtime.microvm`), which is what
-lets a guest outlive its agent for the orphan grace and be adopted.  What this module reports
+to the console's socket) and killing QEMU when asked.  Starting QEMU is not its job:
+:mod:`berth.node.microvm.machine` runs it under a supervisor, which is what lets a guest
+outlive its agent for the orphan grace and be adopted.  What this module reports
 is raw: the exit status the init printed, the OOM kills it counted, the reason a boot failed,
-how QEMU ended.  Turning that into a workload's end is the runtime driver's job.
+how QEMU ended.  Turning that into a workload's end is :mod:`berth.node.microvm.machine`'s job.
 
 :func:`probe` boots a guest that only says hello: ``berth microvm setup`` and the runtime use
 it to find out whether KVM can run the guest kernel on this host (a nested hypervisor may

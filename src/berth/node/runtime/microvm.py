@@ -11,13 +11,11 @@ disks and stacked by berth's init with overlayfs, topmost layer first.  The gues
   log says so).  A workload that outgrows its memory meets the *guest's* OOM killer: it is
   reported killed (``SIGKILL``) with ``oom_kills`` counted, and the host only ever gave QEMU
   the memory it was configured with.
-* **its disk budget as the writable upper layer**: a sparse ext4 image of ``disk_limit``
-  bytes made per guest (a ``tmpfs`` of that size, in guest memory, when the budget is under
-  16 MiB or absent) and deleted when the guest ends.
-* **its command as the guest's main process**: with the image's environment overlaid by the
-  spec's ``env``, in the stacked image, starting in the image's ``WorkingDir`` (``/`` if
-  none; made if missing), as the image's ``User`` (root if none).  A program the image lacks is a
-  :class:`BootFailed` (``command not found: 'x'``), as with the process runtime.
+* **its disk budget as the writable upper layer** (an ext4 disk of ``disk_limit`` bytes, or a
+  ``tmpfs`` under :data:`MIN_UPPER_DISK`) and **its command as the guest's main process**, in
+  the stacked image with the image's environment, ``WorkingDir`` and ``User``: the guest's
+  files in its scratch directory, :mod:`berth.node.microvm.scratch`.  A program the image lacks
+  is a :class:`BootFailed` (``command not found: 'x'``), as with the process runtime.
 
 ``start`` returns once the guest's init reports the workload running (a real boot: ~2 s
 under software emulation, more on a loaded host; ``boot_timeout_s`` bounds it).  The exit
@@ -29,20 +27,15 @@ stop's ``grace_s`` (else ``stop_grace_s``) for the guest to power off, then kill
 guest's scratch directory (its initramfs copy, upper disk, console log and socket) is removed
 when it ends, and its layers are released to the node's cache.
 
-**Guests outlive their agent, and are adopted** (issue 20).  QEMU runs under a supervisor of
-its own, exactly as a process workload does (a :class:`~berth.node.runtime.process.ProcessRuntime`
-per guest: ``<state_dir>/workloads/<id>.run`` and ``.exit`` beside the node's journal entry),
-and its serial console is a socket QEMU serves plus a log file QEMU writes all of it to
-(:class:`~berth.node.microvm.qemu.GuestConsole`): nothing ties the guest to the agent's
-process.  When the agent dies the guest runs on for ``orphan_grace_s``, then its supervisor
-kills QEMU (with a state directory: when no live agent has owned the directory for that long;
-without one: when the agent that started it is gone).  A restarted agent **adopts** a guest
-whose supervisor still runs (:meth:`MicrovmRuntime.adopt`: the supervisor's pid and start
-time, through a pidfd; its layer files held again; its console log read again from the start,
-so the protocol lines say how far it got), and for one that ended while it was down reads the
-exit status the init printed in that log (:meth:`MicrovmRuntime.ended`).  The workload's
-locator in the journal holds the supervisor's and QEMU's pid and start time, the boot's nonce,
-its scratch directory and socket, and its layers' digests.
+**Guests outlive their agent, and are adopted** (issue 20): QEMU runs under a supervisor of
+its own, as a process workload does, so a restarted agent adopts a guest that still runs
+(:meth:`MicrovmRuntime.adopt`: its supervisor found again, its layer files held again) and
+reads how one that ended while it was down ended (:meth:`MicrovmRuntime.ended`) —
+:mod:`berth.node.microvm.machine` runs the guests' QEMUs.
+
+This module holds the driver itself: its configuration, the guests it runs and their layers,
+and the runtime port's calls (:class:`MicrovmRuntime`), and the handle it gives for each
+workload (:class:`MicrovmWorkload`).
 
 Acceleration: ``kvm`` only when a probe guest booted under it (``berth microvm setup``
 records the probe; ``auto`` reads it, or probes once), ``tcg`` otherwise; :attr:`labels`
@@ -53,26 +46,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import posixpath
-import re
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from berth.defaults import KVM_PROBE_TIMEOUT_S, MICROVM_STOP_GRACE_S, ORPHAN_GRACE_S
 from berth.errors import BerthError, Invalid
-from berth.node.erofs import pid_alive
 from berth.node.layer_files import LayerFiles
 from berth.node.microvm.config import BOOT_TIMEOUT_S, DEFAULT_QEMU, AccelChoice, MicrovmSection
-from berth.node.microvm.initramfs import GuestConfig
+from berth.node.microvm.machine import (
+    Attempt,
+    GuestMachines,
+    guest_vm,
+    located,
+    wait_running,
+    workload_exit,
+)
 from berth.node.microvm.paths import Accel, GuestFiles, problems
 from berth.node.microvm.qemu import (
     MAX_LAYERS,
@@ -83,15 +77,15 @@ from berth.node.microvm.qemu import (
     qemu_argv,
     vm_size,
 )
-from berth.node.microvm.vm import (
-    GuestBootFailed,
-    GuestEnd,
-    MicroVM,
-    console_status,
-    new_nonce,
-    probe,
-    write_initrd,
+from berth.node.microvm.scratch import (
+    MIN_UPPER_DISK,
+    console_of,
+    make_initrd,
+    make_scratch,
+    remove_scratch,
+    upper_disk,
 )
+from berth.node.microvm.vm import MicroVM, new_nonce, probe
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
@@ -104,18 +98,18 @@ from berth.node.runtime.port import (
     end_within_grace,
     stop_grace,
 )
-from berth.node.runtime.process import ProcessRuntime, process_identity
-from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record
 from berth.oci import OciImage, read_layout
-from berth.units import MiB
 from berth.validation import shown
 
-__all__ = ["MIN_UPPER_DISK", "AgentSettings", "MicrovmRuntime", "MicrovmWorkload"]
+__all__ = [
+    "MIN_UPPER_DISK",
+    "AgentSettings",
+    "MicrovmRuntime",
+    "MicrovmWorkload",
+    # the helpers tests check directly, kept importable from here
+]
 
 log = logging.getLogger("berth.microvm")
-
-MIN_UPPER_DISK = 16 * MiB
-"""The smallest disk budget given an ext4 upper disk; below it the upper layer is a tmpfs."""
 
 
 class _NodeSettings(Protocol):
@@ -211,111 +205,6 @@ class _Guest:
     stop_requested: bool = False
 
 
-@dataclass
-class _Attempt:
-    """What a start has made so far — the layers it holds, its scratch directory, its QEMU —
-    so that a failure or cancellation at any step undoes exactly that (:meth:`MicrovmRuntime.
-    _abandon`)."""
-
-    layers: tuple[str, ...]
-    scratch: Path | None = None
-    vm: MicroVM | None = None
-    locator: dict[str, Any] | None = None
-
-
-def _status(end: GuestEnd, stopped: bool) -> WorkloadExit:
-    if end.status is not None:
-        signum = end.status - 128
-        if 0 < signum < signal.NSIG and end.status > 128:
-            return WorkloadExit(signal=signum, stopped=stopped)
-        return WorkloadExit(code=end.status, stopped=stopped)
-    if end.killed:
-        return WorkloadExit(signal=signal.SIGKILL, stopped=stopped)
-    if end.returncode < 0:
-        return WorkloadExit(signal=-end.returncode, stopped=stopped)
-    return WorkloadExit(stopped=stopped)
-
-
-_SCRATCH = re.compile(r".+\.([0-9]{1,10})\.[^.]+")
-GUEST_FILE = "guest.json"
-"""In a guest's scratch directory: its workload id, nonce and supervisor (pid, start time)."""
-MAX_SOCKET_PATH = 100
-"""A console socket's longest path (a Unix socket's is at most 107 bytes); a scratch directory
-deeper than that gets its socket in a private directory under the system's temporary one."""
-
-
-def _console_of(scratch: Path, nonce: str) -> GuestConsole:
-    """Where a guest's console is: its socket and log in its scratch directory (the socket
-    in a private temporary directory when the scratch path is too long for one)."""
-    socket = scratch / "console.sock"
-    if len(str(socket)) > MAX_SOCKET_PATH:
-        private = Path(tempfile.gettempdir()) / f"berth-{os.getuid()}"
-        private.mkdir(mode=0o700, exist_ok=True)
-        socket = private / f"{nonce}.sock"
-    return GuestConsole(socket, scratch / "console.log")
-
-
-def _nonce_in(scratch: Path) -> str:
-    record = read_record(scratch / GUEST_FILE) or {}
-    nonce = record.get("nonce")
-    return nonce if isinstance(nonce, str) else "none"
-
-
-def _guest_runs(scratch: Path) -> bool:
-    """Whether the supervisor a scratch directory's :data:`GUEST_FILE` names still runs."""
-    found = process_identity(read_record(scratch / GUEST_FILE) or {}, "supervisor")
-    return found is not None and alive(*found)
-
-
-def _located(locator: dict[str, Any] | None) -> tuple[Path, str, Path, tuple[str, ...]] | None:
-    """A guest's scratch directory, nonce, console socket and layer digests from its
-    locator; ``None`` unless it has them all (an older agent's locator has not)."""
-    if not isinstance(locator, dict):
-        return None
-    scratch, nonce, socket, layers = (
-        locator.get("scratch"),
-        locator.get("nonce"),
-        locator.get("socket"),
-        locator.get("layers"),
-    )
-    if not (
-        isinstance(scratch, str)
-        and isinstance(nonce, str)
-        and isinstance(socket, str)
-        and isinstance(layers, str)
-    ):
-        return None
-    return Path(scratch), nonce, Path(socket), tuple(filter(None, layers.split(",")))
-
-
-async def _returncode(handle: WorkloadHandle) -> int:
-    """QEMU's exit status once its process has ended (negative: the signal that ended it)."""
-    ended = await handle.wait()
-    if ended.code is not None:
-        return ended.code
-    return -(ended.signal or signal.SIGKILL)
-
-
-def _workdir(working_dir: str) -> str:
-    # The image's WorkingDir (OCI: absolute; a relative one is taken from /), normalised
-    # lexically, so no ``..`` climbs out of the image.
-    return posixpath.normpath("/" + working_dir.lstrip("/"))
-
-
-def _user(user: str) -> str:
-    # The image's User; an empty user part means root (``:100`` is root with group 100).
-    user = user.strip()
-    if user.startswith(":"):
-        user = "0" + user
-    if not user.isprintable() or user.count(":") > 1 or " " in user:
-        raise BootFailed(f"the image's user {user!r} is not a user, uid, user:group or uid:gid")
-    return user
-
-
-def _hostname(workload_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth"
-
-
 class MicrovmRuntime:
     """Boots each workload in a QEMU ``microvm`` guest (see the module docstring).
 
@@ -369,9 +258,13 @@ class MicrovmRuntime:
         self.boot_timeout_s = float(boot_timeout_s)
         self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        # the state directory's supervisor records and journal files, as the process runtime
-        # that runs each guest's QEMU keeps them (it checks both arguments)
-        self._host = ProcessRuntime(state_dir=state_dir, orphan_grace_s=orphan_grace_s)
+        self._machines = GuestMachines(
+            qemu,
+            stop_grace_s=grace,
+            log_dir=self.log_dir,
+            state_dir=state_dir,
+            orphan_grace_s=orphan_grace_s,
+        )
         self.state_dir = state_dir
         self.orphan_grace_s = orphan_grace_s
         self.accel, self.accel_detail = self._choose_accel(accel)
@@ -381,35 +274,8 @@ class MicrovmRuntime:
         self._watchers: set[asyncio.Task[None]] = set()
         self._listeners = ExitListeners()
         self._ids = WorkloadIds()
-        self._remove_orphans()
+        self._machines.remove_orphans(self.work_dir)
         log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
-
-    def _remove_orphans(self) -> None:
-        """Delete scratch directories left by a process that has died whose guest no longer
-        runs either (its supervisor, named in the directory's :data:`GUEST_FILE`, is gone)
-        and that the node's journal no longer names; a live process's, a guest's that a
-        restarted agent may adopt, or one whose end it is to read, are kept."""
-        try:
-            entries = list(os.scandir(self.work_dir))
-        except OSError:
-            return
-        for entry in entries:
-            match = _SCRATCH.fullmatch(entry.name)
-            if match is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            pid = int(match.group(1))
-            if pid_alive(pid) or _guest_runs(Path(entry.path)) or self._journaled(Path(entry.path)):
-                continue
-            log.info("removing %s, left by process %d", entry.path, pid)
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-    def _journaled(self, scratch: Path) -> bool:
-        """Whether the node's journal still names the guest of ``scratch``: then a restarted
-        agent reads how it ended there (:meth:`ended`), which removes it."""
-        record = read_record(scratch / GUEST_FILE) or {}
-        workload_id = record.get("workload_id")
-        files = self._host.files(str(workload_id))
-        return isinstance(workload_id, str) and files is not None and files.entry.exists()
 
     @classmethod
     def from_config(
@@ -500,7 +366,7 @@ class MicrovmRuntime:
         kernel, image = self._bootable(spec)
         size = self._size(workload_id, spec)
         paths = await self._acquire_layers(image)
-        attempt = _Attempt(tuple(layer.digest for layer in image.layers))
+        attempt = Attempt(tuple(layer.digest for layer in image.layers))
         try:
             vm, console_path = await self._boot(
                 attempt, workload_id, spec, image, kernel=kernel, size=size, layers=paths
@@ -568,7 +434,7 @@ class MicrovmRuntime:
 
     async def _boot(
         self,
-        attempt: _Attempt,
+        attempt: Attempt,
         workload_id: str,
         spec: BootSpec,
         image: OciImage,
@@ -579,13 +445,21 @@ class MicrovmRuntime:
     ) -> tuple[MicroVM, Path | None]:
         """Make the guest's files, launch it and wait until its workload runs; its QEMU and
         console log path.  What is made is recorded in ``attempt`` as soon as it exists."""
-        scratch = attempt.scratch = self._make_scratch(workload_id)
-        upper = await self._upper_disk(scratch, spec.disk_limit)
+        scratch = attempt.scratch = make_scratch(self.work_dir, workload_id)
+        upper = await upper_disk(scratch, spec.disk_limit)
         nonce = new_nonce()
-        initrd = await self._write_initrd(
-            scratch, nonce, workload_id, spec, image, size=size, layers=len(layers), upper=upper
+        initrd = await make_initrd(
+            self.files.initramfs,
+            scratch,
+            nonce,
+            workload_id,
+            spec,
+            image,
+            size=size,
+            layers=len(layers),
+            upper=upper,
         )
-        console = _console_of(scratch, nonce)
+        console = console_of(scratch, nonce)
         argv = qemu_argv(
             self.qemu,
             kernel=kernel,
@@ -597,132 +471,11 @@ class MicrovmRuntime:
             upper=upper,
             console=console,
         )
-        vm, console_path = await self._launch(attempt, argv, nonce, workload_id, console)
-        await self._wait_running(vm, spec, image)
+        vm, console_path = await self._machines.launch(attempt, argv, nonce, workload_id, console)
+        await wait_running(vm, spec, image, self.boot_timeout_s)
         return vm, console_path
 
-    def _make_scratch(self, workload_id: str) -> Path:
-        """A new scratch directory for one guest under ``work_dir``, named with this process's
-        pid (see :meth:`_remove_orphans`)."""
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        prefix = f"{file_stem(workload_id)[:40]}.{os.getpid()}."
-        return Path(tempfile.mkdtemp(prefix=prefix, dir=self.work_dir))
-
-    async def _write_initrd(
-        self,
-        scratch: Path,
-        nonce: str,
-        workload_id: str,
-        spec: BootSpec,
-        image: OciImage,
-        *,
-        size: VmSize,
-        layers: int,
-        upper: Path | None,
-    ) -> Path:
-        """The guest's initramfs: berth's, with this boot's configuration added."""
-        config = GuestConfig(
-            nonce=nonce,
-            command=spec.command,
-            env={**image.config.environment(), **spec.env},
-            layers=layers,
-            upper_disk=upper is not None,
-            tmpfs_size=spec.disk_limit or (size.mem_mib * MiB) // 2,
-            hostname=_hostname(workload_id),
-            workdir=_workdir(image.config.working_dir),
-            user=_user(image.config.user),
-        )
-        initrd = scratch / "initrd"
-        await asyncio.to_thread(write_initrd, self.files.initramfs, config, initrd)
-        return initrd
-
-    def _processes(self, scratch: Path) -> ProcessRuntime:
-        """The process runtime one guest's QEMU runs under (its messages in ``scratch``)."""
-        return ProcessRuntime(
-            stop_grace_s=self.stop_grace_s,
-            log_dir=scratch,
-            state_dir=self.state_dir,
-            orphan_grace_s=self.orphan_grace_s,
-        )
-
-    async def _launch(
-        self,
-        attempt: _Attempt,
-        argv: Sequence[str],
-        nonce: str,
-        workload_id: str,
-        console: GuestConsole,
-    ) -> tuple[MicroVM, Path | None]:
-        """Start QEMU under its supervisor, with its console copied to the workload's log, if
-        any; the console log is closed if the launch does not happen (a missing QEMU is a
-        ``BootFailed``).  What a restarted agent needs to find the guest is recorded in
-        ``attempt.locator`` and in the scratch directory's :data:`GUEST_FILE`."""
-        scratch = attempt.scratch
-        assert scratch is not None
-        log_file, console_path = self._console(workload_id)
-        processes = self._processes(scratch)
-        try:
-            handle = await processes.start(
-                BootSpec(name=workload_id, command=tuple(argv)), workload_id=workload_id
-            )
-        except BaseException as error:
-            if log_file is not None:
-                log_file.close()
-            if isinstance(error, BootFailed):
-                raise BootFailed(f"cannot run {self.qemu}: {error.reason}") from None
-            raise
-        assert handle.locator is not None and handle.pid is not None
-        attempt.locator = {
-            **handle.locator,
-            "nonce": nonce,
-            "scratch": str(scratch),
-            "socket": str(console.socket),
-            "layers": ",".join(attempt.layers),
-        }
-        atomic_write(
-            scratch / GUEST_FILE, json.dumps({"workload_id": workload_id, **attempt.locator})
-        )
-        vm = self._vm(processes, handle, nonce, console, log_file)
-        attempt.vm = vm
-        return vm, console_path
-
-    @staticmethod
-    def _vm(
-        processes: ProcessRuntime,
-        handle: WorkloadHandle,
-        nonce: str,
-        console: GuestConsole,
-        console_log: IO[str] | None,
-        *,
-        adopted: bool = False,
-    ) -> MicroVM:
-        """The guest whose QEMU runs as ``handle`` under ``processes`` (started here, or
-        ``adopted`` from an agent that died), killed through its supervisor."""
-        workload_id = handle.id
-        return MicroVM(
-            handle.pid or 0,
-            nonce,
-            console,
-            _returncode(handle),
-            lambda: processes.kill(workload_id),
-            console_log=console_log,
-            stderr=processes.log_of(workload_id),
-            adopted=adopted,
-        )
-
-    async def _wait_running(self, vm: MicroVM, spec: BootSpec, image: OciImage) -> None:
-        """Wait until the guest's init reports the workload running; ``BootFailed`` with the
-        init's reason, or after ``boot_timeout_s``."""
-        try:
-            await asyncio.wait_for(asyncio.shield(vm.running), self.boot_timeout_s)
-        except GuestBootFailed as failed:
-            raise BootFailed(self._reason(failed.reason, spec, image)) from None
-        except TimeoutError:
-            raise BootFailed(
-                f"the guest did not start its workload within {self.boot_timeout_s:g} s"
-            ) from None
-
-    async def _abandon(self, attempt: _Attempt) -> None:
+    async def _abandon(self, attempt: Attempt) -> None:
         """Undo a start that ended early: kill its QEMU and wait for it, then remove its
         scratch and release its layers — the cleanup even when the wait is cancelled too
         (QEMU has had its SIGKILL)."""
@@ -751,70 +504,11 @@ class MicrovmRuntime:
             which = "the only image" if ref is None else f"image {ref!r}"
             raise BootFailed(f"{which} of {self.images}: {error}") from None
 
-    async def _upper_disk(self, scratch: Path, disk_limit: int | None) -> Path | None:
-        if disk_limit is None or disk_limit < MIN_UPPER_DISK:
-            return None
-        mkfs = shutil.which("mkfs.ext4")
-        if mkfs is None:
-            raise BootFailed("mkfs.ext4 is not installed: apt-get install e2fsprogs")
-        upper = scratch / "upper.img"
-        with open(upper, "wb") as file:
-            file.truncate(disk_limit)
-        process = await asyncio.create_subprocess_exec(
-            mkfs,
-            "-q",
-            "-F",
-            "-O",
-            "^has_journal",
-            "-m",
-            "0",
-            "-E",
-            "lazy_itable_init=1,nodiscard",
-            str(upper),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            said, _ = await process.communicate()
-        except BaseException:  # cancelled: the guest will not need it, nor its scratch
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            raise
-        if process.returncode != 0:
-            detail = said.decode("utf-8", "replace").strip().splitlines()
-            raise BootFailed(f"cannot make the upper disk: {detail[-1] if detail else '?'}")
-        return upper
-
-    def _console(self, workload_id: str) -> tuple[IO[str] | None, Path | None]:
-        if self.log_dir is None:
-            return None, None
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{file_stem(workload_id)}.log"
-        return open(path, "a", encoding="utf-8"), path  # the guest closes it
-
-    @staticmethod
-    def _reason(said: str, spec: BootSpec, image: OciImage) -> str:
-        word, _, rest = said.partition(" ")
-        if word == "not-found":
-            return f"command not found: {spec.command[0]!r}"
-        if word == "module":
-            return f"the guest kernel could not load module {rest}: berth microvm setup"
-        if word == "mount" and rest.startswith("layer-"):
-            index = int(rest.removeprefix("layer-")) if rest[6:].isdigit() else -1
-            which = image.layers[index].digest if 0 <= index < len(image.layers) else rest
-            return f"the guest could not mount layer {which}"
-        if word == "disks":
-            return f"the guest found only {rest} of its disks"
-        if word in ("user", "group"):
-            return f"the image's user {image.config.user!r} is not in its /etc/passwd or /etc/group"
-        return said
-
     async def _watch(self, guest: _Guest) -> None:
         workload = guest.workload
         try:
             end = await workload.vm.wait()
-            status = _status(end, guest.stop_requested)
+            status = workload_exit(end, guest.stop_requested)
             workload.oom_kills = end.oom_kills
         except Exception as error:  # the console could not be read: the guest is lost
             log.error("microVM %s: %s", workload.id, error)
@@ -825,31 +519,14 @@ class MicrovmRuntime:
                 "microVM %s: the guest's OOM killer ran %d time(s)", workload.id, workload.oom_kills
             )
         self._guests.pop(workload.id, None)
-        self._record_end(workload.id, status)
+        self._machines.record_end(workload.id, status)
         self._cleanup(guest.scratch, guest.layers)
         if workload._end(status):
             self._listeners.notify(workload)
 
-    def _record_end(self, workload_id: str, status: WorkloadExit) -> None:
-        """Make the supervisor's exit record (QEMU's end) the guest's: how its workload
-        ended, so :meth:`ended` answers it after its scratch directory is gone."""
-        if self.state_dir is None:
-            return
-        files = self._host.files(workload_id)
-        if files is None or not files.exit.exists():
-            return
-        record = read_record(files.exit) or {}
-        ended = {"code": status.code} if status.code is not None else {"signal": status.signal}
-        with contextlib.suppress(OSError):
-            kept = {key: value for key, value in record.items() if key not in ("code", "signal")}
-            atomic_write(files.exit, json.dumps({**kept, **ended, "qemu": record}))
-
     def _cleanup(self, scratch: Path | None, digests: tuple[str, ...]) -> None:
         if scratch is not None:
-            socket = _console_of(scratch, _nonce_in(scratch)).socket
-            if socket.parent != scratch:  # a socket kept outside: its own file
-                socket.unlink(missing_ok=True)
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_scratch(scratch)
         for digest in digests:
             try:
                 self.layer_files.release(digest)
@@ -877,12 +554,12 @@ class MicrovmRuntime:
         still run (pid and start time, through a pidfd), its image must still name the
         layers it booted from and their files must be here; ``None`` otherwise (a guest that
         runs but cannot be adopted is killed)."""
-        found = _located(locator)
+        found = located(locator)
         if found is None or workload_id in self._guests or workload_id in self._starting:
             return None
         scratch, nonce, socket, digests = found
         assert locator is not None
-        processes = self._processes(scratch)
+        processes = self._machines.processes(scratch)
         handle = processes.adopt(workload_id, spec, locator)
         if handle is None:
             return None
@@ -892,8 +569,8 @@ class MicrovmRuntime:
             return None
         image, layers = held
         console = GuestConsole(socket, scratch / "console.log")
-        log_file, console_path = self._console(workload_id)
-        vm = self._vm(processes, handle, nonce, console, log_file, adopted=True)
+        log_file, console_path = self._machines.console_log(workload_id)
+        vm = guest_vm(processes, handle, nonce, console, log_file, adopted=True)
         workload = MicrovmWorkload(
             workload_id,
             spec,
@@ -941,30 +618,12 @@ class MicrovmRuntime:
         printed in its console log (``code``, or ``signal`` for the shell's 128 + N), else its
         supervisor's record of QEMU's end; ``None`` if neither is known.  What the guest
         left (its scratch directory) is removed."""
-        found = _located(locator)
-        record = self._host.ended(workload_id)
-        if found is None:
-            return record
-        scratch, nonce, _, _ = found
-        status, oom_kills = console_status(scratch / "console.log", nonce)
-        self._cleanup(scratch, ())
-        if status is None:
-            return record
-        ended = _status(GuestEnd(status, oom_kills, None, 0, False), False)
-        result: dict[str, Any] = (
-            {"code": ended.code} if ended.code is not None else {"signal": ended.signal}
-        )
-        if oom_kills:
-            result["lost"] = f"the guest's OOM killer ran {oom_kills} time(s)"
-        return result
+        return self._machines.ended(workload_id, locator)
 
     def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None:
         """Kill a guest of this state directory that will not be adopted, if it runs, and
         remove what it left."""
-        self._host.abandon(workload_id, locator)
-        found = _located(locator)
-        if found is not None:
-            self._cleanup(found[0], ())
+        self._machines.abandon(workload_id, locator)
 
     async def aclose(self) -> None:
         """Stop every guest."""

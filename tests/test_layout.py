@@ -196,13 +196,14 @@ LAYERS: Layers = (
 """berth's parts, lowest first.  A module imports from its own part or a lower layer's."""
 
 NODE_LAYERS: Layers = (
+    # a workload's supervisor (a standard-library script): files, and whether a process lives
+    ("berth.node.runtime.supervisor",),
     # the budget, the layer record, erofs conversion, the runtime port, the microVM machinery
     (
         "berth.node.budget",
         "berth.node.layers",
         "berth.node.erofs",
         "berth.node.runtime.port",
-        "berth.node.runtime.supervisor",
         "berth.node.microvm",
     ),
     # the load monitor, layers as files, the two light runtime drivers, the journal, a

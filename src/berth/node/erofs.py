@@ -62,6 +62,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
 from berth.errors import Invalid, Unavailable
+from berth.node.runtime.supervisor import pid_alive
 from berth.oci import OciLayer
 from berth.validation import shown
 
@@ -72,7 +73,6 @@ __all__ = [
     "ErofsImage",
     "convert_layer",
     "mkfs_erofs",
-    "pid_alive",
     "remove_leftovers",
     "scratch_for",
     "unpacked_estimate",
@@ -234,21 +234,6 @@ def remove_leftovers(directory: Path) -> list[Path]:
                 os.unlink(entry.path)
         removed.append(Path(entry.path))
     return removed
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` lives (this process does; one of another user counts as alive):
-    the test that a scratch left under a process id is a leftover (here and in
-    :mod:`berth.node.runtime.microvm`)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _ScratchTooSmall(Exception):

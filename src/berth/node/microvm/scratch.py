@@ -33,12 +33,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from berth.node.erofs import pid_alive
 from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.qemu import GuestConsole, VmSize
 from berth.node.microvm.vm import write_initrd
 from berth.node.runtime.port import BootFailed, BootSpec
-from berth.node.runtime.supervisor import file_stem, read_record
+from berth.node.runtime.supervisor import file_stem, pid_alive, read_record
 from berth.oci import OciImage
 from berth.units import MiB
 

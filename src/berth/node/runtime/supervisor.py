@@ -43,7 +43,9 @@ supervisor process itself through ``berth``: it imports only the standard librar
 supervisor costs a bare interpreter (measured: ~13 MB resident, ~26 ms to start) and not
 berth's dependencies.
 The agent and the runtime import it for the file formats (:func:`read_owner`,
-:func:`write_owner`, :func:`start_ticks`, :func:`read_record`).  It is deliberately not the
+:func:`write_owner`, :func:`start_ticks`, :func:`read_record`), and every part of the node
+for the one liveness check (:func:`alive`, and :func:`pid_alive` where a pid is all there
+is).  It is deliberately not the
 runtime: it knows nothing of budgets or specs, only one command, its limits, and its owner.
 
 The supervisor is told what to do on its standard input (one JSON object: ``command``,
@@ -78,6 +80,7 @@ __all__ = [
     "alive",
     "atomic_write",
     "file_stem",
+    "pid_alive",
     "read_owner",
     "read_record",
     "start_ticks",
@@ -140,19 +143,28 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (this one does; one of another user counts): all a
+    pid alone can say — the pid may have been recycled (:func:`alive` asks about *the*
+    process).  What names a leftover scratch directory by the pid that made it uses it."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def alive(pid: int, ticks: int) -> bool:
     """Whether process ``pid`` runs and is the one that started at ``ticks`` (not a zombie).
 
     Without ``/proc`` (not Linux) there are no start times (``ticks`` is 0): the bare pid is
     all there is, and a recycled one would pass — the robust identity is Linux's."""
     if not os.path.isdir("/proc/self"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_alive(pid)
     if start_ticks(pid) != ticks:
         return False
     try:

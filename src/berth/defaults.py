@@ -23,6 +23,8 @@ __all__ = [
     "LOAD_TAU_S",
     "LOCAL_HEARTBEAT_S",
     "MAX_ORPHAN_GRACE_S",
+    "MICROVM_BOOT_TIMEOUT_S",
+    "MICROVM_QEMU",
     "MICROVM_STOP_GRACE_S",
     "NODE_GONE_AFTER_S",
     "ORPHAN_GRACE_S",
@@ -63,6 +65,13 @@ about two of these after a server restart."""
 FOLLOW_SYNC_TIMEOUT_S = 5.0
 """How long a watch of the routes or the records waits to catch up when it starts (it goes
 on after, logged)."""
+
+MICROVM_QEMU = "qemu-system-x86_64"
+"""The QEMU binary microVM guests run under, looked up on ``PATH`` (``[microvm] qemu``)."""
+
+MICROVM_BOOT_TIMEOUT_S = 300.0
+"""How long a microVM guest may take to start its workload — a cold boot under emulation on
+a busy host (``[microvm] boot_timeout_s``)."""
 
 KVM_PROBE_TIMEOUT_S = 30.0
 """How long the probe guest that decides between KVM and TCG may take to report in."""

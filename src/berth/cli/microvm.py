@@ -14,7 +14,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from berth.node.microvm.paths import DEFAULT_QEMU, GuestFiles
+from berth.defaults import MICROVM_QEMU
+from berth.node.microvm.paths import GuestFiles
 from berth.node.microvm.setup import setup
 
 __all__ = ["register", "setup_command"]
@@ -30,7 +31,7 @@ def setup_command(
     force: Annotated[
         bool, typer.Option("--force", help="Fetch the kernel again even if one is set up.")
     ] = False,
-    qemu: Annotated[str, typer.Option(help="The QEMU binary to probe with.")] = DEFAULT_QEMU,
+    qemu: Annotated[str, typer.Option(help="The QEMU binary to probe with.")] = MICROVM_QEMU,
 ) -> None:
     """Fetch Debian's cloud kernel and modules, build the guest init, probe KVM/TCG."""
     files = GuestFiles.at(data_dir)

@@ -39,9 +39,9 @@ table::
                                     # in memory only, the last 1,000 lines)
     node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/ and guests' run/
 
-The ``[microvm]`` table's model, :class:`~berth.node.microvm.config.MicrovmSection`, lives with
-the microVM code (the runtime driver reads it without importing this module); it is
-re-exported here as part of a whole file's model.
+The ``[microvm]`` table's model, :class:`MicrovmSection`, is here with the others: the
+microVM runtime driver (:mod:`berth.node.runtime.microvm`) builds itself from it, and sits
+above this module; the microVM machinery (:mod:`berth.node.microvm`) takes plain values.
 
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
@@ -63,20 +63,21 @@ import stat
 import tomllib
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, Strict
+from pydantic import AfterValidator, Field, Strict, StrictStr
 
 from berth.defaults import (
     HEARTBEAT_S,
     LEASE_TTL_S,
     LOAD_SAMPLE_PERIOD_S,
     LOAD_TAU_S,
+    MICROVM_BOOT_TIMEOUT_S,
+    MICROVM_QEMU,
     ORPHAN_GRACE_S,
     STOP_GRACE_S,
 )
 from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
-from berth.node.microvm.config import MicrovmSection
 from berth.node.runtime.port import StopGrace
 from berth.node.runtime.process import OrphanGrace
 from berth.platform import Platform, host
@@ -85,11 +86,13 @@ from berth.validation import BerthModel, shown
 __all__ = [
     "MAX_CONFIG_BYTES",
     "MAX_DEPTH",
+    "AccelChoice",
     "AgentConfig",
     "AgentSection",
     "BudgetSection",
     "MicrovmSection",
     "NodeSection",
+    "PathText",
     "load_config",
 ]
 
@@ -152,6 +155,35 @@ class AgentSection(BerthModel):
     runtime: Literal["process", "fake", "microvm"] = "process"
     stop_grace_s: StopGrace = STOP_GRACE_S  # the runtimes' rule: 0 to an hour
     orphan_grace_s: OrphanGrace = ORPHAN_GRACE_S
+
+
+AccelChoice = Literal["auto", "kvm", "tcg"]
+"""How microVM guests are accelerated: ``kvm``, ``tcg``, or ``auto`` (what ``berth microvm
+setup``'s probe found)."""
+
+
+def _path_text(value: str) -> str:
+    if not value.strip():
+        raise Invalid("must not be empty")
+    if len(value) > 4096 or not value.isprintable():
+        raise Invalid(f"not a path: {shown(value)}")
+    return value
+
+
+PathText = Annotated[StrictStr, AfterValidator(_path_text)]
+"""A path as configured: non-empty, printable, at most 4,096 characters."""
+
+
+class MicrovmSection(BerthModel):
+    """``[microvm]``: where the microVM runtime finds its files (all optional)."""
+
+    data_dir: PathText | None = None
+    images: PathText | None = None
+    accel: AccelChoice = "auto"
+    qemu: PathText = MICROVM_QEMU
+    boot_timeout_s: Interval = MICROVM_BOOT_TIMEOUT_S
+    log_dir: PathText | None = None
+    node_dir: PathText | None = None
 
 
 class AgentConfig(BerthModel):

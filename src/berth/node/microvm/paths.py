@@ -28,13 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from berth.defaults import MICROVM_QEMU
 from berth.errors import Invalid
-from berth.node.microvm.config import DEFAULT_QEMU
 from berth.node.microvm.initramfs import INIT_SCRIPT
 from berth.validation import shown
 
 __all__ = [
-    "DEFAULT_QEMU",
     "Accel",
     "GuestFiles",
     "default_data_dir",
@@ -137,7 +136,7 @@ class GuestFiles:
         partial.replace(self.accel_file)
 
 
-def problems(files: GuestFiles, qemu: str = DEFAULT_QEMU) -> list[str]:
+def problems(files: GuestFiles, qemu: str = MICROVM_QEMU) -> list[str]:
     """What this host lacks to boot microVMs from ``files``, each with its fix; ``[]`` if ready."""
     found: list[str] = []
     setup = "berth microvm setup" + (

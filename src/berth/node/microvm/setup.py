@@ -35,12 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from berth.defaults import KVM_PROBE_TIMEOUT_S
+from berth.defaults import KVM_PROBE_TIMEOUT_S, MICROVM_QEMU
 from berth.errors import BerthError
 from berth.node.config import AgentConfig
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.initramfs import MODULES, build_initramfs
-from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles, problems
+from berth.node.microvm.paths import Accel, GuestFiles, problems
 from berth.node.microvm.vm import probe
 
 __all__ = [
@@ -172,7 +172,7 @@ def setup(
     data_dir: str | Path | None = None,
     *,
     force: bool = False,
-    qemu: str = DEFAULT_QEMU,
+    qemu: str = MICROVM_QEMU,
     say: Callable[[str], None] = lambda _: None,
 ) -> SetupReport:
     """Prepare ``data_dir`` (see the module docstring); ``say`` hears each step."""

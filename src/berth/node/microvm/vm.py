@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from berth.defaults import MICROVM_QEMU
 from berth.node.microvm.initramfs import GuestConfig, config_archive
-from berth.node.microvm.paths import DEFAULT_QEMU, Accel, GuestFiles
+from berth.node.microvm.paths import Accel, GuestFiles
 from berth.node.microvm.qemu import (
     GuestConsole,
     host_tsc_khz,
@@ -356,7 +357,7 @@ def probe(
     files: GuestFiles,
     accel: Accel,
     *,
-    qemu: str = DEFAULT_QEMU,
+    qemu: str = MICROVM_QEMU,
     timeout_s: float = 60.0,
 ) -> tuple[bool, str]:
     """Boot a guest that only reports in, under ``accel``: ``(True, "booted in 1.9 s")`` or

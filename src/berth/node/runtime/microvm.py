@@ -55,10 +55,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from berth.defaults import KVM_PROBE_TIMEOUT_S, MICROVM_STOP_GRACE_S, ORPHAN_GRACE_S
+from berth.defaults import (
+    KVM_PROBE_TIMEOUT_S,
+    MICROVM_BOOT_TIMEOUT_S,
+    MICROVM_QEMU,
+    MICROVM_STOP_GRACE_S,
+    ORPHAN_GRACE_S,
+)
 from berth.errors import BerthError, Invalid
+from berth.node.config import AccelChoice, MicrovmSection
 from berth.node.layer_files import LayerFiles
-from berth.node.microvm.config import BOOT_TIMEOUT_S, DEFAULT_QEMU, AccelChoice, MicrovmSection
 from berth.node.microvm.machine import (
     Attempt,
     GuestMachines,
@@ -129,8 +135,7 @@ class AgentSettings(Protocol):
     """What :meth:`MicrovmRuntime.from_config` reads of an agent's configuration: the node's
     name, the agent's layer cache and stop grace, and the ``[microvm]`` table.
 
-    :class:`~berth.node.config.AgentConfig` is one; naming only what is read keeps this driver
-    from importing the agent's configuration (which sits above the runtimes).
+    :class:`~berth.node.config.AgentConfig` is one; the driver names only what it reads.
     """
 
     @property
@@ -224,9 +229,9 @@ class MicrovmRuntime:
         *,
         files: GuestFiles | None = None,
         accel: AccelChoice = "auto",
-        qemu: str = DEFAULT_QEMU,
+        qemu: str = MICROVM_QEMU,
         stop_grace_s: float = MICROVM_STOP_GRACE_S,
-        boot_timeout_s: float = BOOT_TIMEOUT_S,
+        boot_timeout_s: float = MICROVM_BOOT_TIMEOUT_S,
         work_dir: str | Path | None = None,
         log_dir: str | Path | None = None,
         state_dir: Path | None = None,

@@ -1,0 +1,261 @@
+"""What several ``berth`` commands share: their common flags, and the helpers behind them.
+
+Owns only what more than one command module uses (a flag or a helper of one command lives in
+that command's module), so each is defined once:
+
+* the flags of the commands that join or ask a NATS cluster (``agent --nats``, ``scheduler``,
+  ``up``, ``place``, ``whereis``, ``routes``) and their helpers: the credentials, the client
+  TLS context, logging, ``--policy`` and ``--duration`` checked, the stop event of a service;
+* the flags of the commands that call the HTTP API (``run``, ``ps``, ``stop``, ``explain``,
+  ``nodes``, ``cordon``, ``uncordon``, ``drain``, ``images``) and how they print its answers:
+  ``--json`` documents, tables that fit (or, piped, are never cut), plain lines;
+* ``--layer ID:SIZE`` (``schedule``, ``place``, ``images add``) and the one stdout console.
+
+Every command that connects to NATS takes ``--nats URL`` (default ``$BERTH_NATS`` or
+``nats://127.0.0.1:4222``) and ``--creds FILE`` (a JSON ``{"user", "password"}`` file, as
+``berth up`` writes; default ``$BERTH_NATS_CREDS``), and, for a cluster whose servers require
+TLS, ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (all three: the CA the servers' certificates
+are checked against, and this client's certificate and key — mutual TLS;
+:meth:`berth.pki.TlsFiles.from_flags`).  Every command that calls the HTTP API finds it as
+:func:`berth.api.client.locate` says: ``--api``/``$BERTH_API``, ``--token``/``$BERTH_TOKEN``,
+else the ``$BERTH_HOME/api.json`` that ``berth up`` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from berth.api.client import ApiClient, locate
+from berth.errors import Invalid
+from berth.model import INTERVAL_RULE, Layer
+from berth.nats.connection import Credentials
+from berth.node.runtime.port import StopGrace
+from berth.units import format_information
+from berth.validation import Rule, fields_as, shown
+
+__all__ = [
+    "DEFAULT_URL",
+    "GRACE",
+    "MAX_PIPED_WIDTH",
+    "ApiOption",
+    "CredsOption",
+    "DurationOption",
+    "GraceOption",
+    "HttpPublicOption",
+    "JsonOption",
+    "NatsOption",
+    "OtlpOption",
+    "PolicyOption",
+    "TlsCaOption",
+    "TlsCertOption",
+    "TlsKeyOption",
+    "TokenOption",
+    "api_client",
+    "checked_duration",
+    "checked_policy",
+    "client_tls",
+    "configure_logging",
+    "console",
+    "counted",
+    "load_credentials",
+    "parse_layer_flag",
+    "print_json",
+    "say",
+    "show_table",
+    "size_text",
+    "stop_event",
+]
+
+console = Console()
+
+# -- the NATS commands' flags and helpers ----------------------------------------------------
+DEFAULT_URL = "nats://127.0.0.1:4222"
+NatsOption = Annotated[
+    str,
+    typer.Option(
+        "--nats",
+        envvar="BERTH_NATS",
+        help="The NATS server's URL; a cluster's servers comma-separated (fails over).",
+    ),
+]
+CredsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--creds", envvar="BERTH_NATS_CREDS", help="A credentials file (berth up writes them)."
+    ),
+]
+TlsCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-ca",
+        envvar="BERTH_TLS_CA",
+        help="TLS to NATS: the CA that signed the servers' certificates (with --tls-cert, "
+        "--tls-key).",
+    ),
+]
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert", envvar="BERTH_TLS_CERT", help="TLS to NATS: this client's certificate."
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None,
+    typer.Option("--tls-key", envvar="BERTH_TLS_KEY", help="TLS to NATS: its private key."),
+]
+DurationOption = Annotated[
+    float | None, typer.Option(help="Stop after this many seconds (default: until ^C).")
+]
+HttpPublicOption = Annotated[
+    bool,
+    typer.Option("--http-public", help="Allow --http on a non-loopback address."),
+]
+OtlpOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp",
+        help="Send traces to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 "
+        "(default: $OTEL_EXPORTER_OTLP_ENDPOINT; neither: tracing off).",
+    ),
+]
+PolicyOption = Annotated[
+    str,
+    typer.Option(
+        help="The placement policy: seed (the seed's ordering, the default), berth (mounted and "
+        "cached layer bytes, room priced by scarcity), kube, binpack, spread or random.",
+    ),
+]
+
+
+def load_credentials(path: Path | None) -> Credentials | None:
+    """The credentials of ``--creds FILE``; ``None`` without it."""
+    return None if path is None else Credentials.load(path)
+
+
+def client_tls(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """The client TLS context of ``--tls-ca``/``--tls-cert``/``--tls-key`` (all or none,
+    checked: :meth:`berth.pki.TlsFiles.from_flags`); ``None`` without them."""
+    from berth.pki import TlsFiles
+
+    files = TlsFiles.from_flags(ca, cert, key)
+    return None if files is None else files.client_context()
+
+
+def configure_logging() -> None:
+    """A service's log: INFO and up, timestamped, on stderr."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def checked_policy(name: str) -> str:
+    """``name`` when it names a registered policy, else ``Invalid`` naming ``--policy``."""
+    from berth.scheduler.policy.registry import policy_name
+
+    return policy_name(name, field="--policy")
+
+
+def checked_duration(duration: float | None) -> float | None:
+    """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
+    return None if duration is None else INTERVAL_RULE(duration, "--duration")
+
+
+def stop_event(duration: float | None) -> asyncio.Event:
+    """Set on SIGINT/SIGTERM or after ``duration`` seconds (call inside the running loop)."""
+    duration = checked_duration(duration)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if duration is not None:
+        loop.call_later(duration, stop.set)
+    return stop
+
+
+def parse_layer_flag(text: str) -> Layer:
+    """``--layer ID:SIZE`` (``sha256:abc…:12MiB`` — the size is after the last colon)."""
+    layer_id, sep, size = text.rpartition(":")
+    if not sep:
+        raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
+    with fields_as({"id": "--layer", "size": "--layer"}):
+        return Layer(id=layer_id, size=size)
+
+
+# -- the HTTP API's commands: flags, the client, output --------------------------------------------
+GRACE: Rule[float] = Rule(StopGrace)  # the runtime's own bound on a stop's grace
+MAX_PIPED_WIDTH = 1000
+"""The widest a table printed to a pipe or a file gets (a long command is folded there)."""
+
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api", envvar="BERTH_API", help="The API's URL (default: $BERTH_HOME/api.json)."
+    ),
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar="BERTH_TOKEN", help="The API's bearer token.")
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print the API's answer as one JSON document.")
+]
+GraceOption = Annotated[
+    float, typer.Option("--grace", help="Seconds a workload gets between SIGTERM and SIGKILL.")
+]
+
+
+@contextmanager
+def api_client(api: str | None, token: str | None) -> Iterator[ApiClient]:
+    with ApiClient(locate(api, token)) as client:
+        yield client
+
+
+def print_json(document: BaseModel | Mapping[str, Any]) -> None:
+    data = document.model_dump(mode="json") if isinstance(document, BaseModel) else document
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def show_table(table: Table, whole: tuple[str, ...] = ()) -> None:
+    """A table on a terminal fits the terminal, except the ``whole`` columns (names, ids),
+    which are never shortened; piped or captured, no column is cut to 80 characters (a node
+    name or an id shortened to ``n…`` would be useless to ``grep``)."""
+    for column in table.columns:
+        if column.header in whole:
+            column.no_wrap = True
+            column.min_width = max(len(str(cell)) for cell in [column.header, *column.cells])
+        else:
+            column.overflow = "fold"  # a narrow terminal folds a value, never drops its end
+    if console.is_terminal:
+        console.print(table)
+        return
+    widest = Measurement.get(console, console.options.update_width(MAX_PIPED_WIDTH), table)
+    Console(file=console.file, width=max(widest.maximum, console.width)).print(table)
+
+
+def size_text(value: int | None) -> str:
+    return "-" if value is None else format_information(value)
+
+
+def counted(number: int, noun: str) -> str:
+    """``1 node``, ``3 nodes``."""
+    return f"{number} {noun}{'s' if number != 1 else ''}"
+
+
+def say(text: str, *, soft_wrap: bool = True) -> None:
+    """One line of plain text on stdout: API strings in it are never read as rich markup."""
+    console.print(text, highlight=False, markup=False, soft_wrap=soft_wrap)

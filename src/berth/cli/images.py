@@ -1,0 +1,119 @@
+"""``berth images``: the registered images — list them, ``add`` one, ``import-oci`` a layout.
+
+A command group of its own (:data:`images_app`): with no subcommand it lists the images; ``add``
+registers one as its chain of layers with sizes (``--layer ID:SIZE``), ``import-oci`` reads a
+local OCI image layout on the API's machine.  Each is a call to the HTTP API through
+:mod:`berth.api.client`; ``--json`` prints the API's answer as one JSON document instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from berth.cli.common import (
+    ApiOption,
+    JsonOption,
+    TokenOption,
+    api_client,
+    counted,
+    parse_layer_flag,
+    print_json,
+    say,
+    show_table,
+    size_text,
+)
+from berth.validation import fields_as
+
+__all__ = ["images", "images_add", "images_app", "images_import_oci"]
+
+_IMAGE_FLAGS = {"name": "NAME", "platform": "--platform", "layers": "--layer", "path": "PATH"}
+
+images_app = typer.Typer(
+    help="Registered images: list them (no command), add one, import an OCI layout."
+)
+
+
+@images_app.callback(invoke_without_command=True)
+def images(
+    context: typer.Context,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List registered images (or: berth images add / import-oci)."""
+    if context.invoked_subcommand is not None:
+        return
+    with api_client(api, token) as client:
+        found = client.images()
+    if as_json:
+        print_json(found)
+        return
+    items = sorted(found.items, key=lambda image: image.name)
+    table = Table(title=counted(len(items), "image"))
+    for column in ("image", "platform", "layers", "size"):
+        table.add_column(column, no_wrap=column != "image")
+    for image in items:
+        table.add_row(
+            escape(image.name),
+            escape(image.platform or "any"),
+            str(len(image.layers)),
+            size_text(image.size),
+        )
+    show_table(table, whole=("image",))
+
+
+def _print_image(image: Any, verb: str) -> None:
+    say(
+        f"{verb} {image.name}: {counted(len(image.layers), 'layer')}, {size_text(image.size)}, "
+        f"platform {image.platform or 'any'}"
+    )
+
+
+@images_app.command("add")
+def images_add(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The image's name.")],
+    layer: Annotated[
+        list[str], typer.Option(help="A layer ID:SIZE, base layer first (repeatable).")
+    ],
+    platform: Annotated[str | None, typer.Option(help="The platform it was built for.")] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register an image as its chain of layers with sizes."""
+    body: dict[str, Any] = {
+        "name": name,
+        "layers": [parse_layer_flag(text).model_dump() for text in layer],
+    }
+    if platform is not None:
+        body["platform"] = platform
+    with api_client(api, token) as client, fields_as(_IMAGE_FLAGS):
+        image = client.add_image(body)
+    if as_json:
+        print_json(image)
+        return
+    _print_image(image, "registered")
+
+
+@images_app.command("import-oci")
+def images_import_oci(
+    path: Annotated[
+        Path, typer.Argument(metavar="PATH", help="An OCI image layout directory (index.json…).")
+    ],
+    name: Annotated[str | None, typer.Option(help="The name to register it under.")] = None,
+    api: ApiOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register an image read from a local OCI image layout (on the API's machine)."""
+    with api_client(api, token) as client, fields_as(_IMAGE_FLAGS):
+        image = client.import_oci(str(path.absolute()), name)
+    if as_json:
+        print_json(image)
+        return
+    _print_image(image, "imported")

@@ -1,0 +1,170 @@
+"""``berth place``, ``berth whereis``, ``berth routes``: the caller's side of a NATS cluster.
+
+Place a workload through the cluster's schedulers, find the node one runs on, list every
+route — each one request over a connection of its own (``--nats``, ``--creds`` and the TLS
+flags: :mod:`berth.cli.common`).  The checks of what the user typed before anything connects
+(a request's fields, a ``namespace/name/replica`` key) live here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from pydantic import Field, Strict
+from rich.table import Table
+
+from berth.cli.common import (
+    DEFAULT_URL,
+    CredsOption,
+    NatsOption,
+    TlsCaOption,
+    TlsCertOption,
+    TlsKeyOption,
+    client_tls,
+    console,
+    load_credentials,
+    parse_layer_flag,
+)
+from berth.errors import Invalid
+from berth.model import MAX_REPLICA, NAME_RULE, Request
+from berth.nats.connection import connect
+from berth.units import format_information
+from berth.validation import Rule, fields_as
+
+__all__ = ["place", "routes", "whereis"]
+
+_REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICA)])
+_PLACE_FLAGS = {
+    "namespace": "--namespace",
+    "name": "--name",
+    "replica": "--replica",
+    "spec": "--instance",
+    "platforms": "--platform",
+    "layers": "--layer",
+}
+
+
+def _check_workload_key(workload: str) -> None:
+    """``namespace/name/replica``, each part as a request's (names, a replica index)."""
+    parts = workload.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise Invalid(f"expected namespace/name/replica, got {workload!r}", field="WORKLOAD")
+    NAME_RULE(parts[0], "WORKLOAD")
+    NAME_RULE(parts[1], "WORKLOAD")
+    _REPLICA(int(parts[2]), "WORKLOAD")
+
+
+def place(
+    name: Annotated[str, typer.Option(help="Workload name.")] = "hello",
+    namespace: Annotated[str, typer.Option(help="Workload namespace.")] = "default",
+    replica: Annotated[int, typer.Option(help="Replica index (>= 0).")] = 0,
+    instance: Annotated[str, typer.Option(help="Instance type, e.g. micro.")] = "micro",
+    platform: Annotated[
+        list[str] | None, typer.Option(help="A platform the artifact provides (repeatable).")
+    ] = None,
+    layer: Annotated[
+        list[str] | None, typer.Option(help="An image layer ID:SIZE (repeatable).")
+    ] = None,
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+) -> None:
+    """Place one workload through the cluster's schedulers and print the placement."""
+    from berth.scheduler.nats import NatsScheduler
+
+    with fields_as(_PLACE_FLAGS):
+        request = Request(
+            namespace=namespace,
+            name=name,
+            replica=replica,
+            platforms=tuple(platform or ()),
+            spec=instance,
+            layers=tuple(parse_layer_flag(text) for text in layer or ()),
+        )
+    credentials = load_credentials(creds)
+    tls = client_tls(tls_ca, tls_cert, tls_key)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-place", credentials=credentials, tls=tls)
+        try:
+            placement = await NatsScheduler(client).schedule(request)
+        finally:
+            await client.close()
+        table = Table(title=f"placement of {request.key}", show_header=False)
+        table.add_row("worker node", placement.worker_node)
+        table.add_row("reservation", placement.reservation_id or "-")
+        table.add_row("rank", str(placement.rank))
+        table.add_row("colocated", format_information(placement.colocated_bytes))
+        refused = ", ".join(f"{node}: {reason}" for node, reason in placement.refusals)
+        table.add_row("refused on the way", refused or "-")
+        console.print(table)
+
+    asyncio.run(go())
+
+
+def whereis(
+    workload: Annotated[str, typer.Argument(help="namespace/name/replica, e.g. default/hello/0")],
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+) -> None:
+    """Which node holds a workload (from the routing registry)."""
+    from berth.registry.nats_routes import NatsRoutes
+
+    _check_workload_key(workload)
+    credentials = load_credentials(creds)
+    tls = client_tls(tls_ca, tls_cert, tls_key)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-whereis", credentials=credentials, tls=tls)
+        try:
+            route = await (await NatsRoutes(client).start()).whereis(workload)
+        finally:
+            await client.close()
+        if route is None:
+            console.print(f"{workload} is not placed (no route)", highlight=False)
+            raise typer.Exit(1)
+        console.print(
+            f"{route.workload} → {route.node} (reservation {route.reservation_id or '-'}"
+            f"{', ' + str(route.spec) if route.spec else ''})",
+            highlight=False,
+        )
+
+    asyncio.run(go())
+
+
+def routes(
+    node: Annotated[str | None, typer.Option(help="Only this node's routes.")] = None,
+    nats: NatsOption = DEFAULT_URL,
+    creds: CredsOption = None,
+    tls_ca: TlsCaOption = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+) -> None:
+    """Every route in the registry: workload → node."""
+    from berth.registry.nats_routes import NatsRoutes
+
+    credentials = load_credentials(creds)
+    tls = client_tls(tls_ca, tls_cert, tls_key)
+
+    async def go() -> None:
+        client = await connect(nats, name="berth-routes", credentials=credentials, tls=tls)
+        try:
+            found = await (await NatsRoutes(client).start()).list(node)
+        finally:
+            await client.close()
+        table = Table(title=f"{len(found)} route{'s' if len(found) != 1 else ''}")
+        for column in ("workload", "node", "reservation", "mem"):
+            table.add_column(column)
+        for route in found:
+            mem = format_information(route.spec.mem) if route.spec else "-"
+            table.add_row(route.workload, route.node, route.reservation_id or "-", mem)
+        console.print(table)
+
+    asyncio.run(go())

@@ -37,7 +37,8 @@ from berth.nodeclient import AgentNodes, LocalNodes, NodeClient
 from berth.ownership import Admission, Lease, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler import Scheduler, SingleNode
-from berth.scheduler.multinode import ClusterScheduler, Confirmed
+from berth.scheduler.decision import Confirmed
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import ClusterView, PlacementRequest, Policy, Scorer, Weighted
 from berth.state import NodeState, colocation_score, fits
 from berth.store.memory import MemoryStore

@@ -36,7 +36,8 @@ from berth.node.config import AgentConfig, AgentSection, NodeSection
 from berth.node.runtime import BootSpec, WorkloadHandle
 from berth.nodeclient.agents import AgentNodes
 from berth.ownership import Refused
-from berth.scheduler.multinode import ClusterScheduler, Confirmed
+from berth.scheduler.decision import Confirmed
+from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import Policy
 from berth.store.memory import MemoryStore
 from berth.validation import shown

@@ -1,12 +1,18 @@
-"""One placement decision: what the cluster scheduler's walk takes, and whom it asks, in order.
+"""One placement decision and its walk: rank, ask the nodes in order, rank again, explain.
 
 :class:`~berth.scheduler.multinode.ClusterScheduler` places a request by a *walk*: rank the
 nodes, ask them in turn (``attempt(node)``, the node's authoritative confirmation) until one
 confirms, and rank again when a pass ran out while the view changed.  Everything a walk
 needs and learns is one :class:`Decision`: the request (spec, layers, platforms, preferred
-node), how a node confirms it, the probe that measures it, the request's rules beyond the
-table of checks, and what the walk found so far — each refused node's reason (the nodes
-tried, never asked twice) and the rules of the current pass.
+node), how a node confirms it, the request's rules beyond the table of checks, and what the
+walk found so far — each refused node's reason (the nodes tried, never asked twice) and the
+rules of the current pass.  And the walk is the decision's own, start to end
+(:meth:`Decision.walk`): the scheduler hands it only how to rank its view now and how to
+say why nothing fits (its :class:`~berth.errors.NoCapacity`, every node's verdict), so one
+place holds the whole order of a placement — the passes, the asking, the refusals — and its
+one observer, the probe (:mod:`berth.observability.probe`: metrics and spans), hears every
+stage from there: each ranking, each node asked, each refusal, the node that confirmed, and
+the outcome.
 
 **Rules beyond the table.**  The checks (:data:`berth.checks.CHECKS`) judge a node's own
 figures; a rule that needs what only the scheduler knows — a spread needs where the
@@ -33,16 +39,40 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from berth.errors import NoCapacity, Unavailable
 from berth.model import Layer, Spec
 from berth.observability.probe import SILENT, Probe
+from berth.ownership import Refused
 from berth.platform import Platform
 from berth.scheduler.ranking import NO_STAGES, Ranking, Stages
 
-__all__ = ["NO_RULES", "Decision", "PassRules", "RequestRules"]
+__all__ = ["MAX_PASSES", "NO_RULES", "Confirmed", "Decision", "PassRules", "RequestRules"]
 
 log = logging.getLogger("berth.scheduler")
 
 T = TypeVar("T")
+
+MAX_PASSES = 3
+"""Rankings one walk takes at most: the first, and re-rankings that found untried nodes
+after the previous pass was exhausted (the view changed during the walk)."""
+
+
+@dataclass(frozen=True)
+class Confirmed(Generic[T]):
+    """A confirmed placement: the node, what ``attempt`` returned, rank and colocated bytes."""
+
+    node: str
+    result: T
+    rank: int
+    colocated_bytes: int
+    refusals: tuple[tuple[str, str], ...] = ()
+
+
+def _reason(error: BaseException) -> str:
+    reason = getattr(error, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    return f"{type(error).__name__.lower()}: {error}"
 
 
 class PassRules(Protocol):
@@ -109,6 +139,48 @@ class Decision(Generic[T]):
     def what(self) -> str:
         """The request in a log line or a ``NoCapacity``: its spec, or that it has none."""
         return f"({self.spec})" if self.spec is not None else "(no resources declared)"
+
+    async def walk(
+        self,
+        rank: Callable[[], Ranking],
+        no_capacity: Callable[[Decision[T]], NoCapacity],
+        probe: Probe = SILENT,
+    ) -> Confirmed[T]:
+        """Place: passes of ``rank()`` (the scheduler's ranking of its view now, judged by the
+        pass's rules) asked in :meth:`order` until a node confirms — at most
+        :data:`MAX_PASSES`, a further one only while the last found nodes to ask — else
+        ``no_capacity(self)`` is raised.  ``probe`` hears every stage and the outcome."""
+        with probe:
+            self.probe = probe
+            for _ in range(MAX_PASSES):
+                self.begin_pass()
+                with probe.ranking():
+                    ranking = self.judged(rank())
+                asked = False
+                for index, node in self.order(ranking):
+                    asked = True
+                    confirmed = await self._ask(ranking, index, node)
+                    if confirmed is not None:
+                        return confirmed
+                if not asked:
+                    break
+            raise no_capacity(self)
+
+    async def _ask(self, ranking: Ranking, index: int, node: str) -> Confirmed[T] | None:
+        """Ask ``node`` to confirm: the confirmed placement, or ``None`` when it refused."""
+        probe = self.probe
+        try:
+            with probe.confirming(node):
+                result = await self.attempt(node)
+        except (Refused, Unavailable) as error:
+            reason = _reason(error)
+            log.info("node %s refused %s: %s", node, self.what, reason)
+            self.refused(node, reason)
+            probe.refused(node, error)
+            return None
+        colocated = ranking.colocated(index)
+        probe.placed(node, index, colocated)
+        return Confirmed(node, result, index, colocated, tuple(self.refusals.items()))
 
     def begin_pass(self) -> None:
         """A pass starts: take the rules as they are now."""

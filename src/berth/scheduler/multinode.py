@@ -36,9 +36,10 @@ arguments before doing anything — ``ranker`` is ``"engine"``, ``"reference"`` 
 (never a bare string), callbacks callable — and raise ``Invalid`` naming the parameter.
 
 **One decision, one walk.**  Each placement is a :class:`~berth.scheduler.decision.Decision`
-(request, confirmation, probe, refusals so far, the request's rules beyond the table of
-checks) that the walk takes whole: rank, apply the pass's stages, ask the nodes in the
-decision's order, rank again (see :mod:`berth.scheduler.decision`).
+(request, confirmation, refusals so far, the request's rules beyond the table of checks)
+that walks itself (:meth:`~berth.scheduler.decision.Decision.walk`): rank, apply the pass's
+stages, ask the nodes in the decision's order, rank again, and tell its probe each stage.
+The scheduler gives it only its ranking of the view and its account of why nothing fits.
 
 **Spread.**  A request with a ``spread`` (:mod:`berth.scheduler.spread`, the rule) brings
 such rules (:class:`~berth.scheduler.spread.SpreadRules`): a filter (hard) or a tier (soft)
@@ -67,8 +68,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from berth.boot import BootFailed
 from berth.defaults import LEASE_TTL_S
@@ -92,7 +92,7 @@ from berth.observability.probe import placement_probe
 from berth.ownership import Admission, Clock, Owner, Refused
 from berth.platform import Platform
 from berth.scheduler.assume import AssumeCache, apply
-from berth.scheduler.decision import NO_RULES, Decision, RequestRules
+from berth.scheduler.decision import NO_RULES, Confirmed, Decision, RequestRules
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import Explanation, verdicts
 from berth.scheduler.policy import Policy
@@ -106,34 +106,12 @@ from berth.validation import shown
 if TYPE_CHECKING:  # prometheus-client loads only where metrics are made
     from berth.observability.metrics import Metrics
 
-__all__ = ["ClusterScheduler", "Confirmed"]
+__all__ = ["ClusterScheduler"]
 
 log = logging.getLogger("berth.scheduler")
 
-MAX_PASSES = 3
-"""Rankings one ``place()`` walks at most: the first, and re-rankings that found untried
-nodes after the previous pass was exhausted (the view changed during the walk)."""
-
 T = TypeVar("T")
 W = TypeVar("W", bound=Owner)
-
-
-@dataclass(frozen=True)
-class Confirmed(Generic[T]):
-    """A confirmed placement: the node, what ``attempt`` returned, rank and colocated bytes."""
-
-    node: str
-    result: T
-    rank: int
-    colocated_bytes: int
-    refusals: tuple[tuple[str, str], ...] = ()
-
-
-def _reason(error: BaseException) -> str:
-    reason = getattr(error, "reason", None)
-    if isinstance(reason, str) and reason:
-        return reason
-    return f"{type(error).__name__.lower()}: {error}"
 
 
 class ClusterScheduler:
@@ -381,46 +359,14 @@ class ClusterScheduler:
         )
 
     async def _place(self, decision: Decision[T]) -> Confirmed[T]:
-        # One decision, measured (metrics, spans) by its probe: berth.observability.probe.
+        """Walk ``decision`` over this scheduler's view, measured (metrics, spans) by its
+        probe (:mod:`berth.observability.probe`)."""
         spec, layers, platforms = decision.spec, decision.layers, decision.platforms
-        with placement_probe(self.metrics, spec, layers, platforms) as probe:
-            decision.probe = probe
-            return await self._walk_ranked(decision)
-
-    async def _walk_ranked(self, decision: Decision[T]) -> Confirmed[T]:
-        """Rank, ask in turn, rank again while a pass finds untried nodes (``MAX_PASSES``)."""
-        for _ in range(MAX_PASSES):
-            decision.begin_pass()
-            with decision.probe.ranking():
-                base = self._rank(decision.spec, decision.layers, decision.platforms)
-                ranking = decision.judged(base)
-            asked = False
-            for index, node in decision.order(ranking):
-                asked = True
-                confirmed = await self._ask(decision, ranking, index, node)
-                if confirmed is not None:
-                    return confirmed
-            if not asked:
-                break
-        raise self._no_capacity(decision)
-
-    async def _ask(
-        self, decision: Decision[T], ranking: Ranking, index: int, node: str
-    ) -> Confirmed[T] | None:
-        """Ask ``node`` to confirm: the confirmed placement, or ``None`` when it refused."""
-        probe = decision.probe
-        try:
-            with probe.confirming(node):
-                result = await decision.attempt(node)
-        except (Refused, Unavailable) as error:
-            reason = _reason(error)
-            log.info("node %s refused %s: %s", node, decision.what, reason)
-            decision.refused(node, reason)
-            probe.refused(node, error)
-            return None
-        colocated = ranking.colocated(index)
-        probe.placed(node, index, colocated)
-        return Confirmed(node, result, index, colocated, tuple(decision.refusals.items()))
+        return await decision.walk(
+            lambda: self._rank(spec, layers, platforms),
+            self._no_capacity,
+            placement_probe(self.metrics, spec, layers, platforms),
+        )
 
     async def run(
         self,

@@ -19,8 +19,9 @@ import pytest
 
 from api_helpers import problem
 from berth.api import idempotency
-from berth.api.backend import RUN_ATTEMPTS, ClusterBackend
+from berth.api.backend import ClusterBackend
 from berth.api.client import ApiClient, ApiLocation
+from berth.api.create import RUN_ATTEMPTS
 from berth.api.idempotency import CreateKeys, key_name, request_hash
 from berth.api.placements import LocalPlacements
 from berth.api.problems import Problem

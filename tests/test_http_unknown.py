@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from api_helpers import eventually, problem
-from berth.api.backend import RUN_ATTEMPTS
+from berth.api.create import RUN_ATTEMPTS
 from berth.api.schemas import Workload
 from berth.api.testing import ApiUnderTest, embedded_api
 from berth.errors import Invalid

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from api_helpers import eventually
-from berth.api.backend import RUN_ATTEMPTS, ClusterBackend
+from berth.api.backend import ClusterBackend
+from berth.api.create import RUN_ATTEMPTS
 from berth.api.reconciler import Reconciler
 from berth.api.schemas import Workload
 from berth.api.testing import ApiUnderTest, embedded_api

@@ -76,7 +76,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from berth.api.backend import STATUS_TIMEOUT_S, ClusterBackend
+from berth.api.backend import ClusterBackend
+from berth.api.records import STATUS_TIMEOUT_S
 from berth.boot import BootSpec
 from berth.defaults import RECONCILE_ASK_AT_ONCE, RECONCILE_EVERY_S, RECONCILE_PENDING_AFTER_S
 from berth.errors import Invalid, Unavailable

@@ -66,7 +66,7 @@ from berth.registry.port import StoredWorkload, new_workload_id
 from berth.scheduler.nats_server import scheduler_service
 from berth.state import NodeState, running_digest
 from berth.store.nats import encode_state
-from berth.testing.cluster import NatsCluster, nats_cluster
+from berth.testing.cluster import NatsServices, nats_cluster
 from berth.testing.nats import running_server, unique_name
 from berth.units import GiB, KiB
 
@@ -79,7 +79,7 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def boot(cluster: NatsCluster, node: str, count: int) -> list[str]:
+async def boot(cluster: NatsServices, node: str, count: int) -> list[str]:
     """``count`` workloads on ``node`` under fresh ids (a few at a time)."""
     ids = [new_workload_id() for _ in range(count)]
     for start in range(0, count, 50):

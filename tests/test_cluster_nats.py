@@ -17,7 +17,7 @@ from berth.model import Request, Spec
 from berth.platform import Platform
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.port import Scheduler
-from berth.testing.cluster import Names, NatsCluster, nats_cluster
+from berth.testing.cluster import Names, NatsServices, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 from berth.testing.placement_contract import SchedulerContract
 from berth.units import MiB
@@ -27,7 +27,7 @@ SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 
 def cluster(
     url: str, nodes: int = 3, schedulers: int = 1
-) -> AbstractAsyncContextManager[NatsCluster]:
+) -> AbstractAsyncContextManager[NatsServices]:
     configs = embedded_configs(nodes, runtime="fake", heartbeat_s=1.0)
     return nats_cluster(
         url, configs, schedulers=schedulers, names=Names.namespaced(unique_name("c"))
@@ -137,5 +137,5 @@ def test_a_stopped_node_leaves_the_replicas_and_its_routes_go(nats_server: NatsS
     asyncio.run(scenario())
 
 
-async def _no_routes_on(running: NatsCluster, node: str) -> bool:
+async def _no_routes_on(running: NatsServices, node: str) -> bool:
     return not await running.routes.list(node)

@@ -18,7 +18,7 @@ from berth.errors import Unavailable
 from berth.nodeclient.faults import FaultyNodes
 from berth.registry.nats import NatsClaims, NatsImages, NatsWorkloads
 from berth.registry.port import StoredWorkload
-from berth.testing.cluster import Names, NatsCluster, nats_cluster
+from berth.testing.cluster import Names, NatsServices, nats_cluster
 from berth.testing.nats import NatsServer, client, unique_name
 
 
@@ -29,7 +29,7 @@ class BrokenRecords(NatsWorkloads):
         raise RuntimeError("the registry's driver broke")
 
 
-async def _records(how: str, url: str, running: NatsCluster, bucket: str) -> NatsWorkloads:
+async def _records(how: str, url: str, running: NatsServices, bucket: str) -> NatsWorkloads:
     if how == "unexpected":
         return await BrokenRecords(running.client, bucket=bucket).start()
     async with client(url) as lost:

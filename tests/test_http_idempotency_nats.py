@@ -31,7 +31,7 @@ from berth.nodeclient.nats import NatsNodes
 from berth.registry.nats import NatsImages, NatsWorkloads
 from berth.registry.port import KeyClaim, new_workload_id
 from berth.scheduler.nats import NatsScheduler
-from berth.testing.cluster import NatsCluster, nats_cluster
+from berth.testing.cluster import NatsServices, nats_cluster
 from berth.testing.nats import NatsServer
 
 TOKEN = "berth-test-token-0123456789abcdef"
@@ -51,7 +51,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServ
 @contextlib.asynccontextmanager
 async def two_apis(
     server: NatsServer, auth: ClusterAuth
-) -> AsyncIterator[tuple[NatsCluster, list[ClusterBackend], list[httpx.AsyncClient]]]:
+) -> AsyncIterator[tuple[NatsServices, list[ClusterBackend], list[httpx.AsyncClient]]]:
     configs = embedded_configs(len(NODES), runtime="fake", heartbeat_s=0.5)
     async with (
         nats_cluster(server.url, configs, schedulers=2, auth=auth) as running,
@@ -80,7 +80,7 @@ async def two_apis(
         yield running, backends, clients
 
 
-def running_workloads(running: NatsCluster) -> list[str]:
+def running_workloads(running: NatsServices) -> list[str]:
     return [wid for s in running.node_services.values() for wid in s.agent.workloads()]
 
 

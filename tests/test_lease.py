@@ -14,7 +14,7 @@ import pytest
 from berth.errors import Invalid
 from berth.registry.memory import MemoryLease
 from berth.registry.nats_lease import NatsLease
-from berth.registry.port import Lease
+from berth.registry.port import LeaderLease
 from berth.testing.lease_contract import Contenders, LeaseContract
 from berth.testing.nats import NatsServer, client, unique_name
 
@@ -41,7 +41,7 @@ class TestNatsLeaseContract(LeaseContract):
         async def opened() -> AsyncIterator[Contenders]:
             bucket = unique_name("lease")
             async with contextlib.AsyncExitStack() as stack:
-                leases: list[Lease] = []
+                leases: list[LeaderLease] = []
                 for _ in range(5):
                     nc = await stack.enter_async_context(client(self.url))
                     leases.append(

@@ -26,7 +26,7 @@ from berth.nats.names import Names
 from berth.observability.metrics import Metrics
 from berth.registry.nats import NatsWorkloads
 from berth.scheduler.nats_server import SchedulerService
-from berth.testing.cluster import NatsCluster, nats_cluster
+from berth.testing.cluster import NatsServices, nats_cluster
 from berth.testing.nats import running_server
 from berth.units import MiB
 
@@ -42,7 +42,7 @@ def passes(service: SchedulerService) -> float:
     return 0.0 if value is None else value
 
 
-async def ghost_stopped(cluster: NatsCluster, node: str, workload_id: str) -> float:
+async def ghost_stopped(cluster: NatsServices, node: str, workload_id: str) -> float:
     """Boot ``workload_id`` on ``node`` behind the API; seconds until it is stopped."""
     boot = BootSpec(name=workload_id, command=("sleep", "60"))
     await cluster.nodes.try_run(node, SPEC, [], boot, workload_id=workload_id)
@@ -58,7 +58,7 @@ TOKEN = "reconcile-test-token-0123"
 
 
 @contextlib.asynccontextmanager
-async def two_apis(nodes: int = 2) -> AsyncIterator[tuple[NatsCluster, list[ApiServer]]]:
+async def two_apis(nodes: int = 2) -> AsyncIterator[tuple[NatsServices, list[ApiServer]]]:
     """``nodes`` agents and two scheduler services, each serving the API (port 0) and
     contending for the reconciler's lease, on a nats-server of their own."""
     configs = embedded_configs(nodes, runtime="fake", heartbeat_s=0.5)
@@ -117,7 +117,7 @@ def test_one_scheduler_reconciles_and_the_other_takes_over_when_it_is_gone() -> 
     asyncio.run(scenario())
 
 
-async def converged(cluster: NatsCluster, workloads: NatsWorkloads, since: float) -> float:
+async def converged(cluster: NatsServices, workloads: NatsWorkloads, since: float) -> float:
     """Wait until every workload a node runs is named by a ``running`` record of that node;
     the seconds from ``since``."""
     while True:

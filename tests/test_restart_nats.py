@@ -12,7 +12,7 @@ from berth.errors import BerthError, NoCapacity
 from berth.model import Placement, Request, Spec
 from berth.node.runtime import BootSpec
 from berth.nodeclient.nats import NatsNodes
-from berth.testing.cluster import Names, NatsCluster, nats_cluster
+from berth.testing.cluster import Names, NatsServices, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 from berth.units import MiB
 
@@ -21,7 +21,7 @@ HEARTBEAT_S = 1.0
 LEASE_TTL_S = 2.0
 
 
-def _reserved_mem(cluster: NatsCluster, node: str) -> int:
+def _reserved_mem(cluster: NatsServices, node: str) -> int:
     budget = cluster.node_services[node].agent.budget
     limits = budget.limits
     return int(limits.mem_max) - budget.headroom().mem_free
@@ -38,7 +38,7 @@ def test_server_restart_mid_traffic() -> None:
         asyncio.run(scenario())
 
 
-async def _traffic_across_a_restart(server: NatsServer, cluster: NatsCluster) -> None:
+async def _traffic_across_a_restart(server: NatsServer, cluster: NatsServices) -> None:
     service = cluster.scheduler_services[0]
     nodes = service.scheduler.nodes
     assert isinstance(nodes, NatsNodes)  # the agent operations of the scheduler's own client

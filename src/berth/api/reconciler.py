@@ -53,7 +53,8 @@ each record towards what the node says — every change a compare-and-set on the
   expire`; an expired claim counts as absent anyway: this only keeps the store small).
 
 **One at a time.**  :meth:`Reconciler.run` acts only while it holds a
-:class:`~berth.registry.port.Lease` (a KV key with a TTL on NATS, :mod:`berth.registry.nats_lease`):
+:class:`~berth.registry.port.LeaderLease` (a KV key with a TTL on NATS,
+:mod:`berth.registry.nats_lease`):
 a task of its own renews it every third of the TTL whatever a pass is doing; the lease counts
 as held for two thirds of the TTL from the renewal's start, so a holder that fails to renew
 stops acting (no new pass, no ghost stopped) while its lease may still be valid — and
@@ -88,7 +89,7 @@ from berth.registry.port import (
     CLAIM_PENDING_S,
     ENDED_STATES,
     LIVE_STATES,
-    Lease,
+    LeaderLease,
     RecordIndex,
     Route,
     RouteRegistry,
@@ -509,7 +510,7 @@ class Reconciler:
         (under :meth:`run`; always ``False`` outside it)."""
         return self.monotonic() < self._held_until
 
-    async def run(self, lease: Lease, holder: str) -> None:
+    async def run(self, lease: LeaderLease, holder: str) -> None:
         """Reconcile every ``every_s`` while holding ``lease`` as ``holder``, until cancelled
         (then the lease is given up).  The lease is renewed every third of its TTL by a task
         of its own, whatever a pass is doing; a pass starts only while it is held — the first
@@ -534,7 +535,7 @@ class Reconciler:
             with contextlib.suppress(Exception):
                 await asyncio.shield(lease.release(holder))
 
-    async def _keep(self, lease: Lease, holder: str) -> None:
+    async def _keep(self, lease: LeaderLease, holder: str) -> None:
         """Take or renew the lease every third of its TTL; a failed renewal stops acting."""
         while True:
             asked = self.monotonic()

@@ -294,7 +294,7 @@ class MemoryRouteWatch:
 
 
 class MemoryLease:
-    """:class:`~berth.registry.port.Lease` in this process: the holder and its deadline,
+    """:class:`~berth.registry.port.LeaderLease` in this process: the holder and its deadline,
     judged by ``clock`` (a :class:`~berth.testing.clock.FakeClock` in tests).  Shared by the
     contenders of one process (the embedded API's reconcilers, tests)."""
 

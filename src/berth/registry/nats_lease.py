@@ -1,6 +1,6 @@
 """One holder at a time over NATS: a lease in a JetStream KV bucket with a TTL.
 
-The NATS driver of :class:`~berth.registry.port.Lease` (the port and its guarantee are in
+The NATS driver of :class:`~berth.registry.port.LeaderLease` (the port and its guarantee are in
 :mod:`berth.registry.port`; the in-process driver is :class:`~berth.registry.memory.MemoryLease`).
 The lease of job ``name`` is the key ``name`` in the bucket ``berth_leases``
 (:data:`~berth.nats.names.LEASE_BUCKET`), whose ``max_age`` is the lease's TTL: the server
@@ -39,7 +39,7 @@ __all__ = ["NatsLease"]
 
 
 class NatsLease:
-    """:class:`~berth.registry.port.Lease` of job ``name`` in a KV bucket (see the module
+    """:class:`~berth.registry.port.LeaderLease` of job ``name`` in a KV bucket (see the module
     docstring); ``await start()`` before use."""
 
     def __init__(

@@ -43,7 +43,7 @@ and one contract suite both pass (:mod:`berth.testing.registry_contract`):
 * :class:`ImageRegistry` — named images as layer chains with sizes (:class:`Image`), so a
   request can name one; values are checked before they reach it
   (:func:`berth.registry.images.image_of`).
-* :class:`Lease` — **one holder at a time** of a cluster-wide job (the reconciler): taken
+* :class:`LeaderLease` — **one holder at a time** of a cluster-wide job (the reconciler): taken
   create-if-absent, kept by renewing it before its TTL runs out (a compare-and-set on what
   the holder last wrote), lost by a holder that fails to renew in time — which then stops
   acting — and taken by another once it has expired.
@@ -87,7 +87,7 @@ __all__ = [
     "ImageLayer",
     "ImageRegistry",
     "KeyClaim",
-    "Lease",
+    "LeaderLease",
     "RecordIndex",
     "Replaceable",
     "Route",
@@ -367,7 +367,7 @@ class IdempotencyKeys(Protocol):
 
 
 # -- leases ----------------------------------------------------------------------------------
-class Lease(Protocol):
+class LeaderLease(Protocol):
     """One holder at a time of one named job (see the module docstring).  ``ttl_s`` is how
     long a holder keeps it without renewing; a holder renews well within it (a third)."""
 

@@ -3,7 +3,7 @@
 :func:`nats_cluster` starts, on a running ``nats-server``, N node services (each an agent
 answering its own subjects and publishing to the nodes bucket) and K scheduler services
 (each with its own replica, node client and assume cache, in one queue group), each on its
-own connection, and yields a :class:`NatsCluster` whose ``scheduler`` is the caller's
+own connection, and yields the :class:`NatsServices` it started, whose ``scheduler`` is the caller's
 placement port (:class:`~berth.scheduler.nats.NatsScheduler`).  Nothing passes between
 them but NATS messages, exactly as between machines; only the process is shared.
 
@@ -35,12 +35,14 @@ from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
 from berth.scheduler.nats_server import scheduler_service as open_scheduler_service
 
-__all__ = ["Names", "NatsCluster", "nats_cluster"]
+__all__ = ["Names", "NatsServices", "nats_cluster"]
 
 
 @dataclass
-class NatsCluster:
-    """What :func:`nats_cluster` started; ``scheduler`` is the placement port over NATS."""
+class NatsServices:
+    """The services :func:`nats_cluster` started on one server (not to be confused with
+    :class:`berth.nats.cluster.NatsCluster`, a cluster of nats-servers); ``scheduler`` is the
+    placement port over NATS."""
 
     url: str
     names: Names
@@ -64,7 +66,7 @@ async def nats_cluster(
     live_monitors: bool = False,
     share_replicas: bool = True,
     settle_races: bool = True,
-) -> AsyncIterator[NatsCluster]:
+) -> AsyncIterator[NatsServices]:
     """Agents for ``configs`` and ``schedulers`` schedulers on the server at ``url``.
 
     Agents in one process share one machine: unless ``live_monitors``, they read idle load
@@ -85,7 +87,7 @@ async def nats_cluster(
 
         caller = await connection("berth-caller", None if auth is None else auth.client)
         routes = await NatsRoutes(caller, bucket=names.routes_bucket).start()
-        cluster = NatsCluster(
+        cluster = NatsServices(
             url=url,
             names=names,
             client=caller,
@@ -140,7 +142,7 @@ async def nats_cluster(
         yield cluster
 
 
-async def _until_every_scheduler_sees(cluster: NatsCluster, nodes: set[str]) -> None:
+async def _until_every_scheduler_sees(cluster: NatsServices, nodes: set[str]) -> None:
     for _ in range(500):
         if all(set(s.scheduler.states()) >= nodes for s in cluster.scheduler_services):
             return

@@ -1,4 +1,4 @@
-"""The conformance suite of the lease port (:class:`berth.registry.port.Lease`), for any driver.
+"""The conformance suite of the leader-lease port (:class:`berth.registry.port.LeaderLease`).
 
 Subclass :class:`LeaseContract` beside a driver's tests and implement
 :meth:`~LeaseContract.open_leases`: a factory of *contenders* for one fresh lease with the
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
-from berth.registry.port import Lease
+from berth.registry.port import LeaderLease
 
 __all__ = ["LeaseContract"]
 
-Contenders = Callable[[], Lease]
+Contenders = Callable[[], LeaderLease]
 
 
 class LeaseContract:

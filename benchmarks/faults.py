@@ -2,7 +2,7 @@
 seeded injector kills, pauses and restarts the cluster's processes — agents, schedulers, API
 endpoints, nats-servers — and the host is watched.
 
-What it runs: a local cluster as ``berth up`` builds it (:class:`berth.up.LocalCluster`:
+What it runs: a local cluster as ``berth up`` builds it (:class:`berth.processes.up.LocalCluster`:
 ``--nats-servers`` nats-servers — 3 by default, clustered, every bucket R3; 1 is issue 20's
 setting —, 4 agent processes with the process runtime and small memory budgets of 1 to 1.5
 GiB, 2 schedulers, each serving the HTTP API on its own port, 1 s heartbeat), then ``--workers``
@@ -128,10 +128,10 @@ from berth.nats.names import API_BUCKET
 from berth.nats.server import die_with_parent
 from berth.nats.wire import node_token
 from berth.node.runtime.supervisor import WORKLOADS_DIR, file_stem
+from berth.processes.up import LocalCluster
 from berth.registry.port import ENDED_STATES
 from berth.store.nats import bucket_ttl_s
 from berth.units import MiB
-from berth.up import LocalCluster
 
 HEARTBEAT_S = 1.0
 GRACE_S = bucket_ttl_s(HEARTBEAT_S)

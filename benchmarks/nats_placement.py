@@ -7,7 +7,7 @@ What is timed is the whole path a caller sees on a real deployment, over loopbac
     ──reply──▶ scheduler ──placement──▶ caller
 
 with 50 agents (in two agent processes, as ``berth up`` groups them above 8 nodes) and 1 then
-2 scheduler processes in one queue group, started by :class:`berth.up.LocalCluster`
+2 scheduler processes in one queue group, started by :class:`berth.processes.up.LocalCluster`
 (no authentication: the same subjects, without the server's permission checks).  The caller
 keeps ``--concurrency`` requests in flight (a closed loop) and records each one's latency;
 placements/s is completed placements over the wall time of the measured run.  Each
@@ -49,9 +49,9 @@ from berth.embedded import EmbeddedCluster
 from berth.errors import BerthError
 from berth.model import Request, Spec
 from berth.nats.connection import connect
+from berth.processes.up import LocalCluster
 from berth.scheduler.nats import NatsScheduler
 from berth.units import MiB
-from berth.up import LocalCluster
 
 SPEC = Spec(vcpus=0.001, mem=16 * MiB, disk=16 * MiB)
 TARGETS = {

@@ -52,7 +52,6 @@ import time
 from typing import Any
 
 from berth.api.backend import ClusterBackend
-from berth.api.placements import LocalPlacements
 from berth.api.reconciler import Reconciler
 from berth.boot import BootSpec
 from berth.embedded import embedded_configs
@@ -61,9 +60,9 @@ from berth.nats.connection import connect, settle
 from berth.nats.names import Names
 from berth.nats.wire import encode_request, node_token, ok_reply
 from berth.platform import host
+from berth.processes.scheduler import scheduler_service
 from berth.registry.memory import MemoryImages, MemoryWorkloads
 from berth.registry.port import StoredWorkload, new_workload_id
-from berth.scheduler.nats_server import scheduler_service
 from berth.state import NodeState, running_digest
 from berth.store.nats import encode_state
 from berth.testing.cluster import NatsServices, nats_cluster
@@ -131,9 +130,10 @@ async def one_pass(url: str, nodes: int, per_node: int, passes: int) -> dict[str
         backend = ClusterBackend(
             service.scheduler,
             service.scheduler.nodes,  # type: ignore[arg-type]  # NatsNodes: an AgentClient
-            LocalPlacements(service.scheduler),
+            service.scheduler,
             workloads,
             MemoryImages(),
+            metrics=service.scheduler.metrics,
         )
         request = Request(namespace="bench", name="w", spec=SPEC).model_dump(mode="json")
         booted = await asyncio.gather(
@@ -272,9 +272,10 @@ async def scale_pass(
             backend = ClusterBackend(
                 service.scheduler,
                 service.scheduler.nodes,  # type: ignore[arg-type]  # NatsNodes: an AgentClient
-                LocalPlacements(service.scheduler),
+                service.scheduler,
                 workloads,
                 MemoryImages(),
+                metrics=service.scheduler.metrics,
             )
             reconciler = Reconciler(backend, records=workloads)
             first = await reconciler.reconcile()

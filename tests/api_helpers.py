@@ -4,10 +4,10 @@ answer.
 
 :func:`api_under_test` gives an :class:`~berth.api.testing.ApiUnderTest` by name —
 ``"in-process"`` (the application over the embedded cluster through httpx's ASGI transport,
-:func:`berth.api.testing.embedded_api`) or ``"nats"`` (``berth up``'s processes: a
-nats-server with authentication, agents, a scheduler serving the API, :class:`~berth.up.
-LocalCluster` with ``http=``) — so one test module runs the same tests against both
-(:data:`BOTH`, the parameters of its module-scoped fixture).
+:func:`berth.api.testing.embedded_api`) or ``"nats"`` (``berth up``'s processes: a nats-server
+with authentication, agents, a scheduler serving the API,
+:class:`~berth.processes.up.LocalCluster` with ``http=``) — so one test module runs the same
+tests against both (:data:`BOTH`, the parameters of its module-scoped fixture).
 
 Imported by the test modules as ``api_helpers`` (``tests/`` is on ``sys.path`` under pytest's
 default import mode, ``tests`` being no package).
@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from berth.api.testing import ApiUnderTest, embedded_api, remote_api
+from berth.processes.up import LocalCluster
 from berth.registry.nats import NatsClaims
 from berth.testing.nats import client
-from berth.up import LocalCluster
 
 PROBLEM = "application/problem+json"
 BOTH = ["in-process", pytest.param("nats", marks=pytest.mark.slow)]

@@ -23,20 +23,20 @@ from typing import Any
 import httpx
 import pytest
 
-from berth.api.server import scheduler_api
 from berth.errors import BerthError
 from berth.model import Layer, Spec
 from berth.nats.connection import connect
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive, read_record, start_ticks
 from berth.nodeclient.nats import NatsNodes
+from berth.processes.scheduler import scheduler_api
+from berth.processes.up import berth_command
 from berth.scheduler.nats_server import SchedulerService
 from berth.state import NodeState
 from berth.store.nats import NatsStore, bucket_ttl_s
 from berth.testing.cluster import nats_cluster
 from berth.testing.nats import NatsServer
 from berth.units import MiB
-from berth.up import berth_command
 
 pytestmark = pytest.mark.slow  # agent processes on a real nats-server, a few seconds each
 
@@ -167,7 +167,7 @@ async def served_api(
     url: str, token: str, **options: Any
 ) -> AsyncIterator[tuple[SchedulerService, httpx.AsyncClient]]:
     """A scheduler service on ``url`` serving the API (port 0; ``options`` as
-    :func:`~berth.api.server.scheduler_api` takes them) and a client of it, once the
+    :func:`~berth.processes.scheduler.scheduler_api` takes them) and a client of it, once the
     service sees the agent :data:`NODE`."""
     async with nats_cluster(url, [], schedulers=1) as cluster:
         service = cluster.scheduler_services[0]

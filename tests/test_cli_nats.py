@@ -13,8 +13,9 @@ import pytest
 
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
+from berth.node.config import config_toml
+from berth.processes.up import LocalCluster
 from berth.testing.nats import NatsServer
-from berth.up import LocalCluster, config_toml
 
 
 def berth(*args: str) -> subprocess.CompletedProcess[str]:

@@ -19,6 +19,7 @@ from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_node import NodeService
 from berth.ownership import Refused
+from berth.processes.agent import node_service
 from berth.scheduler.engine import Engine
 from berth.scheduler.explain import verdicts
 from berth.scheduler.reference import ReferenceRanker
@@ -200,7 +201,7 @@ def test_cordon_over_nats_survives_the_agent_restarting(
             nodes = NatsNodes(connection, prefix=prefix)
 
             def service() -> NodeService:
-                return NodeService(
+                return node_service(
                     connection,
                     config,
                     bucket=bucket,

@@ -1,6 +1,6 @@
 """The dashboard in a real browser over a real cluster.
 
-A ``berth up`` cluster (:class:`~berth.up.LocalCluster`: nats-server, three agent
+A ``berth up`` cluster (:class:`~berth.processes.up.LocalCluster`: nats-server, three agent
 processes with the fake runtime, a scheduler serving the API) gets an image, three workloads
 and a cordoned node through the operator's client; then Debian's headless Chromium opens the
 URL ``berth up`` prints (``/?token=…``: the cookie, the redirect), runs the page's script and
@@ -34,7 +34,7 @@ import pytest
 
 from berth.api.client import ApiClient, ApiLocation
 from berth.errors import NoCapacity
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 CHROMIUM = Path("/usr/bin/chromium")
 NODES = ("node-00", "node-01", "node-02")

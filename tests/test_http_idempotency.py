@@ -23,7 +23,6 @@ from berth.api.backend import ClusterBackend
 from berth.api.client import ApiClient, ApiLocation
 from berth.api.create import RUN_ATTEMPTS
 from berth.api.idempotency import CreateKeys, key_name, request_hash
-from berth.api.placements import LocalPlacements
 from berth.api.problems import Problem
 from berth.api.reconciler import KEYS_EXPIRE_EVERY_S, Reconciler
 from berth.api.schemas import Workload, WorkloadCreate
@@ -174,23 +173,26 @@ async def test_an_abandoned_claim_of_another_body_is_still_422() -> None:
         assert await workloads(api) == []
 
 
-class TakenOverWhilePlacing(LocalPlacements):
+class TakenOverWhilePlacing:
     """Placements whose every placement takes long enough for a repeat to take the
     create's key over meanwhile (as one would after the abandon bound)."""
 
     def __init__(self, scheduler: ClusterScheduler, keys: IdempotencyKeys) -> None:
-        super().__init__(scheduler)
+        self.scheduler = scheduler
         self.keys = keys
         self.takers: list[str] = []
 
     async def schedule(self, request: Request) -> Placement:
-        placement = await super().schedule(request)
+        placement = await self.scheduler.schedule(request)
         held = await self.keys.holder(key_name(KEY))
         assert held is not None
         taker = held.model_copy(update={"workload_id": new_workload_id()})
         await self.keys.claim(taker, replaceable=_always)
         self.takers.append(taker.workload_id)
         return placement
+
+    async def release(self, placement: Placement, *, workload: str | None = None) -> bool:
+        return await self.scheduler.release(placement, workload=workload)
 
 
 async def test_a_first_attempt_whose_key_was_taken_over_records_nothing() -> None:
@@ -235,7 +237,7 @@ async def test_a_repeat_after_its_api_process_died_creates_at_once(first_is_up: 
         backend = ClusterBackend(
             cluster.scheduler,
             cluster.client,
-            LocalPlacements(cluster.scheduler),
+            cluster.scheduler,
             registry,
             MemoryImages(),
             owner="api-b",

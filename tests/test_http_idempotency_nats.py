@@ -58,7 +58,7 @@ async def two_apis(
         contextlib.AsyncExitStack() as stack,
     ):
         backends, clients = [], []
-        for service in running.scheduler_services:  # as server.scheduler_api wires one
+        for service in running.scheduler_services:  # as processes.scheduler_api wires one
             assert isinstance(service.scheduler.nodes, NatsNodes)
             backend = ClusterBackend(
                 service.scheduler,

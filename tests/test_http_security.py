@@ -33,7 +33,6 @@ import pytest
 from api_helpers import BOTH, api_under_test, problem
 from berth.api.app import MAX_BODY_BYTES, create_app
 from berth.api.backend import ClusterBackend
-from berth.api.placements import LocalPlacements
 from berth.api.testing import TOKEN, ApiUnderTest
 from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.oci import ImageSpec, file, write_layout
@@ -347,7 +346,7 @@ async def api_over_nats_registries(url: str) -> AsyncIterator[tuple[httpx.AsyncC
         backend = ClusterBackend(
             cluster.scheduler,
             cluster.client,
-            LocalPlacements(cluster.scheduler),
+            cluster.scheduler,
             await NatsWorkloads(nc, bucket=bucket).start(),
             await NatsImages(nc, bucket=bucket).start(),
         )

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from api_helpers import api_client, until
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up
 

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up
 

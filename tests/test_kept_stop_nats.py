@@ -30,7 +30,7 @@ from berth.defaults import RECONCILE_EVERY_S
 from berth.nats.connection import connect
 from berth.nats.names import LEASE_BUCKET
 from berth.nats.wire import node_token
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up
 

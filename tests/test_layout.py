@@ -184,10 +184,14 @@ LAYERS: Layers = (
     ("berth.node",),
     ("berth.nodeclient",),
     ("berth.scheduler",),
-    # whole systems: in one process, simulated, the contract suites and test clusters
-    ("berth.embedded", "berth.sim", "berth.testing"),
-    # the HTTP API and the process supervisor; the commands; the public API
-    ("berth.api", "berth.up"),
+    # whole systems: in one process, simulated
+    ("berth.embedded", "berth.sim"),
+    # the HTTP API
+    ("berth.api",),
+    # the processes berth runs, each composed in one place (agent, scheduler with its API, up)
+    ("berth.processes",),
+    # the contract suites and the test clusters (built as the processes build their parts)
+    ("berth.testing",),
     # a real deployment's files (servers' configurations, credentials, certificates, units)
     ("berth.deploy",),
     ("berth.cli",),
@@ -383,6 +387,44 @@ def test_no_two_modules_import_each_other_at_module_level() -> None:
     assert cycle is None, "modules importing each other at module level:\n" + describe(cycle, graph)
 
 
+COMPOSED = (
+    "berth.node",
+    "berth.nodeclient",
+    "berth.scheduler",
+    "berth.store",
+    "berth.events",
+    "berth.registry",
+    "berth.api",
+)
+"""The packages whose ports and drivers the processes (``berth.processes``) put together."""
+
+
+def test_each_process_is_composed_in_the_processes_layer() -> None:
+    """``berth.processes`` (the agent, the scheduler with its API, ``berth up``) sits above
+    every package it composes, and only what runs or tests whole processes imports it — the
+    test clusters, the deployment files, the CLI.  The composed packages open no connection
+    of their own: they are handed one (``connect`` is the processes' and the test clusters')."""
+    above = layer_of("berth.processes", LAYERS)
+    below = [name for name in COMPOSED if layer_of(name, LAYERS) >= above]
+    assert below == [], f"composed packages not below berth.processes: {below}"
+    importers = {
+        part(edge.source)
+        for edge in all_edges()
+        if inside(edge.target, "berth.processes") and not inside(edge.source, "berth.processes")
+    }
+    assert importers <= {"berth.testing", "berth.deploy", "berth.cli"}, importers
+    connecting = [
+        f"{module}:{node.lineno}"
+        for module, path in modules().items()
+        if part(module) in COMPOSED
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "berth.nats.connection"
+        and any(alias.name == "connect" for alias in node.names)
+    ]
+    assert connecting == [], f"composed packages connecting by themselves: {connecting}"
+
+
 FORBIDDEN_ON_IMPORT = (
     "nats",
     "fastapi",
@@ -404,7 +446,7 @@ FORBIDDEN_ON_IMPORT = (
     "berth.api",
     "berth.cli",
     "berth.sim",
-    "berth.up",
+    "berth.processes",
     "berth.testing",
 )
 """Packages ``import berth`` must not load: each is loaded by the module that needs it."""

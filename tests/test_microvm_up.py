@@ -1,6 +1,6 @@
 """``berth up --runtime microvm``: the service's cluster booting real QEMU guests.
 
-A real cluster (:class:`~berth.up.LocalCluster`, as ``berth up --runtime microvm
+A real cluster (:class:`~berth.processes.up.LocalCluster`, as ``berth up --runtime microvm
 --nodes 2 --http 127.0.0.1:0`` starts it: nats-server, two ``microvm`` agents as processes,
 a scheduler serving the API) and the operator's commands against it: import the default OCI
 layout ``berth microvm setup`` wrote, run ``busybox`` twice — a long-running guest, then
@@ -32,8 +32,8 @@ from berth.cli.main import app
 from berth.nats.connection import connect
 from berth.node.microvm.paths import GuestFiles, problems
 from berth.oci import read_layout
+from berth.processes.up import LocalCluster
 from berth.store.nats import NatsStore, bucket_ttl_s
-from berth.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # starts a whole berth up
 

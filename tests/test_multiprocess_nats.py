@@ -16,10 +16,10 @@ import pytest
 from berth.errors import NoCapacity
 from berth.model import Request, Spec
 from berth.nats.connection import connect
+from berth.processes.up import LocalCluster
 from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.units import GiB, MiB
-from berth.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # starts a whole berth up
 

@@ -20,8 +20,8 @@ from berth.nats.connection import (
     server_urls,
     until_stopped,
 )
+from berth.processes.up import free_port
 from berth.testing.nats import NatsServer
-from berth.up import free_port
 
 
 def test_a_connection_closed_for_good_ends_the_wait_with_a_clear_error(

@@ -280,7 +280,7 @@ async def _pending_on(
 
 
 async def _cordoned_seen(backend: ClusterBackend, node: str) -> bool:
-    states = backend.scheduler.states()
+    states = backend.view.states()
     return all(state.cordoned for name, state in states.items() if name != node)
 
 
@@ -576,7 +576,7 @@ async def test_a_gone_nodes_workloads_are_lost_by_the_reconciler_alone() -> None
         workload = await created(api)
         faults.cut(workload.node)
         await cluster_of(under_test).agents[workload.node].stop()
-        assert workload.node not in backend.scheduler.states()
+        assert workload.node not in backend.view.states()
         await rec.reconcile()
         assert (await stored(backend, workload.id)).state == "unknown"
         clock.advance(29.0)

@@ -1,11 +1,11 @@
-"""One reconciler at a time over a real nats-server: two scheduler services, each serving the
-API (:func:`berth.api.server.scheduler_api`) on its own connection, contend for the lease in
-``berth_leases``.  Exactly one reconciles — a ghost booted behind the API's back is stopped,
-and only its passes are counted — and when its connection closes (what a killed process
-leaves), it stops acting and the other takes over within the lease's TTL and a period.  And
-the issue's fourth test: the API's scheduler (the reconciler too) loses its connection with
-creates in flight — afterwards every workload a node runs is recorded ``running`` on it
-within the TTL and two periods (the creates answered 503 after their boot are adopted).
+"""One reconciler at a time over a real nats-server: two scheduler services, each serving the API
+(:func:`berth.processes.scheduler.scheduler_api`) on its own connection, contend for the lease
+in ``berth_leases``. Exactly one reconciles — a ghost booted behind the API's back is stopped,
+and only its passes are counted — and when its connection closes (what a killed process leaves),
+it stops acting and the other takes over within the lease's TTL and a period. And the issue's
+fourth test: the API's scheduler (the reconciler too) loses its connection with creates in
+flight — afterwards every workload a node runs is recorded ``running`` on it within the TTL and
+two periods (the creates answered 503 after their boot are adopted).
 
 Its own nats-server: the API's buckets and the lease are not namespaced (one API per server)."""
 
@@ -18,12 +18,13 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from berth.api.server import ApiServer, scheduler_api
+from berth.api.server import ApiServer
 from berth.boot import BootSpec
 from berth.embedded import embedded_configs
 from berth.model import Spec
 from berth.nats.names import Names
 from berth.observability.metrics import Metrics
+from berth.processes.scheduler import scheduler_api
 from berth.registry.nats import NatsWorkloads
 from berth.scheduler.nats_server import SchedulerService
 from berth.testing.cluster import NatsServices, nats_cluster

@@ -19,9 +19,9 @@ import pytest
 
 from berth.defaults import RECONCILE_EVERY_S
 from berth.nats.connection import connect
+from berth.processes.up import LocalCluster
 from berth.registry.nats_routes import NatsRoutes
 from berth.registry.port import Route
-from berth.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up
 

@@ -37,13 +37,14 @@ from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive, read_record
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_node import ROUTES_FILE
+from berth.processes.scheduler import scheduler_service
+from berth.processes.up import berth_command
 from berth.registry.nats_routes import NatsRoutes
 from berth.registry.port import Route
 from berth.scheduler.nats import NatsScheduler
-from berth.scheduler.nats_server import SchedulerService, scheduler_service
+from berth.scheduler.nats_server import SchedulerService
 from berth.testing.nats import NatsServer
 from berth.units import MiB
-from berth.up import berth_command
 
 pytestmark = pytest.mark.slow  # agent processes on a real nats-server, several seconds each
 

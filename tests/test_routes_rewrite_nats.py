@@ -25,6 +25,7 @@ from berth.model import Layer, Placement, Spec
 from berth.node.budget import IDLE
 from berth.node.runtime import BootSpec
 from berth.nodeclient.nats_node import ROUTES_FILE, NodeService
+from berth.processes.agent import node_service
 from berth.registry.nats_routes import NatsRoutes, route_document
 from berth.registry.port import Route
 from berth.testing.nats import NatsServer, client, unique_name
@@ -37,7 +38,7 @@ LAYERS = (Layer(id="sha256:base", size=1000),)
 
 def _service(nc: object, routes: NatsRoutes, state_dir: Path) -> NodeService:
     config = embedded_configs(1, runtime="fake", heartbeat_s=60.0)[0]
-    return NodeService(
+    return node_service(
         nc,  # type: ignore[arg-type]
         config,
         bucket=unique_name("nodes"),

@@ -14,7 +14,7 @@ import pytest
 
 from api_helpers import api_client, problem, until
 from berth.api.schemas import Workload
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # starts a whole berth up
 

@@ -37,11 +37,11 @@ from berth.model import Request, Spec
 from berth.nats.connection import connect
 from berth.node.runtime.port import BootSpec
 from berth.observability import tracing
+from berth.processes.up import LocalCluster
 from berth.scheduler.nats import NatsScheduler
 from berth.testing.cluster import Names, nats_cluster
 from berth.testing.nats import NatsServer, unique_name
 from berth.units import MiB
-from berth.up import LocalCluster
 
 SMALL = Spec(vcpus=0.01, mem=16 * MiB, disk=16 * MiB)
 

@@ -11,8 +11,8 @@ from typer.testing import CliRunner, Result
 
 from berth.cli.main import app
 from berth.embedded import embedded_configs
+from berth.node.config import config_toml
 from berth.observability import tracing
-from berth.up import config_toml
 
 runner = CliRunner()
 

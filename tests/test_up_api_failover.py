@@ -20,7 +20,7 @@ import pytest
 from berth.api.client import ApiClient, ApiLocation
 from berth.api.server import write_api_file
 from berth.errors import Unavailable
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up with two API processes, one killed
 

@@ -18,8 +18,8 @@ from api_helpers import api_client
 from berth.errors import Invalid
 from berth.nats.connection import connect
 from berth.nats.names import API_BUCKET
+from berth.processes.up import LocalCluster
 from berth.registry.nats_routes import NatsRoutes
-from berth.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # three nats-servers, agents and a scheduler as processes
 

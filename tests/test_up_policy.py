@@ -17,7 +17,7 @@ import pytest
 
 from api_helpers import api_client
 from berth.errors import Invalid
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 REQUEST = {
     "namespace": "default",

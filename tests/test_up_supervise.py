@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from api_helpers import api_client
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up, its children killed and started again
 

@@ -18,7 +18,7 @@ import pytest
 from berth.api.client import ApiClient, ApiLocation
 from berth.errors import Unavailable
 from berth.nats.connection import connect
-from berth.up import LocalCluster
+from berth.processes.up import LocalCluster
 
 pytestmark = pytest.mark.slow  # a whole berth up (one and three nats-servers) with TLS
 

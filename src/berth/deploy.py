@@ -49,10 +49,9 @@ from berth.model import NAME_RULE
 from berth.nats.auth import ClusterAuth, generate
 from berth.nats.cluster import SYNC_INTERVAL, server_config
 from berth.nats.connection import Credentials
-from berth.node.config import AgentConfig
+from berth.node.config import AgentConfig, config_toml
 from berth.pki import CA_CERT, CertificateAuthority, TlsFiles
 from berth.private import write_private
-from berth.up import config_toml
 from berth.validation import shown
 
 __all__ = ["BERTH", "ETC", "Endpoint", "Plan", "write_deployment"]

@@ -367,7 +367,7 @@ def create_app(backend: ClusterBackend | None, *, token: str) -> FastAPI:
     configure(app, token)  # the token and the dashboard's session secret (berth.api.auth)
     app.add_middleware(BodyLimit)
     if backend is not None:  # None: generated_openapi (routes declared, never called)
-        app.state.metrics = backend.scheduler.metrics  # served by GET /metrics (http/metrics.py)
+        app.state.metrics = backend.metrics  # served by GET /metrics (http/metrics.py)
     install(app)
     app.add_middleware(TracingMiddleware)  # continues a caller's trace (berth.observability)
 

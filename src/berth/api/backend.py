@@ -1,11 +1,13 @@
 """What the API does, over a running cluster: place and boot, stop, drain, cordon, explain.
 
-:class:`ClusterBackend` is written against ports only: a scheduler's replica of the node
-states (for nodes and explanations), its node client (:class:`~berth.nodeclient.port.AgentClient`),
-the placement port (:class:`~berth.api.placements.Placements`) and the API's registries
+:class:`ClusterBackend` is written against ports only: a scheduler's view of the node
+states (for nodes and explanations, :class:`~berth.scheduler.view.ClusterView`), its node
+client (:class:`~berth.nodeclient.port.AgentClient`), the placement port with its release
+(:class:`~berth.scheduler.port.ReleasingScheduler`), the API's registries
 (:class:`~berth.registry.port.WorkloadRegistry` with its identity claims,
-:class:`~berth.registry.port.ImageRegistry`).  In a scheduler's process
-(``berth scheduler --http``, :func:`berth.api.server.scheduler_api`) they are that
+:class:`~berth.registry.port.ImageRegistry`) and where its decisions are counted
+(:class:`~berth.observability.metrics.Metrics`, the scheduler's).  In a scheduler's process
+(``berth scheduler --http``, composed by :mod:`berth.processes.scheduler`) they are that
 scheduler's parts over NATS, the queue group (any scheduler of the group may place) and the
 registries in the API's bucket; in this process (:mod:`berth.api.testing`) they are the
 embedded cluster's and the in-memory registries — the same API, tested both ways.
@@ -38,7 +40,6 @@ from berth.api.create import Creates
 from berth.api.decisions import Decisions
 from berth.api.idempotency import CreateKeys, Members
 from berth.api.nodes import NodeOperations
-from berth.api.placements import Placements
 from berth.api.records import SWEEP_EVERY_S, Records, not_found
 from berth.api.stops import Stops
 from berth.defaults import (
@@ -49,9 +50,11 @@ from berth.defaults import (
 from berth.events.port import WorkloadEvent
 from berth.model import INTERVAL_RULE, Placement
 from berth.nodeclient.port import AgentClient
+from berth.observability.metrics import Metrics
 from berth.registry.images import image_from_layout, image_of
 from berth.registry.port import Image, ImageRegistry, StoredWorkload, WorkloadRegistry
-from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.port import ReleasingScheduler
+from berth.scheduler.view import ClusterView
 
 __all__ = ["ClusterBackend"]
 
@@ -61,9 +64,9 @@ class ClusterBackend:
 
     def __init__(
         self,
-        scheduler: ClusterScheduler,
+        view: ClusterView,
         nodes: AgentClient,
-        placements: Placements,
+        placements: ReleasingScheduler,
         workloads: WorkloadRegistry,
         images: ImageRegistry,
         *,
@@ -74,9 +77,12 @@ class ClusterBackend:
         idempotency_retention_s: float = IDEMPOTENCY_RETENTION_S,
         owner: str | None = None,
         members: Members | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "node_gone_after")
-        self.scheduler = scheduler
+        self.view = view
+        self.metrics = metrics
+        """Where the API's placements and events are counted (``None``: nowhere)."""
         self.nodes = nodes
         self.placements = placements
         self.workloads = workloads
@@ -94,16 +100,22 @@ class ClusterBackend:
         """The creates' idempotency keys (:mod:`berth.api.idempotency`; ``owner`` names this
         process in the claims, ``members`` says which are up)."""
         self._decisions = Decisions(
-            scheduler, placements, images, clock=clock, recent_capacity=recent_capacity
+            view,
+            placements,
+            images,
+            clock=clock,
+            recent_capacity=recent_capacity,
+            metrics=metrics,
         )
         self._records = Records(
-            scheduler,
+            view,
             nodes,
             workloads,
             clock=clock,
             node_gone_after_s=self.node_gone_after_s,
             # a reschedule places again as a create does (the creates are made next)
             replace=lambda ended: self._creates.replace(ended),
+            metrics=metrics,
         )
         self._creates = Creates(
             self._records, self._decisions, nodes, placements, images, self.keys

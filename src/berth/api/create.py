@@ -37,7 +37,6 @@ import time
 from berth.api import schemas
 from berth.api.decisions import Decisions
 from berth.api.idempotency import CreateKeys
-from berth.api.placements import Placements
 from berth.api.records import Records
 from berth.boot import BootSpec
 from berth.defaults import RUN_TIMEOUT_S
@@ -54,6 +53,7 @@ from berth.registry.port import (
     new_workload_id,
     with_event,
 )
+from berth.scheduler.port import ReleasingScheduler
 
 __all__ = ["RUN_ATTEMPTS", "RUN_RETRY_S", "Creates"]
 
@@ -75,7 +75,7 @@ class Creates:
         records: Records,
         decisions: Decisions,
         nodes: AgentClient,
-        placements: Placements,
+        placements: ReleasingScheduler,
         images: ImageRegistry,
         keys: CreateKeys,
     ) -> None:

@@ -3,8 +3,9 @@
 :class:`Decisions` turns a request body into berth's :class:`~berth.model.Request` — an
 image's layers and platform, an instance type or a spec, each checked (``Invalid`` naming
 the field), so bad input reserves nothing — and places it through the placement port
-(:class:`~berth.api.placements.Placements`: the queue group, where any scheduler of the group
-may place) or asks the scheduler's replica to explain it.
+(:class:`~berth.scheduler.port.ReleasingScheduler`: the queue group, where any scheduler of
+the group may place) or asks the scheduler's view (:class:`~berth.scheduler.view.ClusterView`)
+to explain it.
 
 **Recent placements** are a bounded ring (the newest ``recent_capacity``) of the decisions
 this process made, each with the explanation's summary, for the dashboard; every outcome of
@@ -18,11 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from berth.api import schemas
-from berth.api.placements import Placements
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request
+from berth.observability.metrics import Metrics
 from berth.registry.port import Image, ImageRegistry
-from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.port import ReleasingScheduler
+from berth.scheduler.view import ClusterView
 
 __all__ = ["Decisions"]
 
@@ -32,14 +34,16 @@ class Decisions:
 
     def __init__(
         self,
-        scheduler: ClusterScheduler,
-        placements: Placements,
+        view: ClusterView,
+        placements: ReleasingScheduler,
         images: ImageRegistry,
         *,
         clock: Callable[[], float],
         recent_capacity: int,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.scheduler = scheduler
+        self.view = view
+        self.metrics = metrics
         self.placements = placements
         self.images = images
         self.clock = clock
@@ -122,7 +126,7 @@ class Decisions:
     async def explain(self, body: schemas.ExplainBody) -> schemas.Explanation:
         """Each node's verdict on the body's request, and the summary."""
         request, _ = await self.workload_request(body)
-        explanation = self.scheduler.explain(request)
+        explanation = self.view.explain(request)
         return schemas.Explanation(
             verdicts=[
                 schemas.Verdict(
@@ -140,7 +144,7 @@ class Decisions:
     def summary(self, request: Request) -> str:
         """The explanation's summary of ``request``, or why there is none."""
         try:
-            return self.scheduler.explain(request).summary()
+            return self.view.explain(request).summary()
         except Exception as error:  # an explanation is a courtesy; never fail a placement
             return f"(no explanation: {error})"
 
@@ -168,8 +172,8 @@ class Decisions:
                 explanation=explanation,
             )
         )
-        if self.scheduler.metrics is not None:  # berth_api_placements_total{outcome}
-            self.scheduler.metrics.api_placement(outcome)
+        if self.metrics is not None:  # berth_api_placements_total{outcome}
+            self.metrics.api_placement(outcome)
 
     def recent(self, limit: int) -> list[schemas.PlacementRecord]:
         """The newest ``limit`` placement decisions, newest first."""

@@ -35,12 +35,12 @@ class NodeOperations:
         self.records = records
         self.stops = stops
         self.creates = creates
-        self.scheduler = records.scheduler
+        self.view = records.view
         self.nodes = records.nodes
         self.workloads = records.workloads
 
     async def node_list(self) -> list[schemas.NodeInfo]:
-        states = self.scheduler.states()
+        states = self.view.states()
         counts = await self._live_by_node()
         return [_info(states[name], counts.get(name, 0)) for name in sorted(states)]
 
@@ -57,7 +57,7 @@ class NodeOperations:
         else:
             await self.nodes.uncordon(name)
         for _ in range(40):
-            state = self.scheduler.states().get(name)
+            state = self.view.states().get(name)
             if state is None or state.cordoned == cordoned:
                 break
             await asyncio.sleep(0.05)
@@ -122,7 +122,7 @@ class NodeOperations:
         )
 
     def _state(self, name: str) -> NodeState:
-        state = self.scheduler.states().get(name)
+        state = self.view.states().get(name)
         if state is None:
             raise not_found("node", name)
         return state

@@ -73,7 +73,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -181,7 +181,7 @@ class Reconciler:
         """A watched copy of those routes to compare with (the scheduler's
         :class:`~berth.scheduler.nats_server.RouteReplicas`); ``None``: the registry is read
         every pass."""
-        self.metrics = backend.scheduler.metrics if metrics is None else metrics
+        self.metrics = backend.metrics if metrics is None else metrics
         """Where passes, transitions, ghosts and adoptions are counted (the scheduler's)."""
         self.every_s = INTERVAL_RULE(every_s, "reconcile_every")
         self.pending_after_s = INTERVAL_RULE(pending_after_s, "pending_after_s")
@@ -211,7 +211,7 @@ class Reconciler:
         watched = None if self.records is None else self.records.records()
         records = await backend.workloads.list() if watched is None else watched
         report.records = len(records)
-        answers = await self._reports(backend.scheduler.states(), report)
+        answers = await self._reports(backend.view.states(), report)
         reports = {n: ids for n, ids in answers.items() if isinstance(ids, frozenset)}
         starting = {n for n, ids in answers.items() if ids is STARTING}
         report.nodes_unanswered = len(answers) - len(reports)
@@ -236,7 +236,7 @@ class Reconciler:
         return report
 
     async def _reports(
-        self, states: dict[str, NodeState], report: PassReport
+        self, states: Mapping[str, NodeState], report: PassReport
     ) -> dict[str, frozenset[str] | object | None]:
         """Every node's report: the one held, while the node has published since it was
         taken with the same digest; else asked (:meth:`_report`) and held again."""

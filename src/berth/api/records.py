@@ -50,6 +50,7 @@ from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.events.port import WorkloadEvent
 from berth.model import INTERVAL_RULE, Request
 from berth.nodeclient.port import AgentClient
+from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.registry.port import (
     CLAIM_PENDING_S,
@@ -59,7 +60,7 @@ from berth.registry.port import (
     WorkloadRegistry,
     with_event,
 )
-from berth.scheduler.multinode import ClusterScheduler
+from berth.scheduler.view import ClusterView
 
 __all__ = [
     "STATUS_TIMEOUT_S",
@@ -99,15 +100,17 @@ class Records:
 
     def __init__(
         self,
-        scheduler: ClusterScheduler,
+        view: ClusterView,
         nodes: AgentClient,
         workloads: WorkloadRegistry,
         *,
         clock: Callable[[], float],
         node_gone_after_s: float,
         replace: Replace,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.scheduler = scheduler
+        self.view = view
+        self.metrics = metrics
         self.nodes = nodes
         self.workloads = workloads
         self.clock = clock
@@ -156,8 +159,8 @@ class Records:
             outcome = "applied" if ended.state not in LIVE_STATES else "stale"
         if outcome != "applied":
             log.debug("event %s: %s", event.key, outcome)
-        if self.scheduler.metrics is not None:  # berth_events_applied_total{outcome}
-            self.scheduler.metrics.event_applied(outcome, max(0.0, self.clock() - event.at))
+        if self.metrics is not None:  # berth_events_applied_total{outcome}
+            self.metrics.event_applied(outcome, max(0.0, self.clock() - event.at))
         return outcome
 
     async def sweep(self) -> int:
@@ -191,7 +194,7 @@ class Records:
         schedulers' view for :attr:`node_gone_after_s`."""
         if workload.state not in LIVE_STATES:
             return workload
-        if workload.state != "running" and workload.node not in self.scheduler.states():
+        if workload.state != "running" and workload.node not in self.view.states():
             return await self._maybe_lost(workload)  # not back yet: nothing to ask
         try:
             status = await asyncio.wait_for(
@@ -309,7 +312,7 @@ class Records:
         (``replaced_by``).  A ``pending`` one likewise, counted from its create and never
         before :data:`~berth.registry.port.CLAIM_PENDING_S` (its create may still be asking
         the node)."""
-        if workload.node in self.scheduler.states():
+        if workload.node in self.view.states():
             return workload  # the node publishes: it lives, only its answers are missing
         if workload.state == "unknown" and workload.unknown_since is not None:
             since, wait_s = workload.unknown_since, self.node_gone_after_s

@@ -28,28 +28,17 @@ import ipaddress
 import json
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
-from nats.aio.client import Client
 
-from berth.api.app import create_app
-from berth.api.backend import ClusterBackend
 from berth.api.client import api_file
-from berth.api.reconciler import Reconciler
-from berth.defaults import NODE_GONE_AFTER_S, RECONCILE_EVERY_S, RECONCILE_LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
-from berth.events.nats import NatsEvents
-from berth.nodeclient.nats import NatsNodes
 from berth.pki import check_pair
 from berth.private import write_private
-from berth.registry.nats import NatsImages, NatsWorkloads
-from berth.registry.nats_lease import NatsLease
-from berth.scheduler.nats import NatsScheduler
-from berth.scheduler.nats_server import SchedulerService
 from berth.validation import shown
 
 __all__ = [
@@ -58,7 +47,6 @@ __all__ = [
     "parse_address",
     "remove_api_file",
     "resolve_token",
-    "scheduler_api",
     "write_api_file",
 ]
 
@@ -238,71 +226,3 @@ class ApiServer:
             server.force_exit = True
             await asyncio.wait({task}, timeout=1.0)
         self._server = self._task = None
-
-
-@contextlib.asynccontextmanager
-async def scheduler_api(
-    client: Client,
-    service: SchedulerService,
-    *,
-    host: str,
-    port: int,
-    token: str,
-    node_gone_after_s: float = NODE_GONE_AFTER_S,
-    reconcile_every_s: float = RECONCILE_EVERY_S,
-    lease_ttl_s: float = RECONCILE_LEASE_TTL_S,
-    https: HttpsFiles | None = None,
-) -> AsyncIterator[ApiServer]:
-    """The API served beside ``service`` (a running scheduler), on its connection: its
-    replica and node client, the queue group for placements, the API's registries; and the
-    reconciler (:mod:`berth.api.reconciler`) every ``reconcile_every_s``, while this process
-    holds its lease (``berth_leases``, ``lease_ttl_s``): one scheduler service of the cluster
-    reconciles at a time — kept stops delivered, gone nodes noticed, ghosts stopped, with
-    nobody reading — and takes the nodes' workload events (:mod:`berth.events`) from the
-    durable consumer every API process shares.  ``node_gone_after_s``: how long a workload's
-    node stays unreachable before its workloads are ``lost``.  Each interval ``Invalid``
-    naming it unless positive."""
-    nodes = service.scheduler.nodes
-    if not isinstance(nodes, NatsNodes):
-        raise Invalid("the API needs a scheduler that reaches its nodes over NATS", field="--http")
-    workloads = await NatsWorkloads(client).start()
-    images = await NatsImages(client).start()
-    placements = NatsScheduler(client, prefix=service.prefix)
-
-    async def members() -> set[str]:  # the API processes up now: every scheduler's
-        return set(await placements.census())
-
-    backend = ClusterBackend(
-        service.scheduler,
-        nodes,
-        placements,
-        workloads,
-        images,
-        node_gone_after_s=node_gone_after_s,
-        owner=service.id,
-        members=members,
-    )
-    record_watch = await workloads.watch()
-    reconciler = Reconciler(
-        backend,
-        every_s=reconcile_every_s,
-        routes=service.routes,
-        route_index=service.shared,
-        records=record_watch,
-    )
-    events = await NatsEvents(client).start()
-    lease = await NatsLease(client, "reconciler", ttl_s=lease_ttl_s).start()
-    api = await ApiServer(create_app(backend, token=token), host, port, https).start()
-    holder = f"scheduler-{service.id}"
-    sweeper = asyncio.create_task(reconciler.run(lease, holder), name="berth reconciler")
-    consumer = asyncio.create_task(events.consume(backend.apply_event), name="berth events")
-    try:
-        yield api
-    finally:
-        for task in (consumer, sweeper):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await api.stop()
-        await record_watch.stop()
-        await backend.close()

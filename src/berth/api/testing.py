@@ -7,8 +7,8 @@ get one, so the same tests run both ways:
 
 * :func:`embedded_api` — the application (:func:`berth.api.app.create_app`) over a
   :class:`~berth.api.backend.ClusterBackend` of the embedded cluster
-  (:class:`~berth.embedded.EmbeddedCluster`: its scheduler, its agents, placements through
-  :class:`~berth.api.placements.LocalPlacements`) and the in-memory registries
+  (:class:`~berth.embedded.EmbeddedCluster`: its scheduler, its agents, placing through its
+  scheduler) and the in-memory registries
   (:mod:`berth.registry.memory`), reached through httpx's ASGI transport: no server, no
   socket, no NATS — seconds faster, and every part of the API but uvicorn exercised.  The
   backend reaches the agents through a :class:`~berth.nodeclient.faults.FaultyNodes`
@@ -38,7 +38,6 @@ import httpx
 
 from berth.api.app import create_app
 from berth.api.backend import ClusterBackend
-from berth.api.placements import LocalPlacements
 from berth.defaults import IDEMPOTENCY_ABANDONED_AFTER_S, NODE_GONE_AFTER_S
 from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.events.memory import MemoryEvents
@@ -108,12 +107,13 @@ async def embedded_api(
         backend = ClusterBackend(
             cluster.scheduler,
             faults,
-            LocalPlacements(cluster.scheduler),
+            cluster.scheduler,
             workloads,
             MemoryImages(),
             node_gone_after_s=node_gone_after_s,
             idempotency_abandoned_after_s=idempotency_abandoned_after_s,
             clock=clock,
+            metrics=cluster.scheduler.metrics,
         )
         app = create_app(backend, token=token)
         consumer = asyncio.create_task(events.consume(backend.apply_event), name="berth events")

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import ssl
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -28,16 +28,15 @@ from berth.cli.common import (
     TlsCaOption,
     TlsCertOption,
     TlsKeyOption,
+    checked_duration,
     client_tls,
     configure_logging,
     console,
     load_credentials,
-    stop_event,
 )
 from berth.defaults import ORPHAN_GRACE_S
 from berth.errors import Invalid
 from berth.model import INTERVAL_RULE
-from berth.nats.connection import Credentials, connect, until_stopped
 from berth.observability import tracing
 from berth.pki import TLS_FLAGS
 from berth.units import format_bandwidth, format_information
@@ -188,77 +187,32 @@ def _serve_agents(
     orphan_grace: float | None = None,
     tls: ssl.SSLContext | None = None,
 ) -> None:
-    from berth.events.nats import NatsEvents
-    from berth.nats.wire import node_token
-    from berth.node.budget import IDLE
-    from berth.node.config import load_config
+    """``berth agent --nats``: the flags checked, the process run
+    (:func:`berth.processes.agent.serve_agents`)."""
     from berth.node.runtime.process import checked_orphan_grace
-    from berth.nodeclient.nats_node import NodeService
-    from berth.registry.nats_routes import NatsRoutes
+    from berth.processes.agent import agent_configs, serve_agents
 
-    configs = [load_config(path) for path in paths]
-    if orphan_grace is not None:
-        grace = checked_orphan_grace(orphan_grace, "--orphan-grace")
-        configs = [
-            config.model_copy(
-                update={"agent": config.agent.model_copy(update={"orphan_grace_s": grace})}
-            )
-            for config in configs
-        ]
-    names = [config.node.name for config in configs]
-    if len(set(names)) != len(names):
-        raise Invalid(f"node names must be unique, got {names}", field="--config")
+    duration = checked_duration(duration)
+    grace = None if orphan_grace is None else checked_orphan_grace(orphan_grace, "--orphan-grace")
+    configs = agent_configs(paths, orphan_grace_s=grace)
     if creds is not None and len(configs) > 1:
         raise Invalid("one --creds serves one agent; use --creds-dir", field="--creds")
+    credentials = None if creds_dir else load_credentials(creds)
     tracing.configure(otlp, service_name="berth-agent")
     configure_logging()
-
-    def credentials_of(node: str) -> Credentials:
-        assert creds_dir is not None
-        return Credentials.load(creds_dir / f"node-{node_token(node)}.creds.json")
-
-    async def serve() -> None:
-        stop = stop_event(duration)
-        clients: list[Any] = []
-        async with contextlib.AsyncExitStack() as stack:
-
-            async def connection(name: str, credentials: Credentials | None) -> Any:
-                client = await connect(url, name=name, credentials=credentials, tls=tls)
-                stack.push_async_callback(client.close)
-                clients.append(client)
-                return client
-
-            # each node as its own user needs its own connection; otherwise they share one
-            shared = (
-                None if creds_dir else await connection("berth-agents", load_credentials(creds))
-            )
-            for config in configs:
-                client = shared or await connection(
-                    config.node.name, credentials_of(config.node.name)
-                )
-                routes = await NatsRoutes(client).start()
-                events = NatsEvents(client)
-                node_dir = None if state_dir is None else state_dir / node_token(config.node.name)
-                service = NodeService(
-                    client,
-                    config,
-                    routes=routes,
-                    readings=IDLE if idle_load else None,
-                    state_dir=node_dir,
-                    events=events,
-                )
-                await stack.enter_async_context(service)
-                accel = getattr(service.agent.runtime, "accel_detail", None)
-                console.print(
-                    f"agent {service.name} ({service.agent.platform}) on {url}, "
-                    f"heartbeat {config.agent.heartbeat_s:g}s"
-                    + ("" if accel is None else f", microVMs under {accel}"),
-                    highlight=False,
-                )
-            await until_stopped(stop, clients)  # a connection closed for good: exit, restarted
-            console.print("stopping: leaving the cluster", highlight=False)
-
-    asyncio.run(serve())
+    asyncio.run(
+        serve_agents(
+            configs,
+            url,
+            credentials=credentials,
+            creds_dir=creds_dir,
+            idle_load=idle_load,
+            duration_s=duration,
+            state_dir=state_dir,
+            tls=tls,
+            say=lambda line: console.print(line, highlight=False),
+        )
+    )
 
 
 def _human(key: str, value: object) -> str:

@@ -23,10 +23,8 @@ else the ``$BERTH_HOME/api.json`` that ``berth up`` writes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import signal
 import ssl
 import sys
 from collections.abc import Iterator, Mapping
@@ -78,7 +76,6 @@ __all__ = [
     "say",
     "show_table",
     "size_text",
-    "stop_event",
 ]
 
 console = Console()
@@ -173,18 +170,6 @@ def checked_policy(name: str) -> str:
 def checked_duration(duration: float | None) -> float | None:
     """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
     return None if duration is None else INTERVAL_RULE(duration, "--duration")
-
-
-def stop_event(duration: float | None) -> asyncio.Event:
-    """Set on SIGINT/SIGTERM or after ``duration`` seconds (call inside the running loop)."""
-    duration = checked_duration(duration)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if duration is not None:
-        loop.call_later(duration, stop.set)
-    return stop
 
 
 def parse_layer_flag(text: str) -> Layer:

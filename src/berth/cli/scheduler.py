@@ -3,18 +3,16 @@
 The scheduler serves the placement port in the ``berth-schedulers`` queue group; with
 ``--http ADDR`` it also serves the HTTP API (:mod:`berth.api`; HTTPS with ``--https-cert`` and
 ``--https-key``).  On SIGINT or SIGTERM it leaves the queue group and finishes what it started.
-Its own flags (``--http``, ``--token``, ``--token-file`` …) live here; those it shares with the
-other NATS commands are :mod:`berth.cli.common`'s.  :func:`_serve_api` is the API beside
-a running scheduler.
+Its own flags (``--http``, ``--token``, ``--token-file`` …) are checked here; those it shares
+with the other NATS commands are :mod:`berth.cli.common`'s.  The process itself is composed by
+:mod:`berth.processes.scheduler`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -35,7 +33,6 @@ from berth.cli.common import (
     configure_logging,
     console,
     load_credentials,
-    stop_event,
 )
 from berth.defaults import (
     HEARTBEAT_S,
@@ -46,7 +43,6 @@ from berth.defaults import (
 )
 from berth.errors import Invalid
 from berth.model import INTERVAL_RULE
-from berth.nats.connection import connect, until_stopped
 from berth.observability import tracing
 
 __all__ = ["scheduler"]
@@ -119,8 +115,7 @@ def scheduler(
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
     from berth.api.server import HttpsFiles, parse_address, resolve_token
-    from berth.registry.nats_routes import NatsRoutes
-    from berth.scheduler.nats_server import scheduler_service
+    from berth.processes.scheduler import ApiSettings, serve_scheduler
     from berth.scheduler.policy.registry import policy as policy_of
 
     intervals = (
@@ -132,7 +127,7 @@ def scheduler(
     )
     for flag, value in intervals:
         INTERVAL_RULE(value, flag)
-    checked_duration(duration)
+    duration = checked_duration(duration)
     checked_policy(policy)
     address = None if http is None else parse_address(http, public=http_public)
     api_flags = (token, token_file, https_cert, https_key)
@@ -148,78 +143,27 @@ def scheduler(
     tracing.configure(otlp, service_name="berth-scheduler")
     configure_logging()
 
-    async def serve() -> None:
-        stop = stop_event(duration)
-        client = await connect(
-            nats, name=f"berth-scheduler-{os.getpid()}", credentials=credentials, tls=tls
-        )
-        try:
-            routes = await NatsRoutes(client).start()
-            async with scheduler_service(
-                client,
-                heartbeat_s=heartbeat,
-                lease_ttl_s=lease_ttl,
-                routes=routes,
-                grace_s=grace,
-                policy=policy_of(policy, seed=None),  # unseeded: schedulers' jitters differ
-            ) as service:
-                console.print(
-                    f"scheduler {service.id} serving {service.prefix}.* in queue group "
-                    f"{service.queue} on {nats}; {len(service.scheduler.states())} nodes seen",
-                    highlight=False,
-                )
-                async with contextlib.AsyncExitStack() as api_stack:
-                    if address is not None:
-                        await _serve_api(
-                            api_stack,
-                            client,
-                            service,
-                            address,
-                            api_token,
-                            generated,
-                            node_gone_after_s=node_gone_after,
-                            reconcile_every_s=reconcile_every,
-                            https=https,
-                        )
-                    await until_stopped(stop, [client])
-                    console.print("stopping: finishing in-flight requests", highlight=False)
-        finally:
-            await client.close()
-
-    asyncio.run(serve())
-
-
-async def _serve_api(
-    stack: contextlib.AsyncExitStack,
-    client: Any,
-    service: Any,
-    address: tuple[str, int],
-    token: str,
-    generated: bool,
-    *,
-    node_gone_after_s: float = NODE_GONE_AFTER_S,
-    reconcile_every_s: float = RECONCILE_EVERY_S,
-    https: Any = None,
-) -> None:
-    """The HTTP API beside a running scheduler (over HTTPS with ``https``, an
-    :class:`~berth.api.server.HttpsFiles`); a generated token goes to api.json."""
-    from berth.api.server import remove_api_file, scheduler_api, write_api_file
-
-    host, port = address
-    api = await stack.enter_async_context(
-        scheduler_api(
-            client,
-            service,
-            host=host,
-            port=port,
-            token=token,
-            node_gone_after_s=node_gone_after_s,
-            reconcile_every_s=reconcile_every_s,
+    api = None
+    if address is not None:
+        api = ApiSettings(
+            address=address,
+            token=api_token,
+            generated=generated,
             https=https,
+            node_gone_after_s=node_gone_after,
+            reconcile_every_s=reconcile_every,
+        )
+    asyncio.run(
+        serve_scheduler(
+            nats,
+            credentials=credentials,
+            tls=tls,
+            heartbeat_s=heartbeat,
+            lease_ttl_s=lease_ttl,
+            grace_s=grace,
+            policy=policy_of(policy, seed=None),  # unseeded: schedulers' jitters differ
+            api=api,
+            duration_s=duration,
+            say=lambda line: console.print(line, highlight=False),
         )
     )
-    where = ""
-    if generated:
-        where = f"; token in {write_api_file(api.url, token)}"
-        stack.callback(remove_api_file, token)
-    console.print(f"API on {api.url} (dashboard {api.url}/){where}", highlight=False)

@@ -1,10 +1,10 @@
 """``berth up``: a local cluster on this machine — nats-servers, agents, schedulers, the API.
 
-The command checks its flags, starts :class:`berth.up.LocalCluster`, writes the API's address
-and token to ``api.json`` and waits for ^C (or ``--duration``), restarting a process that
-exited; then it stops everything and leaves nothing behind.  Its bounds (:data:`MAX_UP_NODES`,
-:data:`MAX_UP_SCHEDULERS`) and own flags live here; the flags it shares with the other NATS
-commands are :mod:`berth.cli.common`'s.
+The command checks its flags, starts :class:`berth.processes.up.LocalCluster`, writes the API's
+address and token to ``api.json`` and waits for ^C (or ``--duration``), restarting a process
+that exited; then it stops everything and leaves nothing behind.  Its bounds
+(:data:`MAX_UP_NODES`, :data:`MAX_UP_SCHEDULERS`) and own flags live here; the flags it shares
+with the other NATS commands are :mod:`berth.cli.common`'s.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def up(
     ] = True,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
-    from berth.up import LocalCluster, wait_for_signal
+    from berth.processes.up import LocalCluster, wait_for_signal
 
     if runtime not in ("process", "fake", "microvm"):
         raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}", field="--runtime")

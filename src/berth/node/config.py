@@ -53,11 +53,13 @@ file is as strict: :func:`load_config` refuses an empty path, a directory, anyth
 than :data:`MAX_CONFIG_BYTES` (so ``/dev/zero`` is an error, not a hang), text that is not
 UTF-8 (a UTF-8 byte-order mark is skipped; UTF-16 is named as such), invalid TOML and TOML
 nested deeper than :data:`MAX_DEPTH` tables — each an ``Invalid`` with field ``config``.
+:func:`config_toml` writes a configuration back as that file (``berth up``, ``berth deploy``).
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import stat
 import tomllib
@@ -93,6 +95,7 @@ __all__ = [
     "MicrovmSection",
     "NodeSection",
     "PathText",
+    "config_toml",
     "load_config",
 ]
 
@@ -268,3 +271,20 @@ def _depth(value: object, level: int = 0) -> int:
         return level
     children = value.values() if isinstance(value, dict) else value
     return max((_depth(child, level + 1) for child in children), default=level)
+
+
+def config_toml(config: AgentConfig) -> str:
+    """``config`` as the TOML file ``berth agent --config`` reads back into an equal value."""
+    lines: list[str] = []
+    for section, values in config.model_dump(mode="json").items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                items = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{ {items} }}")
+            else:
+                lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Node agents on NATS: each agent's state in the nodes bucket, its subjects answered.
 
-A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the cluster:
+A :class:`NodeService` runs one :class:`~berth.node.agent.Agent` against the cluster (the
+agent and its store are built from its configuration by :func:`berth.processes.agent.node_service`):
 
 * its state store is a publish-only :class:`~berth.store.nats.NatsStore` (an agent never
   reads other nodes, so it keeps no replica) on a bucket whose snapshot time-to-live is three
@@ -63,12 +64,10 @@ from nats.aio.client import Client
 from berth.events.nats import NatsEvents
 from berth.nats.wire import PREFIX, MalformedMessage
 from berth.node.agent import Agent
-from berth.node.budget import LoadReadings
-from berth.node.config import AgentConfig
 from berth.nodeclient.nats_server import NodeServer
 from berth.registry.nats_routes import NatsRoutes, route_document, route_of
 from berth.registry.port import Route
-from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
+from berth.store.nats import NatsStore
 
 __all__ = ["ROUTES_FILE", "NodeService"]
 
@@ -85,26 +84,21 @@ class NodeService:
     def __init__(
         self,
         client: Client,
-        config: AgentConfig,
+        agent: Agent,
+        store: NatsStore,
         *,
-        bucket: str = DEFAULT_BUCKET,
         prefix: str = PREFIX,
         routes: NatsRoutes | None = None,
-        readings: LoadReadings | None = None,
         state_dir: Path | None = None,
         events: NatsEvents | None = None,
     ) -> None:
         self.client = client
         self.events = events
-        self.config = config
         self.routes = routes
-        self.store = NatsStore(
-            client, bucket=bucket, ttl_s=bucket_ttl_s(config.agent.heartbeat_s), watch=False
-        )
-        # state_dir keeps what must survive a restart of the agent (its cordon)
-        self.agent = Agent.from_config(
-            config, self.store, readings=readings, state_dir=state_dir, events=events
-        )
+        self.store = store
+        """The agent's publish-only store (the service starts and closes it)."""
+        self.agent = agent
+        """The agent, built over :attr:`store` (and ``events``, ``state_dir``)."""
         self.server = NodeServer(client, self.agent, prefix=prefix)
         self._reconciler: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()

@@ -258,8 +258,10 @@ class ClusterScheduler:
 
             owner.add_done_callback(owner_ended)
 
-    async def release(self, placement: Placement) -> bool:
-        """Release ``placement``'s reservation on its node and undo the assumption."""
+    async def release(self, placement: Placement, *, workload: str | None = None) -> bool:
+        """Release ``placement``'s reservation on its node and undo the assumption
+        (:class:`~berth.scheduler.port.ReleasingScheduler`; no route is kept in process, so
+        ``workload`` changes nothing)."""
         placement = _placement(placement)
         if placement.reservation_id is None:
             return False

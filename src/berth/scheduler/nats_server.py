@@ -70,8 +70,8 @@ can leave one zone a replica ahead.
 Traces cross the queue group: :class:`~berth.scheduler.nats.NatsScheduler` sends the
 caller's trace context in the request's headers and the service continues it
 (``berth.scheduler.<op>`` spans), passing it on to the nodes
-(:mod:`berth.observability.tracing`).  ``scheduler_service`` measures its scheduler with a
-:class:`~berth.observability.metrics.Metrics` (``GET /metrics``).
+(:mod:`berth.observability.tracing`).  A whole scheduler — its replica, its node client, this
+service — is composed by :func:`berth.processes.scheduler.scheduler_service`.
 """
 
 from __future__ import annotations
@@ -81,13 +81,12 @@ import contextlib
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from berth.defaults import HEARTBEAT_S, LEASE_TTL_S, SHUTDOWN_GRACE_S
+from berth.defaults import SHUTDOWN_GRACE_S
 from berth.errors import Unavailable
 from berth.model import Placement, Request
 from berth.nats.connection import settle
@@ -95,7 +94,6 @@ from berth.nats.names import SCHEDULER_PREFIX
 from berth.nats.streams import forbid_rollups
 from berth.nats.wire import (
     PLACEMENT_REPLIES,
-    PREFIX,
     Operation,
     Responder,
     field_of,
@@ -104,22 +102,17 @@ from berth.nats.wire import (
     ok_reply,
     perform,
 )
-from berth.nodeclient.nats import NatsNodes
 from berth.observability import tracing
-from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.registry.port import Route, RouteEvent, RouteRegistry, RouteWatch
 from berth.scheduler.multinode import ClusterScheduler
-from berth.scheduler.policy import Policy
 from berth.scheduler.spread import Replicas
-from berth.store.nats import DEFAULT_BUCKET, NatsStore, bucket_ttl_s
 from berth.store.port import StateEvent, StateStore
 
 __all__ = [
     "QUEUE",
     "RouteReplicas",
     "SchedulerService",
-    "scheduler_service",
 ]
 
 log = logging.getLogger("berth.scheduler.nats")  # the name it always had: log settings stay
@@ -585,56 +578,3 @@ def _read_release(document: dict[str, Any], msg: Msg) -> tuple[Placement, str | 
     if document.get("workload") is not None:
         workload = field_of(document, "workload", str, source=msg.subject)
     return placement, workload
-
-
-@contextlib.asynccontextmanager
-async def scheduler_service(
-    client: Client,
-    *,
-    bucket: str = DEFAULT_BUCKET,
-    node_prefix: str = PREFIX,
-    prefix: str = SCHEDULER_PREFIX,
-    heartbeat_s: float = HEARTBEAT_S,
-    lease_ttl_s: float = LEASE_TTL_S,
-    routes: RouteRegistry | None = None,
-    policy: Policy | None = None,
-    node_timeout_s: float = 2.0,
-    grace_s: float = SHUTDOWN_GRACE_S,
-    metrics: Metrics | None = None,
-    share_replicas: bool = True,
-    settle_races: bool = True,
-) -> AsyncIterator[SchedulerService]:
-    """A whole scheduler on ``client``: its replica, its node client, its service; stopped
-    gracefully on exit.  ``heartbeat_s`` is the nodes' (the bucket keeps 3 of them).
-    ``metrics`` (a new :class:`~berth.observability.metrics.Metrics` when not given; one per
-    scheduler) counts its decisions and reports its view, a node stale after two heartbeats
-    without a snapshot: ``service.scheduler.metrics``.  With ``routes``, the replicas every
-    scheduler placed count for spreading unless ``share_replicas`` is false (then only its
-    own do — how schedulers worked before); ``settle_races=False`` leaves out the re-check of
-    a hard per-node spread (the benchmark compares the three)."""
-    # the watch's idle heartbeat: half a node heartbeat (at most 1 s), so after a server
-    # restart the replica resumes within about one node heartbeat (two missed idle beats)
-    idle_s = min(1.0, heartbeat_s / 2)
-    ttl_s = bucket_ttl_s(heartbeat_s)
-    async with NatsStore(client, bucket=bucket, ttl_s=ttl_s, idle_heartbeat_s=idle_s) as store:
-        nodes = NatsNodes(client, prefix=node_prefix, timeout_s=node_timeout_s)
-        metrics = metrics if metrics is not None else Metrics()
-        scheduler = ClusterScheduler(
-            store, nodes, lease_ttl_s=lease_ttl_s, policy=policy, metrics=metrics
-        )
-        metrics.watch(scheduler, stale_after_s=2 * heartbeat_s)
-        service = SchedulerService(
-            client,
-            scheduler,
-            store=store,
-            routes=routes,
-            prefix=prefix,
-            share_replicas=share_replicas,
-            settle_races=settle_races,
-        )
-        await service.start()
-        try:
-            yield service
-        finally:
-            await service.stop(grace_s=grace_s)
-            scheduler.close()

@@ -1,4 +1,4 @@
-"""The placement port: one method, ``schedule(request) -> Placement``.
+"""The placement port: ``schedule(request) -> Placement``, and its release.
 
 The caller (a controller that later provisions the workload) depends on this protocol only;
 drivers — :class:`~berth.scheduler.singlenode.SingleNode` and
@@ -9,6 +9,11 @@ platforms none of which the driver's nodes run (``NoMatchingPlatform``, an ``Inv
 for drivers that account resources — no node can hold it (``NoCapacity``).
 
 ``schedule`` is a coroutine because real drivers confirm over the network.
+
+A driver that places under a lease (:class:`~berth.scheduler.multinode.ClusterScheduler`,
+:class:`~berth.scheduler.nats.NatsScheduler` — the schedulers' queue group) also *releases*:
+:class:`ReleasingScheduler` is the port as the API uses it, since a create that ends without
+a workload gives its placement back (and, where routes are kept, the workload's route).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from berth.model import Placement, Request
 
-__all__ = ["Scheduler"]
+__all__ = ["ReleasingScheduler", "Scheduler"]
 
 
 @runtime_checkable
@@ -26,4 +31,13 @@ class Scheduler(Protocol):
 
     async def schedule(self, request: Request) -> Placement:
         """Place ``request``; raise ``Invalid``, ``NoMatchingPlatform`` or ``NoCapacity``."""
+        ...
+
+
+class ReleasingScheduler(Scheduler, Protocol):
+    """Places under a lease; releases a placement no workload will bind."""
+
+    async def release(self, placement: Placement, *, workload: str | None = None) -> bool:
+        """Release ``placement``'s reservation (and the route of ``workload``, where routes
+        are kept); whether there was one to release."""
         ...

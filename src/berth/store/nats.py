@@ -74,8 +74,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -453,18 +452,3 @@ class NatsStore:
                 listener(event)
             except Exception:
                 log.exception("a state store listener failed on %s of %s", event.kind, event.node)
-
-
-@contextlib.asynccontextmanager
-async def open_nats_store(
-    url: str, **options: Any
-) -> AsyncIterator[NatsStore]:  # pragma: no cover - a convenience over connect + NatsStore
-    """Connect to ``url`` and open a :class:`NatsStore` on it; both closed on exit."""
-    from berth.nats.connection import connect
-
-    client = await connect(url, name="berth-store")
-    try:
-        async with NatsStore(client, **options) as store:
-            yield store
-    finally:
-        await client.close()

@@ -30,10 +30,11 @@ from berth.node.budget import IDLE
 from berth.node.config import AgentConfig
 from berth.nodeclient.nats import NatsNodes
 from berth.nodeclient.nats_node import NodeService
+from berth.processes.agent import node_service
+from berth.processes.scheduler import scheduler_service as open_scheduler_service
 from berth.registry.nats_routes import NatsRoutes
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.nats_server import SchedulerService
-from berth.scheduler.nats_server import scheduler_service as open_scheduler_service
 
 __all__ = ["Names", "NatsServices", "nats_cluster"]
 
@@ -108,7 +109,7 @@ async def nats_cluster(
                         await NatsRoutes(client, bucket=names.routes_bucket).start(),
                     )
                 node_side, node_routes = shared
-            node = NodeService(
+            node = node_service(
                 node_side,
                 config,
                 bucket=names.nodes_bucket,

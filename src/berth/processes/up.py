@@ -1,4 +1,4 @@
-"""``berth up``: a whole local cluster in one command — a nats-server, agents, schedulers.
+"""``berth up``: a whole local cluster in one command — nats-servers, agents, schedulers.
 
 Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporary directory:
 
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import secrets
 import shutil
@@ -65,7 +64,7 @@ from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
 from berth.nats.server import NatsServer, die_with_parent
 from berth.nats.wire import node_token
-from berth.node.config import AgentConfig, MicrovmSection
+from berth.node.config import AgentConfig, MicrovmSection, config_toml
 from berth.node.microvm.paths import GuestFiles
 from berth.pki import CertificateAuthority, TlsFiles, write_pair
 from berth.private import write_private
@@ -73,7 +72,7 @@ from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
 from berth.store.nats import NatsStore, bucket_ttl_s
 
-__all__ = ["LocalCluster", "config_toml"]
+__all__ = ["LocalCluster"]
 
 PER_PROCESS_FROM = 8
 """Up to this many nodes, one agent per process; above it, agents share processes."""
@@ -82,23 +81,6 @@ MICROVM_PLATFORM = "linux/amd64"
 Runtime = Literal["process", "fake", "microvm"]
 SUPERVISE_EVERY_S = 1.0
 """How often ``berth up`` looks for exited children to start again."""
-
-
-def config_toml(config: AgentConfig) -> str:
-    """``config`` as the TOML file ``berth agent --config`` reads back into an equal value."""
-    lines: list[str] = []
-    for section, values in config.model_dump(mode="json").items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if value is None:
-                continue
-            if isinstance(value, dict):
-                items = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
-                lines.append(f"{key} = {{ {items} }}")
-            else:
-                lines.append(f"{key} = {json.dumps(value)}")
-        lines.append("")
-    return "\n".join(lines)
 
 
 def berth_command(*args: str) -> list[str]:

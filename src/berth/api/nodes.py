@@ -20,7 +20,6 @@ from berth.api.create import Creates
 from berth.api.records import Records, dumped, not_found
 from berth.api.stops import Stops
 from berth.errors import Invalid, NoCapacity, Unavailable
-from berth.node.runtime.port import checked_grace
 from berth.ownership import Refused
 from berth.registry.port import ENDED_STATES, LIVE_STATES, IdentityTaken, StoredWorkload, with_event
 from berth.state import NodeState
@@ -65,8 +64,9 @@ class NodeOperations:
         return _info(state, (await self._live_by_node()).get(name, 0), cordoned)
 
     async def drain(self, name: str, grace_s: float) -> schemas.DrainReport:
-        """Cordon, stop every running workload (``grace_s`` each), place restartable ones again."""
-        checked_grace(grace_s)  # before the cordon: a malformed grace changes nothing
+        """Cordon, stop every running workload (``grace_s`` each, a
+        :data:`~berth.node.runtime.port.StopGrace` the body's schema checked), place
+        restartable ones again."""
         await self.cordon(name, True)
         running = await self.workloads.list(node=name, state="running")
         # all at once: a drain takes about one grace period, not one per workload

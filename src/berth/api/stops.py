@@ -17,7 +17,6 @@ import asyncio
 import logging
 
 from berth.api.records import Records
-from berth.node.runtime.port import checked_grace
 from berth.registry.port import LIVE_STATES, StoredWorkload
 
 __all__ = ["KEPT_STOP_ASK_FIRST_S", "KEPT_STOP_ASK_MAX_S", "MAX_KEPT_STOPS", "Stops"]
@@ -52,7 +51,8 @@ class Stops:
 
     async def stop(self, workload_id: str, grace_s: float | None) -> StoredWorkload:
         """Stop a workload (idempotent): the node's runtime sends the graceful signal and
-        kills it ``grace_s`` later (``None``: the node's configured grace); this waits that
+        kills it ``grace_s`` later (a :data:`~berth.node.runtime.port.StopGrace` the body's
+        schema checked; ``None``: the node's configured grace); this waits that
         long plus :data:`~berth.api.records.STOP_MARGIN_S` (``None``:
         :data:`~berth.defaults.API_STOP_GRACE_S` plus it).
 
@@ -63,7 +63,6 @@ class Stops:
         boot; an ``unknown`` one's node is asked again from this process in the background
         (:meth:`_deliver_when_back`) — and by the reconciler's passes, whichever answers
         first: the stop is on the record, so it survives this process."""
-        grace_s = checked_grace(grace_s)
         workload = await self.records.workload(workload_id)
         if workload.state in ("pending", "unknown"):
             kept, _ = await self.records.workloads.transition(

@@ -59,6 +59,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import KW_ONLY, dataclass
 from typing import Annotated, NamedTuple
 
 from fastapi import Header
@@ -156,30 +157,27 @@ Members = Callable[[], Awaitable[Collection[str]]]
 """The API processes alive now (their owner ids: the schedulers' census)."""
 
 
+@dataclass(eq=False, repr=False)
 class CreateKeys:
     """The creates' keys over the registry's :class:`~berth.registry.port.IdempotencyKeys`
     (see the module docstring); ``clock`` is the API's (the claims' times)."""
 
-    def __init__(
-        self,
-        keys: IdempotencyKeys,
-        workloads: WorkloadRegistry,
-        clock: Callable[[], float],
-        *,
-        abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S,
-        retention_s: float = IDEMPOTENCY_RETENTION_S,
-        owner: str | None = None,
-        members: Members | None = None,
-    ) -> None:
-        self.keys = keys
-        self.workloads = workloads
-        self.clock = clock
-        self.owner = owner
-        """This API process, named in the claims it takes (``None``: unnamed)."""
-        self.members = members
-        """Who is alive (``None``: nobody can tell, a claim is abandoned only by its age)."""
-        self.abandoned_after_s = INTERVAL_RULE(abandoned_after_s, "idempotency_abandoned_after")
-        self.retention_s = INTERVAL_RULE(retention_s, "idempotency_retention")
+    keys: IdempotencyKeys
+    workloads: WorkloadRegistry
+    clock: Callable[[], float]
+    _: KW_ONLY
+    abandoned_after_s: float = IDEMPOTENCY_ABANDONED_AFTER_S
+    retention_s: float = IDEMPOTENCY_RETENTION_S
+    owner: str | None = None
+    """This API process, named in the claims it takes (``None``: unnamed)."""
+    members: Members | None = None
+    """Who is alive (``None``: nobody can tell, a claim is abandoned only by its age)."""
+
+    def __post_init__(self) -> None:
+        self.abandoned_after_s = INTERVAL_RULE(
+            self.abandoned_after_s, "idempotency_abandoned_after"
+        )
+        self.retention_s = INTERVAL_RULE(self.retention_s, "idempotency_retention")
 
     async def take(self, key: str, workload_id: str, body: BaseModel) -> Taken:
         """Claim ``key`` for a create of ``body`` as ``workload_id`` (see :class:`Taken`).

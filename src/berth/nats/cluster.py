@@ -42,17 +42,14 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from berth.errors import Invalid, Unavailable
-from berth.nats.server import NatsServer
+from berth.nats.server import NatsServer, OwnedDirectory
 from berth.pki import TlsFiles
 from berth.private import write_private
 from berth.validation import shown
@@ -163,7 +160,7 @@ def server_config(
     return "\n".join(lines) + "\n"
 
 
-class NatsCluster:
+class NatsCluster(OwnedDirectory):
     """``size`` clustered nats-servers on ``host`` (see the module docstring)."""
 
     def __init__(
@@ -198,11 +195,7 @@ class NatsCluster:
         or a TLS context, when the included configuration requires them)."""
         self.config_file = Path(config_file) if config_file is not None else None
         self.start_timeout_s = start_timeout_s
-        self._owned_dir: Path | None = None
-        if base_dir is None:
-            self._owned_dir = Path(tempfile.mkdtemp(prefix="berth-nats-cluster-"))
-            base_dir = self._owned_dir
-        self.base_dir = Path(base_dir)
+        self.base_dir = self._directory(base_dir, "berth-nats-cluster-")
         self._route_user = f"route-{secrets.token_hex(4)}"
         self._route_password = secrets.token_urlsafe(24)
         self.cluster_ports: list[int] = []
@@ -362,20 +355,10 @@ class NatsCluster:
         """Stop every server and delete the directory if this object created it."""
         for server in self.servers:
             server.close()
-        if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
-            self._owned_dir = None
+        self._delete_owned_dir()
 
     def __enter__(self) -> NatsCluster:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         running = sum(server.running for server in self.servers)

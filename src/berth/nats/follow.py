@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from nats.aio.client import Client
@@ -40,29 +41,21 @@ __all__ = ["KvFollow"]
 log = logging.getLogger("berth.nats")
 
 
+@dataclass(eq=False, repr=False)
 class KvFollow:
     """An ordered consumer of ``subject`` (a filter under ``$KV.<bucket>.``) on ``stream``,
     latest value per key first, each message given to ``handle`` (see the module docstring).
     ``what`` names it in the log."""
 
-    def __init__(
-        self,
-        client: Client,
-        *,
-        stream: str,
-        subject: str,
-        handle: Callable[[Msg], None],
-        what: str,
-        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
-    ) -> None:
-        self.client = client
-        self.stream = stream
-        self.subject = subject
-        self.handle = handle
-        self.what = what
-        self.idle_heartbeat_s = idle_heartbeat_s
-        self._subscription: Any = None
-        self._caught_up = asyncio.Event()
+    client: Client
+    _: KW_ONLY
+    stream: str
+    subject: str
+    handle: Callable[[Msg], None]
+    what: str
+    idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S
+    _subscription: Any = field(default=None, init=False, repr=False)
+    _caught_up: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     @property
     def caught_up(self) -> bool:

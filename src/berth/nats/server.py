@@ -37,7 +37,13 @@ from types import TracebackType
 
 from berth.errors import Unavailable
 
-__all__ = ["NatsServer", "NatsServerNotFound", "die_with_parent", "nats_server_binary"]
+__all__ = [
+    "NatsServer",
+    "NatsServerNotFound",
+    "OwnedDirectory",
+    "die_with_parent",
+    "nats_server_binary",
+]
 
 
 class NatsServerNotFound(Unavailable):
@@ -68,7 +74,38 @@ def nats_server_binary() -> Path:
     )
 
 
-class NatsServer:
+class OwnedDirectory:
+    """The base of what runs in a directory it is given or makes itself (a server's store, a
+    cluster's): :meth:`close` ends it and deletes a directory it made; ``with`` starts it and
+    closes it after."""
+
+    _owned_dir: Path | None = None
+
+    def _directory(self, given: Path | str | None, prefix: str) -> Path:
+        """``given``, or a new temporary directory named ``prefix…`` that :meth:`close` deletes."""
+        if given is None:
+            self._owned_dir = Path(tempfile.mkdtemp(prefix=prefix))
+            given = self._owned_dir
+        return Path(given)
+
+    def _delete_owned_dir(self) -> None:
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class NatsServer(OwnedDirectory):
     """One ``nats-server`` with JetStream on loopback (see the module docstring).
 
     ``with NatsServer() as server: server.url`` — or ``start()``/``stop()``.  ``port=None``
@@ -92,11 +129,7 @@ class NatsServer:
         self.port = port
         self.config_file = Path(config_file) if config_file is not None else None
         self.start_timeout_s = start_timeout_s
-        self._owned_dir: Path | None = None
-        if store_dir is None:
-            self._owned_dir = Path(tempfile.mkdtemp(prefix="berth-nats-"))
-            store_dir = self._owned_dir
-        self.store_dir = Path(store_dir)
+        self.store_dir = self._directory(store_dir, "berth-nats-")
         self.log_file = Path(log_file) if log_file is not None else self.store_dir / "server.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.tls = tls
@@ -190,20 +223,10 @@ class NatsServer:
     def close(self) -> None:
         """Stop the server and delete the store directory if this object created it."""
         self.stop()
-        if self._owned_dir is not None:
-            shutil.rmtree(self._owned_dir, ignore_errors=True)
-            self._owned_dir = None
+        self._delete_owned_dir()
 
     def __enter__(self) -> NatsServer:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

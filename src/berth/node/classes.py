@@ -82,72 +82,39 @@ class NodeClass(BerthModel):
         return self.budget_section().limits()
 
 
-EMBEDDED_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(
-        name="small",
-        mem="2GiB",
-        disk="32GiB",
-        cpus=2,
-        disk_bw="2GiBps",
-        net_bw="1GiBps",
-        cpu_max_load=0.9,
-        disk_bw_max_load=0.8,
-        net_bw_max_load=0.8,
-    ),
-    NodeClass(
-        name="medium",
-        mem="4GiB",
-        disk="64GiB",
-        cpus=4,
-        disk_bw="2GiBps",
-        net_bw="1GiBps",
-        cpu_max_load=0.9,
-        disk_bw_max_load=0.8,
-        net_bw_max_load=0.8,
-    ),
-    NodeClass(
-        name="large",
-        mem="8GiB",
-        disk="128GiB",
-        cpus=8,
-        disk_bw="2GiBps",
-        net_bw="1GiBps",
-        cpu_max_load=0.9,
-        disk_bw_max_load=0.8,
-        net_bw_max_load=0.8,
-    ),
+def _classes(
+    columns: str, *rows: tuple[str | float, ...], **common: str | float
+) -> tuple[NodeClass, ...]:
+    """A table of node classes: each row's values in ``columns`` (space-separated field
+    names), each with the ``common`` fields beside them."""
+    names = columns.split()
+    return tuple(
+        NodeClass.model_validate({**dict(zip(names, row, strict=True)), **common}) for row in rows
+    )
+
+
+EMBEDDED_CLASSES: tuple[NodeClass, ...] = _classes(
+    "name mem disk cpus",
+    ("small", "2GiB", "32GiB", 2),
+    ("medium", "4GiB", "64GiB", 4),
+    ("large", "8GiB", "128GiB", 8),
+    disk_bw="2GiBps",
+    net_bw="1GiBps",
+    cpu_max_load=0.9,
+    disk_bw_max_load=0.8,
+    net_bw_max_load=0.8,
 )
 """The embedded cluster's sizes, cycled in order: small enough that a few real processes on
 one host fill them, with 10 % CPU and 20 % bandwidth headroom kept free."""
 
-SIMULATED_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(
-        name="small",
-        mem="4GiB",
-        disk="128GiB",
-        cpus=10,
-        disk_bw="1GiBps",
-        net_bw="512MiBps",
-        weight=0.5,
-    ),
-    NodeClass(
-        name="medium",
-        mem="8GiB",
-        disk="256GiB",
-        cpus=20,
-        disk_bw="2GiBps",
-        net_bw="1GiBps",
-        weight=0.3,
-    ),
-    NodeClass(
-        name="large",
-        mem="16GiB",
-        disk="512GiB",
-        cpus=40,
-        disk_bw="4GiBps",
-        net_bw="2GiBps",
-        weight=0.2,
-    ),
+_SIZES = "name mem disk cpus disk_bw net_bw weight"
+"""The columns of a weighted mix's table."""
+
+SIMULATED_CLASSES: tuple[NodeClass, ...] = _classes(
+    _SIZES,
+    ("small", "4GiB", "128GiB", 10, "1GiBps", "512MiBps", 0.5),
+    ("medium", "8GiB", "256GiB", 20, "2GiBps", "1GiBps", 0.3),
+    ("large", "16GiB", "512GiB", 40, "4GiBps", "2GiBps", 0.2),
 )
 """The simulator's three sizes, half of them small.  Hyper's instance types all ask 2 vCPUs,
 16 GiB disk, 128 MiBps disk and 64 MiBps network per GiB of memory; these nodes offer 2.5
@@ -162,58 +129,19 @@ def _weighted(node_class: NodeClass, weight: float) -> NodeClass:
 
 _SMALL, _MEDIUM, _LARGE = SIMULATED_CLASSES
 HETEROGENEOUS_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(
-        name="tiny",
-        mem="2GiB",
-        disk="64GiB",
-        cpus=5,
-        disk_bw="512MiBps",
-        net_bw="256MiBps",
-        weight=0.35,
-    ),
+    *_classes(_SIZES, ("tiny", "2GiB", "64GiB", 5, "512MiBps", "256MiBps", 0.35)),
     _weighted(_SMALL, 0.35),
     _weighted(_LARGE, 0.2),
-    NodeClass(
-        name="huge",
-        mem="64GiB",
-        disk="2TiB",
-        cpus=160,
-        disk_bw="16GiBps",
-        net_bw="8GiBps",
-        weight=0.1,
-    ),
+    *_classes(_SIZES, ("huge", "64GiB", "2TiB", 160, "16GiBps", "8GiBps", 0.1)),
 )
 """Node sizes 32× apart in one cluster (the simulator's small and large among them), with
 :data:`SIMULATED_CLASSES`' per-GiB proportions."""
 
-FLEET_CLASSES: tuple[NodeClass, ...] = (
-    NodeClass(
-        name="small",
-        mem="32GiB",
-        disk="400GiB",
-        cpus=8.0,
-        disk_bw="1GiBps",
-        net_bw="10Gbps",
-        weight=0.45,
-    ),
-    NodeClass(
-        name="medium",
-        mem="128GiB",
-        disk="1600GiB",
-        cpus=32.0,
-        disk_bw="2GiBps",
-        net_bw="25Gbps",
-        weight=0.40,
-    ),
-    NodeClass(
-        name="large",
-        mem="384GiB",
-        disk="3840GiB",
-        cpus=96.0,
-        disk_bw="4GiBps",
-        net_bw="100Gbps",
-        weight=0.15,
-    ),
+FLEET_CLASSES: tuple[NodeClass, ...] = _classes(
+    _SIZES,
+    ("small", "32GiB", "400GiB", 8.0, "1GiBps", "10Gbps", 0.45),
+    ("medium", "128GiB", "1600GiB", 32.0, "2GiBps", "25Gbps", 0.40),
+    ("large", "384GiB", "3840GiB", 96.0, "4GiBps", "100Gbps", 0.15),
 )
 """Data-centre machines (8 to 96 cores, 10 to 100 Gbit/s), in the shares a large cluster of
 them might have."""

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from berth.boot import BootFailed, BootSpec, WorkloadStatus
 from berth.errors import BerthError
@@ -38,12 +39,25 @@ from berth.node.ledger import Ledger
 from berth.node.runtime.port import Runtime, WorkloadHandle
 from berth.node.workloads import ENDED_MEMORY, Booted, Ended, Life, Running, Workloads
 
-__all__ = ["Ends", "unmount"]
+__all__ = ["Ends", "NodeParts", "unmount"]
 
 log = logging.getLogger("berth.node")
 
 
-class Ends:
+@dataclass(eq=False, repr=False)
+class NodeParts:
+    """The base of the node core's collaborators — its ends (:class:`Ends`), its boots
+    (:class:`~berth.node.lifecycle.Boots`): the parts of the node each works on, kept once
+    for all of them (and private to them; a collaborator passes them on positionally)."""
+
+    _name: str
+    _runtime: Runtime
+    _layers: LayerRegistry
+    _workloads: Workloads
+    _ledger: Ledger
+
+
+class Ends(NodeParts):
     """The ends and restarts of one node's workloads (see the module docstring).
 
     ``clock`` and ``sleep`` time a restart's backoff and its policy's attempt window;
@@ -62,11 +76,7 @@ class Ends:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
     ) -> None:
-        self._name = name
-        self._runtime = runtime
-        self._layers = layers
-        self._workloads = workloads
-        self._ledger = ledger
+        super().__init__(name, runtime, layers, workloads, ledger)
         self._end_errors = end_errors
         self._clock, self._sleep = clock, sleep
 

@@ -50,7 +50,7 @@ from berth.boot import BootFailed, BootSpec
 from berth.checks import CORDONED, CORDONED_DETAIL
 from berth.model import Layer, Spec
 from berth.node.budget import NodeBudget
-from berth.node.ends import Ends, unmount
+from berth.node.ends import Ends, NodeParts, unmount
 from berth.node.journal import JournalEntry
 from berth.node.layers import LayerRegistry, MountResult
 from berth.node.ledger import Ledger, runtime_kind
@@ -65,7 +65,7 @@ __all__ = ["Boots"]
 log = logging.getLogger("berth.node")
 
 
-class Boots:
+class Boots(NodeParts):
     """One node's boots (see the module docstring)."""
 
     def __init__(
@@ -79,13 +79,9 @@ class Boots:
         ledger: Ledger,
         ends: Ends,
     ) -> None:
-        self._name = name
+        super().__init__(name, runtime, layers, workloads, ledger)
         self._platform = platform
         self._budget = budget
-        self._runtime = runtime
-        self._layers = layers
-        self._workloads = workloads
-        self._ledger = ledger
         self._ends = ends
 
     async def boot(

@@ -19,16 +19,13 @@ instead of patching a transport.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from berth.boot import BootSpec
 from berth.errors import Unavailable
 from berth.events.port import EventSink, WorkloadEvent
-from berth.model import Layer, Spec
 from berth.nodeclient.forwarding import ForwardingAgents
 from berth.nodeclient.port import AgentClient
-from berth.platform import Platform
 
 __all__ = ["FaultyEvents", "FaultyNodes"]
 
@@ -65,22 +62,12 @@ class FaultyNodes(ForwardingAgents):
         self._reach(node)
         return await call()
 
-    async def try_run(
-        self,
-        node: str,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
+    async def forward_run(
+        self, node: str, workload_id: str | None, call: Callable[[], Awaitable[str]]
     ) -> str:
         self._reach(node)
         self.runs.append((node, workload_id))
-        ran = await super().try_run(
-            node, spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
-        )
+        ran = await super().forward_run(node, workload_id, call)
         if self._lose_runs > 0:
             self._lose_runs -= 1
             raise Unavailable(f"node {node!r} did not answer run (the answer was lost)")

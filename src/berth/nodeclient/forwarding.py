@@ -8,8 +8,9 @@ a driver that skips its own rule.  :class:`ForwardingNodes` (the
 :class:`~berth.nodeclient.port.NodeClient` calls) and :class:`ForwardingAgents` (also the
 :class:`~berth.nodeclient.port.AgentClient` calls) write the signatures once and send each
 call through :meth:`ForwardingNodes.forward` — ``forward(node, call)`` awaits ``call()``,
-the wrapped driver's answer; a wrapper overrides it (or one method, where the rule is the
-method's own) and nothing else.
+the wrapped driver's answer; a wrapper overrides it (or, where the rule is one call's own,
+that call's hook: :meth:`ForwardingNodes.forward_admit`, :meth:`ForwardingAgents.forward_run`)
+and nothing else.
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class ForwardingNodes:
         do something around every call)."""
         return await call()
 
+    async def forward_admit(self, node: str, call: Callable[[], Awaitable[Admission]]) -> Admission:
+        """The answer to an ``admit`` on ``node``: :meth:`forward`'s (override to do
+        something around admissions alone)."""
+        return await self.forward(node, call)
+
     async def admit(
         self,
         node: str,
@@ -47,7 +53,7 @@ class ForwardingNodes:
         lease_ttl_s: float,
         platforms: Sequence[Platform] = (),
     ) -> Admission:
-        return await self.forward(
+        return await self.forward_admit(
             node,
             lambda: self._nodes.admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms),
         )
@@ -66,6 +72,13 @@ class ForwardingAgents(ForwardingNodes):
         super().__init__(nodes)
         self._agents = nodes
 
+    async def forward_run(
+        self, node: str, workload_id: str | None, call: Callable[[], Awaitable[str]]
+    ) -> str:
+        """The answer to a ``try_run`` of ``workload_id`` on ``node``: :meth:`forward`'s
+        (override to do something around runs alone)."""
+        return await self.forward(node, call)
+
     async def try_run(
         self,
         node: str,
@@ -77,8 +90,9 @@ class ForwardingAgents(ForwardingNodes):
         reservation: str | None = None,
         workload_id: str | None = None,
     ) -> str:
-        return await self.forward(
+        return await self.forward_run(
             node,
+            workload_id,
             lambda: self._agents.try_run(
                 node,
                 spec,

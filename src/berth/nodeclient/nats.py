@@ -36,6 +36,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import nats.errors
@@ -70,25 +71,20 @@ class _TimedOut(Unavailable):
     """No answer in time: the outcome is unknown."""
 
 
+@dataclass(eq=False, repr=False)
 class NatsNodes:
     """``AgentClient`` over NATS (see the module docstring)."""
 
-    def __init__(
-        self,
-        client: Client,
-        *,
-        prefix: str = PREFIX,
-        timeout_s: float = 2.0,
-        run_timeout_s: float = RUN_TIMEOUT_S,
-        admit_attempts: int = 2,
-    ) -> None:
-        if admit_attempts < 1:
-            raise Invalid(f"must be at least 1, got {admit_attempts}", field="admit_attempts")
-        self.client = client
-        self.prefix = prefix
-        self.timeout_s = timeout_s
-        self.run_timeout_s = run_timeout_s
-        self.admit_attempts = admit_attempts
+    client: Client
+    _: KW_ONLY
+    prefix: str = PREFIX
+    timeout_s: float = 2.0
+    run_timeout_s: float = RUN_TIMEOUT_S
+    admit_attempts: int = 2
+
+    def __post_init__(self) -> None:
+        if self.admit_attempts < 1:
+            raise Invalid(f"must be at least 1, got {self.admit_attempts}", field="admit_attempts")
         self._lock = threading.Lock()
         self._ended: dict[str, list[str]] = {}  # node → reservations whose owner ended
         self._flushing: dict[str, asyncio.Task[None]] = {}

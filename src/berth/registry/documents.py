@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection
+from dataclasses import InitVar, dataclass
 from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
@@ -85,18 +86,16 @@ class Documents(Protocol[Model]):
         ...
 
 
+@dataclass(eq=False, repr=False)
 class DocumentWorkloads:
     """A :class:`~berth.registry.port.WorkloadRegistry` over ``documents``."""
 
-    def __init__(
-        self,
-        documents: Documents[StoredWorkload],
-        claims: IdentityClaims,
-        keys: IdempotencyKeys,
-    ) -> None:
+    documents: InitVar[Documents[StoredWorkload]]
+    claims: IdentityClaims
+    keys: IdempotencyKeys
+
+    def __post_init__(self, documents: Documents[StoredWorkload]) -> None:
         self._documents = documents
-        self.claims = claims
-        self.keys = keys
 
     async def record(self, workload: StoredWorkload) -> None:
         await self._documents.put(workload.id, workload)

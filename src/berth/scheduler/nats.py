@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import nats.errors
@@ -35,19 +36,14 @@ from berth.observability import tracing
 __all__ = ["NatsScheduler"]
 
 
+@dataclass(eq=False, repr=False)
 class NatsScheduler:
     """The placement port over NATS: ``schedule`` on whichever scheduler the queue group picks."""
 
-    def __init__(
-        self,
-        client: Client,
-        *,
-        prefix: str = SCHEDULER_PREFIX,
-        timeout_s: float = SCHEDULE_TIMEOUT_S,
-    ) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.timeout_s = timeout_s
+    client: Client
+    _: KW_ONLY
+    prefix: str = SCHEDULER_PREFIX
+    timeout_s: float = SCHEDULE_TIMEOUT_S
 
     async def schedule(self, request: Request) -> Placement:
         value = await self._call("schedule", {"request": request.model_dump(mode="json")})

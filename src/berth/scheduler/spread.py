@@ -59,7 +59,7 @@ import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from types import MappingProxyType
 
 from berth.defaults import LEASE_TTL_S
@@ -188,21 +188,18 @@ class Judge:
     demotion = violation  # as a soft spread's tier
 
 
+@dataclass(eq=False, repr=False)
 class SpreadRules:
     """One request's spread as a scheduler's walk applies it, over that scheduler's labels
     and replicas: each pass takes the rule over the labels as they are then."""
 
-    def __init__(
-        self,
-        spread: Spread,
-        function: Function,
-        platforms: Sequence[Platform],
-        labels: LabelIndex,
-        replicas: Replicas,
-    ) -> None:
-        self.spread = spread
-        self.function = function
-        self.platforms = platforms
+    spread: Spread
+    function: Function
+    platforms: Sequence[Platform]
+    labels: InitVar[LabelIndex]
+    replicas: InitVar[Replicas]
+
+    def __post_init__(self, labels: LabelIndex, replicas: Replicas) -> None:
         self._labels = labels
         self._replicas = replicas
 

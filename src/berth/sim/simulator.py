@@ -77,7 +77,6 @@ from berth.node.runtime import BootSpec, FakeRuntime
 from berth.nodeclient.local import LocalNodes
 from berth.nodeclient.recording import RecordingNodes
 from berth.ownership import Admission, Refused
-from berth.platform import Platform
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import POLICIES, Policy, SeedLike
 from berth.scheduler.policy import policy as make_policy
@@ -137,16 +136,9 @@ class _BoundedNodes(RecordingNodes):
         super().__init__(nodes)
         self.limit = limit
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
+    async def forward_admit(self, node: str, call: Callable[[], Awaitable[Admission]]) -> Admission:
         try:
-            return await super().admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+            return await super().forward_admit(node, call)
         except Refused:
             if len(self.refusals) >= self.limit:
                 raise GaveUp(f"gave up after {len(self.refusals)} refusals") from None

@@ -75,6 +75,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -147,6 +148,7 @@ def decode_state(data: bytes, *, key: str | None = None, source: str = "state st
     return state
 
 
+@dataclass(eq=False, repr=False)
 class NatsStore:
     """``StateStore`` on a JetStream KV bucket (see the module docstring).
 
@@ -158,35 +160,30 @@ class NatsStore:
     caller's.
     """
 
-    def __init__(
-        self,
-        client: Client,
-        *,
-        bucket: str = DEFAULT_BUCKET,
-        ttl_s: float | None = None,
-        idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S,
-        sync_timeout_s: float = 10.0,
-        watch: bool = True,
-        publish_timeout_s: float | None = None,
-    ) -> None:
+    client: Client
+    _: KW_ONLY
+    bucket: str = DEFAULT_BUCKET
+    ttl_s: float | None = None
+    idle_heartbeat_s: float = FOLLOW_IDLE_HEARTBEAT_S
+    sync_timeout_s: float = 10.0
+    watch: bool = True
+    publish_timeout_s: float | None = None
+    """Seconds a publish waits for its ack (default: about one heartbeat, set at init)."""
+    rejected: int = field(default=0, init=False)
+    """Messages the watch refused as malformed (each one logged)."""
+
+    def __post_init__(self) -> None:
+        ttl_s = self.ttl_s
         if ttl_s is not None and not ttl_s > 0:
             raise Invalid(f"must be positive, got {ttl_s!r}", field="ttl_s")
-        self.client = client
-        self.bucket = bucket
-        self.ttl_s = ttl_s
-        self.idle_heartbeat_s = idle_heartbeat_s
-        self.sync_timeout_s = sync_timeout_s
-        self.watch = watch
         # An unacknowledged put may still be applied (docs/design.md §5); waiting longer than a
         # heartbeat for the ack only delays the next attempt, so wait about one heartbeat.
-        self.publish_timeout_s = publish_timeout_s or (
+        self.publish_timeout_s = self.publish_timeout_s or (
             2.0 if ttl_s is None else min(2.0, max(0.25, ttl_s / 3))
         )
-        self.rejected = 0
-        """Messages the watch refused as malformed (each one logged)."""
-        self._js: JetStreamContext = client.jetstream()
-        self._prefix = f"$KV.{bucket}."
-        self._stream = f"KV_{bucket}"
+        self._js: JetStreamContext = self.client.jetstream()
+        self._prefix = f"$KV.{self.bucket}."
+        self._stream = f"KV_{self.bucket}"
         self._replica: dict[str, NodeState] = {}
         self._key_nodes: dict[str, str] = {}  # key → node whose snapshot the replica holds
         self._listeners: list[StateListener] = []

@@ -12,27 +12,23 @@ out (``stopped (killed by SIGKILL)``) or when a test ends it first.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from berth.defaults import STOP_GRACE_S
 from berth.errors import Invalid
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
-    ExitListener,
-    ExitListeners,
+    RuntimeDriver,
     WorkloadExit,
     WorkloadHandle,
-    WorkloadIds,
-    configured_grace,
     end_within_grace,
-    stop_grace,
 )
 
 __all__ = ["FakeRuntime"]
 
 
-class FakeRuntime:
+class FakeRuntime(RuntimeDriver):
     """Workloads that run until stopped, finished or killed — no processes at all.
 
     ``failing_commands`` holds programs (``command[0]``) whose boots fail with
@@ -50,13 +46,8 @@ class FakeRuntime:
     ) -> None:
         self.failing_commands: set[str] = set(failing_commands)
         self.ignoring_term: set[str] = set(ignoring_term)
-        self.stop_grace_s = configured_grace(stop_grace_s)
+        super().__init__(stop_grace_s)
         self._running: dict[str, WorkloadHandle] = {}
-        self._listeners = ExitListeners()
-        self._ids = WorkloadIds()
-
-    def on_exit(self, listener: ExitListener) -> Callable[[], None]:
-        return self._listeners.add(listener)
 
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(self._running.values())
@@ -71,7 +62,7 @@ class FakeRuntime:
         return workload
 
     async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
-        grace = stop_grace(grace_s, self.stop_grace_s)
+        grace = self._grace(grace_s)
         workload = self._running.get(workload_id)
         if workload is None:
             return

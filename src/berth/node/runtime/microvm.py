@@ -50,8 +50,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,14 +94,10 @@ from berth.node.microvm.vm import MicroVM, new_nonce, probe
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
-    ExitListener,
-    ExitListeners,
+    RuntimeDriver,
     WorkloadExit,
     WorkloadHandle,
-    WorkloadIds,
-    configured_grace,
     end_within_grace,
-    stop_grace,
 )
 from berth.oci import OciImage, read_layout
 from berth.validation import shown
@@ -148,6 +143,7 @@ class AgentSettings(Protocol):
     def microvm(self) -> MicrovmSection: ...
 
 
+@dataclass(eq=False, repr=False)
 class MicrovmWorkload(WorkloadHandle):
     """A workload running in a guest: the port's handle plus what the guest reports.
 
@@ -158,28 +154,21 @@ class MicrovmWorkload(WorkloadHandle):
     guest kernel's OOM kills; ``console_log`` the log file, if any.
     """
 
-    def __init__(
-        self,
-        workload_id: str,
-        spec: BootSpec,
-        vm: MicroVM,
-        *,
-        accel: Accel,
-        size: VmSize,
-        image: OciImage,
-        started_at: float,
-        console_log: Path | None,
-        locator: dict[str, Any],
-    ) -> None:
-        super().__init__(workload_id, spec, pid=vm.pid)
+    workload_id: InitVar[str]
+    spec: InitVar[BootSpec]
+    vm: MicroVM
+    _: KW_ONLY
+    accel: Accel
+    size: VmSize
+    image: OciImage
+    started_at: float
+    console_log: Path | None
+    locator: InitVar[dict[str, Any]]
+    oom_kills: int = field(default=0, init=False)
+
+    def __post_init__(self, workload_id: str, spec: BootSpec, locator: dict[str, Any]) -> None:
+        super().__init__(workload_id, spec, pid=self.vm.pid)
         self.locator = locator  # how a restarted agent finds the guest (module docstring)
-        self.vm = vm
-        self.accel = accel
-        self.size = size
-        self.image = image
-        self.started_at = started_at
-        self.console_log = console_log
-        self.oom_kills = 0
 
     @property
     def output(self) -> tuple[str, ...]:
@@ -210,7 +199,7 @@ class _Guest:
     stop_requested: bool = False
 
 
-class MicrovmRuntime:
+class MicrovmRuntime(RuntimeDriver):
     """Boots each workload in a QEMU ``microvm`` guest (see the module docstring).
 
     ``layers`` — the node's layer files (give its ``registry`` to the node);  ``images`` —
@@ -254,12 +243,12 @@ class MicrovmRuntime:
                 f"must be a positive number of seconds, got {shown(boot_timeout_s)}",
                 field="boot_timeout_s",
             )
-        grace = configured_grace(stop_grace_s)
+        super().__init__(stop_grace_s)
+        grace = self.stop_grace_s
         self.files = files if files is not None else GuestFiles.at(None)
         self.layer_files = layers
         self.images = Path(images)
         self.qemu = qemu
-        self.stop_grace_s = grace
         self.boot_timeout_s = float(boot_timeout_s)
         self.work_dir = Path(work_dir) if work_dir is not None else self.files.data_dir / "run"
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -277,8 +266,6 @@ class MicrovmRuntime:
         self._guests: dict[str, _Guest] = {}
         self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
-        self._listeners = ExitListeners()
-        self._ids = WorkloadIds()
         self._machines.remove_orphans(self.work_dir)
         log.info("microVMs under %s (%s)", self.accel, self.accel_detail)
 
@@ -341,9 +328,6 @@ class MicrovmRuntime:
         return problems(self.files, self.qemu)
 
     # -- the port ----------------------------------------------------------------------------
-    def on_exit(self, listener: ExitListener) -> Callable[[], None]:
-        return self._listeners.add(listener)
-
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(guest.workload for guest in self._guests.values())
 
@@ -541,7 +525,7 @@ class MicrovmRuntime:
     async def stop(self, workload_id: str, *, grace_s: float | None = None) -> None:
         """Ask the guest to stop its workload; kill QEMU after ``grace_s`` (else the
         configured ``stop_grace_s``); wait."""
-        grace = stop_grace(grace_s, self.stop_grace_s)
+        grace = self._grace(grace_s)
         guest = self._guests.get(workload_id)
         if guest is None or guest.workload.done:
             return

@@ -60,6 +60,7 @@ __all__ = [
     "ExitListener",
     "ExitListeners",
     "Runtime",
+    "RuntimeDriver",
     "StopGrace",
     "WorkloadExit",
     "WorkloadHandle",
@@ -324,6 +325,23 @@ class WorkloadIds:
         if workload_id is None:
             return self.next(spec, running)
         return checked_workload_id(workload_id, running)
+
+
+class RuntimeDriver:
+    """What this package's runtime drivers share: the stop's default grace
+    (``stop_grace_s``, checked), their exit listeners (:meth:`on_exit`) and workload ids."""
+
+    def __init__(self, stop_grace_s: float) -> None:
+        self.stop_grace_s = configured_grace(stop_grace_s)
+        self._listeners = ExitListeners()
+        self._ids = WorkloadIds()
+
+    def on_exit(self, listener: ExitListener) -> Callable[[], None]:
+        return self._listeners.add(listener)
+
+    def _grace(self, grace_s: float | None) -> float:
+        """A stop's grace: ``grace_s``, else ``stop_grace_s``."""
+        return stop_grace(grace_s, self.stop_grace_s)
 
 
 def checked_workload_id(workload_id: object, running: Container[str] = ()) -> str:

@@ -35,7 +35,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -48,14 +48,10 @@ from berth.node.runtime import supervisor
 from berth.node.runtime.port import (
     BootFailed,
     BootSpec,
-    ExitListener,
-    ExitListeners,
+    RuntimeDriver,
     WorkloadExit,
     WorkloadHandle,
-    WorkloadIds,
-    configured_grace,
     end_within_grace,
-    stop_grace,
 )
 from berth.node.runtime.supervisor import OWNER_FILE, WORKLOADS_DIR, WorkloadFiles, file_stem
 from berth.validation import Rule, shown
@@ -100,7 +96,7 @@ class _Running:
                 signal.pidfd_send_signal(self.pidfd, signum)
 
 
-class ProcessRuntime:
+class ProcessRuntime(RuntimeDriver):
     """Each workload is a real OS process, leader of its own process group, under a supervisor.
 
     ``stop_grace_s`` is how long ``stop`` waits after ``SIGTERM`` before ``SIGKILL`` when the
@@ -123,7 +119,7 @@ class ProcessRuntime:
         state_dir: Path | None = None,
         orphan_grace_s: float = ORPHAN_GRACE_S,
     ) -> None:
-        self.stop_grace_s = configured_grace(stop_grace_s)
+        super().__init__(stop_grace_s)
         self.orphan_grace_s = _ORPHAN_GRACE(orphan_grace_s, "orphan_grace_s")
         if state_dir is not None and not isinstance(state_dir, Path):
             raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
@@ -135,11 +131,6 @@ class ProcessRuntime:
         self._running: dict[str, _Running] = {}
         self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
-        self._listeners = ExitListeners()
-        self._ids = WorkloadIds()
-
-    def on_exit(self, listener: ExitListener) -> Callable[[], None]:
-        return self._listeners.add(listener)
 
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(entry.workload for entry in self._running.values())
@@ -287,7 +278,7 @@ class ProcessRuntime:
         """``SIGTERM`` the workload's group, ``SIGKILL`` its tree after the grace period
         (``grace_s``, else ``stop_grace_s``); wait for it.  Concurrent stops: the shortest
         grace kills."""
-        grace = stop_grace(grace_s, self.stop_grace_s)
+        grace = self._grace(grace_s)
         entry = self._running.get(workload_id)
         if entry is None or entry.workload.done:
             return

@@ -40,6 +40,7 @@ from berth.api.create import Creates
 from berth.api.decisions import Decisions
 from berth.api.idempotency import CreateKeys, Members
 from berth.api.nodes import NodeOperations
+from berth.api.ports import ApiPorts
 from berth.api.records import SWEEP_EVERY_S, Records, not_found
 from berth.api.stops import Stops
 from berth.defaults import (
@@ -99,27 +100,16 @@ class ClusterBackend:
         )
         """The creates' idempotency keys (:mod:`berth.api.idempotency`; ``owner`` names this
         process in the claims, ``members`` says which are up)."""
-        self._decisions = Decisions(
-            view,
-            placements,
-            images,
-            clock=clock,
-            recent_capacity=recent_capacity,
-            metrics=metrics,
-        )
+        self.ports = ApiPorts(view, nodes, placements, workloads, images, clock, metrics)
+        """The ports, as the parts hold them (:class:`berth.api.ports.ApiPorts`)."""
+        self._decisions = Decisions(self.ports, recent_capacity=recent_capacity)
         self._records = Records(
-            view,
-            nodes,
-            workloads,
-            clock=clock,
+            self.ports,
             node_gone_after_s=self.node_gone_after_s,
             # a reschedule places again as a create does (the creates are made next)
             replace=lambda ended: self._creates.replace(ended),
-            metrics=metrics,
         )
-        self._creates = Creates(
-            self._records, self._decisions, nodes, placements, images, self.keys
-        )
+        self._creates = Creates(self.ports, self._records, self._decisions, self.keys)
         self._stops = Stops(self._records)
         self._node_operations = NodeOperations(self._records, self._stops, self._creates)
 

@@ -37,23 +37,21 @@ import time
 from berth.api import schemas
 from berth.api.decisions import Decisions
 from berth.api.idempotency import CreateKeys
+from berth.api.ports import ApiPorts
 from berth.api.records import Records
 from berth.boot import BootSpec
 from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Placement, Request, ReschedulePolicy
-from berth.nodeclient.port import AgentClient
 from berth.ownership import Refused
 from berth.registry.port import (
     CLAIM_PENDING_S,
     Claim,
     Image,
-    ImageRegistry,
     StoredWorkload,
     new_workload_id,
     with_event,
 )
-from berth.scheduler.port import ReleasingScheduler
 
 __all__ = ["RUN_ATTEMPTS", "RUN_RETRY_S", "Creates"]
 
@@ -71,22 +69,12 @@ class Creates:
     """Creates and replacements of workloads (see the module docstring)."""
 
     def __init__(
-        self,
-        records: Records,
-        decisions: Decisions,
-        nodes: AgentClient,
-        placements: ReleasingScheduler,
-        images: ImageRegistry,
-        keys: CreateKeys,
+        self, ports: ApiPorts, records: Records, decisions: Decisions, keys: CreateKeys
     ) -> None:
+        self.ports = ports
         self.records = records
         self.decisions = decisions
-        self.nodes = nodes
-        self.placements = placements
-        self.images = images
         self.keys = keys
-        self.workloads = records.workloads
-        self.clock = records.clock
 
     async def create(
         self, body: schemas.WorkloadCreate, *, idempotency_key: str | None = None
@@ -143,7 +131,7 @@ class Creates:
         avoiding the node it ran on (a soft hint: asked only if no other node takes it);
         ``counted``: as one more reschedule of its line (a drain's is not)."""
         request = Request.from_dict(workload.request).avoiding(workload.node)
-        image = None if workload.image is None else await self.images.get(workload.image)
+        image = None if workload.image is None else await self.ports.images.get(workload.image)
         new_id = new_workload_id()
         boot = BootSpec(
             name=new_id,
@@ -202,8 +190,8 @@ class Creates:
             restart=boot.restart,
             reschedule=reschedule,
             reschedules=reschedules,
-            history=with_event((), self.clock(), "created", why, placement.worker_node),
-            created_at=self.clock(),
+            history=with_event((), self.ports.clock(), "created", why, placement.worker_node),
+            created_at=self.ports.clock(),
             request=request.model_dump(mode="json"),
         )
         await self._record_intent(request, placement, pending, key)
@@ -226,12 +214,12 @@ class Creates:
         placement that fails gives the identity back."""
 
         async def holds(claim: Claim) -> str | None:
-            if claim.workload_id == abandoned and await self.workloads.get(abandoned) is None:
+            if claim.workload_id == abandoned and await self.ports.workloads.get(abandoned) is None:
                 return None  # its create died with its key, which this create took over
             return await self._holds(claim)
 
-        claims = self.workloads.claims
-        await claims.claim(request.key, workload_id, holds=holds, now=self.clock())
+        claims = self.ports.workloads.claims
+        await claims.claim(request.key, workload_id, holds=holds, now=self.ports.clock())
         try:
             return await self.decisions.place_request(request, workload_id)
         except Exception:
@@ -242,9 +230,9 @@ class Creates:
         """How ``claim``'s workload still holds its identity: it runs (asked of its node), it
         is pending (recorded, its boot under way or of unknown outcome) or unknown (its node
         does not answer: it may run), or it has no record yet and its create is recent."""
-        workload = await self.workloads.get(claim.workload_id)
+        workload = await self.ports.workloads.get(claim.workload_id)
         if workload is None:
-            if self.clock() - claim.claimed_at < CLAIM_PENDING_S:
+            if self.ports.clock() - claim.claimed_at < CLAIM_PENDING_S:
                 return "being created"
             return None  # its create died before recording it
         workload = await self.records.refresh(workload)
@@ -276,7 +264,7 @@ class Creates:
                 )
                 raise
         try:
-            await self.workloads.record(pending)
+            await self.ports.workloads.record(pending)
         except Exception as error:
             await self._give_back(request, placement, pending.id)
             detail = f"{pending.id} not recorded ({error}); nothing was booted"
@@ -303,7 +291,7 @@ class Creates:
         while True:
             attempt += 1
             try:
-                return await self.nodes.try_run(
+                return await self.ports.nodes.try_run(
                     node,
                     request.spec,
                     request.layers,
@@ -353,7 +341,9 @@ class Creates:
             f"attempt(s) ({error}); its outcome is unknown"
         )
         with contextlib.suppress(Exception):
-            await self.workloads.transition(workload_id, {"detail": detail}, expect=("pending",))
+            await self.ports.workloads.transition(
+                workload_id, {"detail": detail}, expect=("pending",)
+            )
         self.decisions.note(
             request,
             "unavailable",
@@ -374,7 +364,9 @@ class Creates:
             "detail": None,
         }
         try:
-            started, _ = await self.workloads.transition(pending.id, update, expect=("pending",))
+            started, _ = await self.ports.workloads.transition(
+                pending.id, update, expect=("pending",)
+            )
         except Unavailable as error:
             raise Unavailable(
                 f"{pending.id} booted on {pending.node}; its record still says pending "
@@ -390,5 +382,5 @@ class Creates:
         """Undo a create that ends without a workload: the schedulers drop its reservation
         (and route) and release it on the node, and its identity is free again."""
         with contextlib.suppress(Exception):
-            await self.placements.release(placement, workload=request.key)
+            await self.ports.placements.release(placement, workload=request.key)
         await self.records.release(request.key, workload_id)

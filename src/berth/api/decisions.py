@@ -15,16 +15,13 @@ a placement is noted there (and counted, ``berth_api_placements_total{outcome}``
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from berth.api import schemas
+from berth.api.ports import ApiPorts
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request
-from berth.observability.metrics import Metrics
-from berth.registry.port import Image, ImageRegistry
-from berth.scheduler.port import ReleasingScheduler
-from berth.scheduler.view import ClusterView
+from berth.registry.port import Image
 
 __all__ = ["Decisions"]
 
@@ -32,21 +29,8 @@ __all__ = ["Decisions"]
 class Decisions:
     """Requests from bodies, placed or explained; the recent ring (see the module docstring)."""
 
-    def __init__(
-        self,
-        view: ClusterView,
-        placements: ReleasingScheduler,
-        images: ImageRegistry,
-        *,
-        clock: Callable[[], float],
-        recent_capacity: int,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.view = view
-        self.metrics = metrics
-        self.placements = placements
-        self.images = images
-        self.clock = clock
+    def __init__(self, ports: ApiPorts, *, recent_capacity: int) -> None:
+        self.ports = ports
         self._recent: deque[schemas.PlacementRecord] = deque(maxlen=recent_capacity)
 
     # -- requests ----------------------------------------------------------------------------
@@ -59,9 +43,9 @@ class Decisions:
         if body.image is not None and body.layers is not None:
             raise Invalid("give an image or layers, not both", field="image")
         if body.image is not None:
-            image = await self.images.get(body.image) if body.image else None
+            image = await self.ports.images.get(body.image) if body.image else None
             if image is None:
-                known = ", ".join(i.name for i in await self.images.list()) or "none"
+                known = ", ".join(i.name for i in await self.ports.images.list()) or "none"
                 raise Invalid(
                     f"no registered image {body.image!r} (registered: {known})", field="image"
                 )
@@ -111,7 +95,7 @@ class Decisions:
         """Through the queue group; every outcome but success noted among the recent
         placements (a success is noted by the caller, once it knows what became of it)."""
         try:
-            placement = await self.placements.schedule(request)
+            placement = await self.ports.placements.schedule(request)
         except NoCapacity as error:
             self.note(request, "no_capacity", str(error), workload_id=workload_id)
             raise
@@ -126,7 +110,7 @@ class Decisions:
     async def explain(self, body: schemas.ExplainBody) -> schemas.Explanation:
         """Each node's verdict on the body's request, and the summary."""
         request, _ = await self.workload_request(body)
-        explanation = self.view.explain(request)
+        explanation = self.ports.view.explain(request)
         return schemas.Explanation(
             verdicts=[
                 schemas.Verdict(
@@ -144,7 +128,7 @@ class Decisions:
     def summary(self, request: Request) -> str:
         """The explanation's summary of ``request``, or why there is none."""
         try:
-            return self.view.explain(request).summary()
+            return self.ports.view.explain(request).summary()
         except Exception as error:  # an explanation is a courtesy; never fail a placement
             return f"(no explanation: {error})"
 
@@ -161,7 +145,7 @@ class Decisions:
         """Note a decision's ``outcome`` among the recent placements, and count it."""
         self._recent.append(
             schemas.PlacementRecord(
-                at=self.clock(),
+                at=self.ports.clock(),
                 workload_id=workload_id,
                 namespace=request.namespace,
                 name=request.name,
@@ -172,8 +156,8 @@ class Decisions:
                 explanation=explanation,
             )
         )
-        if self.metrics is not None:  # berth_api_placements_total{outcome}
-            self.metrics.api_placement(outcome)
+        if self.ports.metrics is not None:  # berth_api_placements_total{outcome}
+            self.ports.metrics.api_placement(outcome)
 
     def recent(self, limit: int) -> list[schemas.PlacementRecord]:
         """The newest ``limit`` placement decisions, newest first."""

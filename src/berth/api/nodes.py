@@ -34,12 +34,10 @@ class NodeOperations:
         self.records = records
         self.stops = stops
         self.creates = creates
-        self.view = records.view
-        self.nodes = records.nodes
-        self.workloads = records.workloads
+        self.ports = records.ports
 
     async def node_list(self) -> list[schemas.NodeInfo]:
-        states = self.view.states()
+        states = self.ports.view.states()
         counts = await self._live_by_node()
         return [_info(states[name], counts.get(name, 0)) for name in sorted(states)]
 
@@ -52,11 +50,11 @@ class NodeOperations:
         for this scheduler's replica to show it."""
         self._state(name)
         if cordoned:
-            await self.nodes.cordon(name)
+            await self.ports.nodes.cordon(name)
         else:
-            await self.nodes.uncordon(name)
+            await self.ports.nodes.uncordon(name)
         for _ in range(40):
-            state = self.view.states().get(name)
+            state = self.ports.view.states().get(name)
             if state is None or state.cordoned == cordoned:
                 break
             await asyncio.sleep(0.05)
@@ -68,7 +66,7 @@ class NodeOperations:
         :data:`~berth.node.runtime.port.StopGrace` the body's schema checked), place
         restartable ones again."""
         await self.cordon(name, True)
-        running = await self.workloads.list(node=name, state="running")
+        running = await self.ports.workloads.list(node=name, state="running")
         # all at once: a drain takes about one grace period, not one per workload
         items = await asyncio.gather(*(self._drain_one(w, grace_s) for w in running))
         return schemas.DrainReport(node=name, items=list(items))
@@ -103,12 +101,12 @@ class NodeOperations:
             )
         history = with_event(
             stopped.history,
-            self.records.clock(),
+            self.ports.clock(),
             "drained",
             f"as {replacement.id}",
             replacement.node,
         )
-        await self.workloads.transition(
+        await self.ports.workloads.transition(
             stopped.id,
             {"replaced_by": replacement.id, "history": dumped(history)},
             expect=ENDED_STATES,
@@ -122,7 +120,7 @@ class NodeOperations:
         )
 
     def _state(self, name: str) -> NodeState:
-        state = self.view.states().get(name)
+        state = self.ports.view.states().get(name)
         if state is None:
             raise not_found("node", name)
         return state
@@ -130,7 +128,7 @@ class NodeOperations:
     async def _live_by_node(self) -> dict[str, int]:
         """Each node's live workloads (running, pending or unknown: all hold their place)."""
         counts: dict[str, int] = {}
-        for workload in await self.workloads.list():
+        for workload in await self.ports.workloads.list():
             if workload.state in LIVE_STATES:
                 counts[workload.node] = counts.get(workload.node, 0) + 1
         return counts

@@ -43,24 +43,21 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from berth.api.ports import ApiPorts
 from berth.api.problems import Problem
 from berth.boot import WorkloadStatus
 from berth.defaults import API_STOP_GRACE_S
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.events.port import WorkloadEvent
 from berth.model import INTERVAL_RULE, Request
-from berth.nodeclient.port import AgentClient
-from berth.observability.metrics import Metrics
 from berth.ownership import Refused
 from berth.registry.port import (
     CLAIM_PENDING_S,
     LIVE_STATES,
     IdentityTaken,
     StoredWorkload,
-    WorkloadRegistry,
     with_event,
 )
-from berth.scheduler.view import ClusterView
 
 __all__ = [
     "STATUS_TIMEOUT_S",
@@ -98,22 +95,8 @@ def dumped(history: list[Any]) -> list[dict[str, object]]:
 class Records:
     """The workload records following their nodes (see the module docstring)."""
 
-    def __init__(
-        self,
-        view: ClusterView,
-        nodes: AgentClient,
-        workloads: WorkloadRegistry,
-        *,
-        clock: Callable[[], float],
-        node_gone_after_s: float,
-        replace: Replace,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.view = view
-        self.metrics = metrics
-        self.nodes = nodes
-        self.workloads = workloads
-        self.clock = clock
+    def __init__(self, ports: ApiPorts, *, node_gone_after_s: float, replace: Replace) -> None:
+        self.ports = ports
         self.node_gone_after_s = node_gone_after_s
         """How long a node is out of the schedulers' view before its workloads are lost."""
         self._replace = replace
@@ -121,7 +104,7 @@ class Records:
     # -- reads -------------------------------------------------------------------------------
     async def workload(self, workload_id: str) -> StoredWorkload:
         """The record, refreshed from its node if live (:meth:`refresh`); ``404`` if none."""
-        workload = await self.workloads.get(workload_id)
+        workload = await self.ports.workloads.get(workload_id)
         if workload is None:
             raise not_found("workload", workload_id)
         return await self.refresh(workload)
@@ -130,7 +113,7 @@ class Records:
         self, namespace: str | None, node: str | None, state: str | None
     ) -> list[StoredWorkload]:
         """The records as they are (no node is asked: ends arrive as events)."""
-        found = await self.workloads.list(namespace=namespace, node=node)
+        found = await self.ports.workloads.list(namespace=namespace, node=node)
         return [workload for workload in found if state is None or workload.state == state]
 
     async def apply_event(self, event: WorkloadEvent) -> str:
@@ -138,7 +121,7 @@ class Records:
         ``stale`` (the record had it already, or has ended) or ``unrecorded`` (no record of
         that node names the workload).  A registry that cannot be reached raises
         ``Unavailable``: the feed hands the event out again."""
-        workload = await self.workloads.get(event.workload_id)
+        workload = await self.ports.workloads.get(event.workload_id)
         if (
             workload is None
             or workload.node != event.node
@@ -159,15 +142,15 @@ class Records:
             outcome = "applied" if ended.state not in LIVE_STATES else "stale"
         if outcome != "applied":
             log.debug("event %s: %s", event.key, outcome)
-        if self.metrics is not None:  # berth_events_applied_total{outcome}
-            self.metrics.event_applied(outcome, max(0.0, self.clock() - event.at))
+        if self.ports.metrics is not None:  # berth_events_applied_total{outcome}
+            self.ports.metrics.event_applied(outcome, max(0.0, self.ports.clock() - event.at))
         return outcome
 
     async def sweep(self) -> int:
         """Refresh every live workload (:meth:`refresh`), as a read would: unknown ones are
         noticed, kept stops delivered and gone nodes' workloads lost without anyone reading
         them.  How many live records were looked at."""
-        live = [w for w in await self.workloads.list() if w.state in LIVE_STATES]
+        live = [w for w in await self.ports.workloads.list() if w.state in LIVE_STATES]
         await asyncio.gather(*(self.refresh(workload) for workload in live))
         return len(live)
 
@@ -194,11 +177,11 @@ class Records:
         schedulers' view for :attr:`node_gone_after_s`."""
         if workload.state not in LIVE_STATES:
             return workload
-        if workload.state != "running" and workload.node not in self.view.states():
+        if workload.state != "running" and workload.node not in self.ports.view.states():
             return await self._maybe_lost(workload)  # not back yet: nothing to ask
         try:
             status = await asyncio.wait_for(
-                self.nodes.status(workload.node, workload.node_workload_id), STATUS_TIMEOUT_S
+                self.ports.nodes.status(workload.node, workload.node_workload_id), STATUS_TIMEOUT_S
             )
         except (Unavailable, TimeoutError) as error:
             return await self._unreachable(workload, error)
@@ -221,7 +204,7 @@ class Records:
         ``running`` (by compare-and-set); a stop kept on it is delivered now."""
         if workload.state != "running":
             update: dict[str, object] = {"state": "running", "unknown_since": None, "detail": None}
-            moved, _ = await self.workloads.transition(
+            moved, _ = await self.ports.workloads.transition(
                 workload.id, update, expect=("pending", "unknown")
             )
             if moved is None:
@@ -256,7 +239,7 @@ class Records:
         ran out (``exhausted``) and ended ``failed`` is placed again as its policy allows."""
         history = with_event(
             workload.history,
-            self.clock(),
+            self.ports.clock(),
             str(update["state"]),
             str(update["detail"]),
             workload.node,
@@ -274,9 +257,13 @@ class Records:
         first, last = workload.restarts + 1, status.restarts
         count = f"restart {last}" if first == last else f"restarts {first}-{last}"
         reason = f"{count}, after its run {status.reason or 'ended'}"
-        history = with_event(workload.history, self.clock(), "restarted", reason, workload.node)
+        history = with_event(
+            workload.history, self.ports.clock(), "restarted", reason, workload.node
+        )
         update: dict[str, object] = {"restarts": status.restarts, "history": dumped(history)}
-        moved, _ = await self.workloads.transition(workload.id, update, expect=(workload.state,))
+        moved, _ = await self.ports.workloads.transition(
+            workload.id, update, expect=(workload.state,)
+        )
         return workload if moved is None else moved
 
     async def _settled(self, node: str) -> bool:
@@ -284,7 +271,7 @@ class Records:
         restarted agent is still adopting its workloads (its report refused
         ``node_starting``), nor when the node does not answer that question."""
         try:
-            await asyncio.wait_for(self.nodes.running(node), STATUS_TIMEOUT_S)
+            await asyncio.wait_for(self.ports.nodes.running(node), STATUS_TIMEOUT_S)
         except (Refused, Unavailable, TimeoutError):
             return False
         return True
@@ -297,10 +284,12 @@ class Records:
             return await self._maybe_lost(workload)
         update: dict[str, object] = {
             "state": "unknown",
-            "unknown_since": self.clock(),
+            "unknown_since": self.ports.clock(),
             "detail": f"node {workload.node} does not answer ({error or type(error).__name__})",
         }
-        moved, mine = await self.workloads.transition(workload.id, update, expect=("running",))
+        moved, mine = await self.ports.workloads.transition(
+            workload.id, update, expect=("running",)
+        )
         if mine:
             log.warning("%s is unknown: %s", workload.id, update["detail"])
         return workload if moved is None else moved
@@ -312,20 +301,20 @@ class Records:
         (``replaced_by``).  A ``pending`` one likewise, counted from its create and never
         before :data:`~berth.registry.port.CLAIM_PENDING_S` (its create may still be asking
         the node)."""
-        if workload.node in self.view.states():
+        if workload.node in self.ports.view.states():
             return workload  # the node publishes: it lives, only its answers are missing
         if workload.state == "unknown" and workload.unknown_since is not None:
             since, wait_s = workload.unknown_since, self.node_gone_after_s
         else:
             since, wait_s = workload.created_at, max(self.node_gone_after_s, CLAIM_PENDING_S)
-        silent_s = self.clock() - since
+        silent_s = self.ports.clock() - since
         if silent_s < wait_s:
             return workload
         detail = (
             f"node {workload.node} gone: out of the cluster, no answer for "
             f"{silent_s:.0f}s (node_gone_after {self.node_gone_after_s:g}s)"
         )
-        history = with_event(workload.history, self.clock(), "lost", detail, workload.node)
+        history = with_event(workload.history, self.ports.clock(), "lost", detail, workload.node)
         update: dict[str, object] = {"state": "lost", "detail": detail, "history": dumped(history)}
         lost, recorded = await self.end_by_id(workload.id, update)
         if lost is None or not recorded:
@@ -345,14 +334,22 @@ class Records:
         except (Invalid, NoCapacity, Unavailable, Refused, IdentityTaken) as error:
             log.warning("%s %s and not placed again: %s", ended.id, ended.state, error)
             detail = f"{ended.detail}; not placed again: {error}"
-            history = with_event(ended.history, self.clock(), "not rescheduled", str(error), None)
+            history = with_event(
+                ended.history, self.ports.clock(), "not rescheduled", str(error), None
+            )
             update: dict[str, object] = {"detail": detail, "history": dumped(history)}
-            return (await self.workloads.transition(ended.id, update, expect=state))[0] or ended
+            return (await self.ports.workloads.transition(ended.id, update, expect=state))[
+                0
+            ] or ended
         history = with_event(
-            ended.history, self.clock(), "rescheduled", f"as {replacement.id}", replacement.node
+            ended.history,
+            self.ports.clock(),
+            "rescheduled",
+            f"as {replacement.id}",
+            replacement.node,
         )
         update = {"replaced_by": replacement.id, "history": dumped(history)}
-        replaced, _ = await self.workloads.transition(ended.id, update, expect=state)
+        replaced, _ = await self.ports.workloads.transition(ended.id, update, expect=state)
         return replaced or ended
 
     async def _pending_unknown_to_node(self, workload: StoredWorkload) -> StoredWorkload:
@@ -360,7 +357,7 @@ class Records:
         (or being retried) — unless its create is older than
         :data:`~berth.registry.port.CLAIM_PENDING_S`, when no boot can still be coming and the
         record ends ``failed``."""
-        if self.clock() - workload.created_at < CLAIM_PENDING_S:
+        if self.ports.clock() - workload.created_at < CLAIM_PENDING_S:
             return workload
         update: dict[str, object] = {
             "state": "failed",
@@ -381,8 +378,8 @@ class Records:
         self, workload_id: str, update: dict[str, object]
     ) -> tuple[StoredWorkload | None, bool]:
         """:meth:`end` by id: the record and whether this call recorded the end."""
-        update.setdefault("ended_at", self.clock())
-        ended, recorded = await self.workloads.end(workload_id, update)
+        update.setdefault("ended_at", self.ports.clock())
+        ended, recorded = await self.ports.workloads.end(workload_id, update)
         if ended is not None and recorded:
             await self.release(Request.from_dict(ended.request).key, ended.id)
         return ended, recorded
@@ -391,7 +388,7 @@ class Records:
         """Give up ``workload_id``'s claim on ``identity`` (best effort: a claim left behind
         is taken over once its holder is seen not to run)."""
         try:
-            await self.workloads.claims.release(identity, workload_id)
+            await self.ports.workloads.claims.release(identity, workload_id)
         except Exception as error:
             log.warning("could not release the claim of %s on %s: %s", workload_id, identity, error)
 
@@ -412,7 +409,7 @@ class Records:
         deadline = API_STOP_GRACE_S if grace_s is None else grace_s
         try:
             await asyncio.wait_for(
-                self.nodes.stop(workload.node, workload.node_workload_id, grace_s=grace_s),
+                self.ports.nodes.stop(workload.node, workload.node_workload_id, grace_s=grace_s),
                 deadline + STOP_MARGIN_S,
             )
         except TimeoutError:

@@ -65,7 +65,7 @@ class Stops:
         first: the stop is on the record, so it survives this process."""
         workload = await self.records.workload(workload_id)
         if workload.state in ("pending", "unknown"):
-            kept, _ = await self.records.workloads.transition(
+            kept, _ = await self.records.ports.workloads.transition(
                 workload.id,
                 {"stop_requested": True, "stop_grace_s": grace_s},
                 expect=("pending", "unknown"),
@@ -110,12 +110,12 @@ class Stops:
         has made the record ``lost``."""
         records = self.records
         wait_s = KEPT_STOP_ASK_FIRST_S
-        give_up_at = records.clock() + records.node_gone_after_s
-        while records.clock() < give_up_at:
+        give_up_at = records.ports.clock() + records.node_gone_after_s
+        while records.ports.clock() < give_up_at:
             await asyncio.sleep(wait_s)
             wait_s = min(wait_s * 2, KEPT_STOP_ASK_MAX_S)
             try:
-                record = await records.workloads.get(workload_id)
+                record = await records.ports.workloads.get(workload_id)
                 if record is None or record.state not in LIVE_STATES or not record.stop_requested:
                     return
                 if (await records.refresh(record)).state not in LIVE_STATES:

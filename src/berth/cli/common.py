@@ -27,10 +27,10 @@ import json
 import logging
 import ssl
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -64,6 +64,7 @@ __all__ = [
     "TlsKeyOption",
     "TokenOption",
     "api_client",
+    "ask_api",
     "checked_duration",
     "checked_policy",
     "client_tls",
@@ -79,6 +80,8 @@ __all__ = [
 ]
 
 console = Console()
+
+T = TypeVar("T", bound=BaseModel)
 
 # -- the NATS commands' flags and helpers ----------------------------------------------------
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -207,6 +210,24 @@ GraceOption = Annotated[
 def api_client(api: str | None, token: str | None) -> Iterator[ApiClient]:
     with ApiClient(locate(api, token)) as client:
         yield client
+
+
+def ask_api(
+    api: str | None,
+    token: str | None,
+    as_json: bool,
+    call: Callable[[ApiClient], T],
+    fields: AbstractContextManager[None] | None = None,
+) -> T | None:
+    """``call``'s answer from the API, ``fields`` renaming its errors' fields to the flags
+    (:func:`~berth.validation.fields_as`); with ``--json`` it is printed as one JSON document
+    instead and ``None`` returned: the command has nothing more to print."""
+    with api_client(api, token) as client, fields or nullcontext():
+        answer = call(client)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
 def print_json(document: BaseModel | Mapping[str, Any]) -> None:

@@ -40,7 +40,7 @@ from rich.table import Table
 
 from berth.api.client import ApiClient, locate
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE, Layer
+from berth.model import INTERVAL_RULE, Layer, Request
 from berth.nats.connection import Credentials
 from berth.node.runtime.port import StopGrace
 from berth.units import format_information
@@ -74,6 +74,7 @@ __all__ = [
     "load_credentials",
     "parse_layer_flag",
     "print_json",
+    "request_from_flags",
     "say",
     "show_table",
     "size_text",
@@ -182,6 +183,26 @@ def parse_layer_flag(text: str) -> Layer:
         raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
     with fields_as({"id": "--layer", "size": "--layer"}):
         return Layer(id=layer_id, size=size)
+
+
+def request_from_flags(
+    namespace: str,
+    name: str,
+    replica: int,
+    platform: list[str] | None,
+    instance: str | None,
+    layer: list[str] | None,
+) -> Request:
+    """The request of ``--namespace``, ``--name``, ``--replica``, ``--platform``, ``--instance``
+    and ``--layer`` (``schedule``, ``place``); the caller names the fields as flags."""
+    return Request(
+        namespace=namespace,
+        name=name,
+        replica=replica,
+        platforms=tuple(platform or ()),
+        spec=instance,
+        layers=tuple(parse_layer_flag(text) for text in layer or ()),
+    )
 
 
 # -- the HTTP API's commands: flags, the client, output --------------------------------------------

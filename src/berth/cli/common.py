@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_URL",
     "GRACE",
     "MAX_PIPED_WIDTH",
+    "NODE_GONE_AFTER_HELP",
     "ApiOption",
     "CredsOption",
     "DurationOption",
@@ -141,6 +142,12 @@ PolicyOption = Annotated[
         "cached layer bytes, room priced by scarcity), kube, binpack, spread or random.",
     ),
 ]
+
+NODE_GONE_AFTER_HELP = (
+    "Seconds a workload's node may stay unreachable and out of the cluster before the API "
+    "declares it gone: its workloads lost, restartable ones placed again"
+)
+"""``--node-gone-after``'s help (``scheduler``, ``up``), without its ending."""
 
 
 def load_credentials(path: Path | None) -> Credentials | None:

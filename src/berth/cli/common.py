@@ -27,10 +27,10 @@ import json
 import logging
 import ssl
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -40,7 +40,7 @@ from rich.table import Table
 
 from berth.api.client import ApiClient, locate
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE, Layer
+from berth.model import INTERVAL_RULE, Layer, Request
 from berth.nats.connection import Credentials
 from berth.node.runtime.port import StopGrace
 from berth.units import format_information
@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_URL",
     "GRACE",
     "MAX_PIPED_WIDTH",
+    "NODE_GONE_AFTER_HELP",
     "ApiOption",
     "CredsOption",
     "DurationOption",
@@ -64,6 +65,7 @@ __all__ = [
     "TlsKeyOption",
     "TokenOption",
     "api_client",
+    "ask_api",
     "checked_duration",
     "checked_policy",
     "client_tls",
@@ -73,12 +75,15 @@ __all__ = [
     "load_credentials",
     "parse_layer_flag",
     "print_json",
+    "request_from_flags",
     "say",
     "show_table",
     "size_text",
 ]
 
 console = Console()
+
+T = TypeVar("T", bound=BaseModel)
 
 # -- the NATS commands' flags and helpers ----------------------------------------------------
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -138,6 +143,12 @@ PolicyOption = Annotated[
     ),
 ]
 
+NODE_GONE_AFTER_HELP = (
+    "Seconds a workload's node may stay unreachable and out of the cluster before the API "
+    "declares it gone: its workloads lost, restartable ones placed again"
+)
+"""``--node-gone-after``'s help (``scheduler``, ``up``), without its ending."""
+
 
 def load_credentials(path: Path | None) -> Credentials | None:
     """The credentials of ``--creds FILE``; ``None`` without it."""
@@ -181,6 +192,26 @@ def parse_layer_flag(text: str) -> Layer:
         return Layer(id=layer_id, size=size)
 
 
+def request_from_flags(
+    namespace: str,
+    name: str,
+    replica: int,
+    platform: list[str] | None,
+    instance: str | None,
+    layer: list[str] | None,
+) -> Request:
+    """The request of ``--namespace``, ``--name``, ``--replica``, ``--platform``, ``--instance``
+    and ``--layer`` (``schedule``, ``place``); the caller names the fields as flags."""
+    return Request(
+        namespace=namespace,
+        name=name,
+        replica=replica,
+        platforms=tuple(platform or ()),
+        spec=instance,
+        layers=tuple(parse_layer_flag(text) for text in layer or ()),
+    )
+
+
 # -- the HTTP API's commands: flags, the client, output --------------------------------------------
 GRACE: Rule[float] = Rule(StopGrace)  # the runtime's own bound on a stop's grace
 MAX_PIPED_WIDTH = 1000
@@ -207,6 +238,24 @@ GraceOption = Annotated[
 def api_client(api: str | None, token: str | None) -> Iterator[ApiClient]:
     with ApiClient(locate(api, token)) as client:
         yield client
+
+
+def ask_api(
+    api: str | None,
+    token: str | None,
+    as_json: bool,
+    call: Callable[[ApiClient], T],
+    fields: AbstractContextManager[None] | None = None,
+) -> T | None:
+    """``call``'s answer from the API, ``fields`` renaming its errors' fields to the flags
+    (:func:`~berth.validation.fields_as`); with ``--json`` it is printed as one JSON document
+    instead and ``None`` returned: the command has nothing more to print."""
+    with api_client(api, token) as client, fields or nullcontext():
+        answer = call(client)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
 def print_json(document: BaseModel | Mapping[str, Any]) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from berth.cli.common import console, parse_layer_flag
+from berth.cli.common import console, request_from_flags
 from berth.errors import Invalid
 from berth.model import NAME_RULE, Request
 from berth.platform import host
@@ -63,14 +63,7 @@ def schedule(
 ) -> None:
     """Schedule one request on the single-node driver and print the placement."""
     with fields_as(_SCHEDULE_FLAGS):
-        request = Request(
-            namespace=namespace,
-            name=name,
-            replica=replica,
-            platforms=tuple(platform or ()),
-            spec=instance,
-            layers=tuple(parse_layer_flag(text) for text in layer or ()),
-        )
+        request = request_from_flags(namespace, name, replica, platform, instance, layer)
         driver = SingleNode(NAME_RULE(node, "local"), node_platform or host())
     placement = asyncio.run(driver.schedule(request))
     table = Table(title=f"placement of {request.key}", show_header=False)

@@ -19,10 +19,9 @@ from berth.cli.common import (
     ApiOption,
     JsonOption,
     TokenOption,
-    api_client,
+    ask_api,
     counted,
     parse_layer_flag,
-    print_json,
     say,
     show_table,
     size_text,
@@ -48,10 +47,8 @@ def images(
     """List registered images (or: berth images add / import-oci)."""
     if context.invoked_subcommand is not None:
         return
-    with api_client(api, token) as client:
-        found = client.images()
-    if as_json:
-        print_json(found)
+    found = ask_api(api, token, as_json, lambda client: client.images())
+    if found is None:
         return
     items = sorted(found.items, key=lambda image: image.name)
     table = Table(title=counted(len(items), "image"))
@@ -92,10 +89,10 @@ def images_add(
     }
     if platform is not None:
         body["platform"] = platform
-    with api_client(api, token) as client, fields_as(_IMAGE_FLAGS):
-        image = client.add_image(body)
-    if as_json:
-        print_json(image)
+    image = ask_api(
+        api, token, as_json, lambda client: client.add_image(body), fields_as(_IMAGE_FLAGS)
+    )
+    if image is None:
         return
     _print_image(image, "registered")
 
@@ -111,9 +108,13 @@ def images_import_oci(
     as_json: JsonOption = False,
 ) -> None:
     """Register an image read from a local OCI image layout (on the API's machine)."""
-    with api_client(api, token) as client, fields_as(_IMAGE_FLAGS):
-        image = client.import_oci(str(path.absolute()), name)
-    if as_json:
-        print_json(image)
+    image = ask_api(
+        api,
+        token,
+        as_json,
+        lambda client: client.import_oci(str(path.absolute()), name),
+        fields_as(_IMAGE_FLAGS),
+    )
+    if image is None:
         return
     _print_image(image, "imported")

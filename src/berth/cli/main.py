@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
@@ -143,26 +143,19 @@ def _root() -> None:
 
 
 # Every command, registered once, here: commands in the order ``berth --help`` lists them,
-# then the command groups (typer lists those after the commands).
-app.command("schedule")(schedule)
-app.command("cluster")(cluster)
+# then the command groups (typer lists those after the commands).  A command's name is its
+# function's.
+def _commands(*commands: Callable[..., Any]) -> None:
+    for command in commands:
+        app.command(command.__name__)(command)
+
+
+_commands(schedule, cluster)
 register_sim(app)  # sim, demo
-app.command("agent")(agent)
-app.command("scheduler")(scheduler)
-app.command("up")(up)
-app.command("place")(place)
-app.command("whereis")(whereis)
-app.command("routes")(routes)
+_commands(agent, scheduler, up, place, whereis, routes)
 app.add_typer(api_app, name="api")
 register_microvm(app)  # the microvm group: microvm setup
-app.command("run")(run)
-app.command("ps")(ps)
-app.command("stop")(stop)
-app.command("nodes")(nodes)
-app.command("explain")(explain)
-app.command("cordon")(cordon)
-app.command("uncordon")(uncordon)
-app.command("drain")(drain)
+_commands(run, ps, stop, nodes, explain, cordon, uncordon, drain)
 app.add_typer(images_app, name="images")
 register_deploy(app)  # deploy
 

@@ -22,13 +22,14 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from berth.api.client import ApiClient, locate
+from berth.api.schemas import NodeInfo
 from berth.cli.common import (
     GRACE,
     ApiOption,
     GraceOption,
     JsonOption,
     TokenOption,
-    api_client,
+    ask_api,
     counted,
     print_json,
     say,
@@ -64,10 +65,8 @@ def nodes(
     as_json: JsonOption = False,
 ) -> None:
     """List the cluster's nodes: platform, reservations, live load, cordon state."""
-    with api_client(api, token) as client:
-        found = client.nodes()
-    if as_json:
-        print_json(found)
+    found = ask_api(api, token, as_json, lambda client: client.nodes())
+    if found is None:
         return
     items = sorted(found.items, key=lambda n: n.name)
     table = Table(title=counted(len(items), "node"))
@@ -100,11 +99,8 @@ def cordon(
     as_json: JsonOption = False,
 ) -> None:
     """Mark a node unschedulable: it gets no new placements; its workloads keep running."""
-    NAME_RULE(node, "NODE")
-    with api_client(api, token) as client:
-        info = client.cordon(node)
-    if as_json:
-        print_json(info)
+    info = _cordon(node, api, token, as_json, cordoned=True)
+    if info is None:
         return
     say(
         f"{info.name} cordoned: no new placements; {counted(info.workloads, 'workload')} "
@@ -119,13 +115,24 @@ def uncordon(
     as_json: JsonOption = False,
 ) -> None:
     """Make a cordoned node schedulable again."""
-    NAME_RULE(node, "NODE")
-    with api_client(api, token) as client:
-        info = client.uncordon(node)
-    if as_json:
-        print_json(info)
+    info = _cordon(node, api, token, as_json, cordoned=False)
+    if info is None:
         return
     say(f"{info.name} uncordoned: it takes placements again", soft_wrap=False)
+
+
+def _cordon(
+    node: str, api: str | None, token: str | None, as_json: bool, *, cordoned: bool
+) -> NodeInfo | None:
+    """``berth cordon`` (``cordoned``) or ``uncordon``: the node's answer, ``None`` when it is
+    printed as JSON."""
+    NAME_RULE(node, "NODE")
+    return ask_api(
+        api,
+        token,
+        as_json,
+        lambda client: client.cordon(node) if cordoned else client.uncordon(node),
+    )
 
 
 def drain(

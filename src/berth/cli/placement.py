@@ -9,9 +9,12 @@ flags: :mod:`berth.cli.common`).  The checks of what the user typed before anyth
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
 
 import typer
+from nats.aio.client import Client
 from pydantic import Field, Strict
 from rich.table import Table
 
@@ -25,15 +28,18 @@ from berth.cli.common import (
     client_tls,
     console,
     load_credentials,
-    parse_layer_flag,
+    request_from_flags,
 )
 from berth.errors import Invalid
-from berth.model import MAX_REPLICA, NAME_RULE, Request
+from berth.model import MAX_REPLICA, NAME_RULE
 from berth.nats.connection import connect
+from berth.registry.port import Route
 from berth.units import format_information
 from berth.validation import Rule, fields_as
 
 __all__ = ["place", "routes", "whereis"]
+
+T = TypeVar("T")
 
 _REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICA)])
 _PLACE_FLAGS = {
@@ -54,6 +60,29 @@ def _check_workload_key(workload: str) -> None:
     NAME_RULE(parts[0], "WORKLOAD")
     NAME_RULE(parts[1], "WORKLOAD")
     _REPLICA(int(parts[2]), "WORKLOAD")
+
+
+def _ask(
+    nats: str,
+    creds: Path | None,
+    tls: tuple[Path | None, Path | None, Path | None],
+    name: str,
+    ask: Callable[[Client], Awaitable[T]],
+) -> T:
+    """``ask``'s answer over a connection of its own, named ``name``: to ``--nats``, with
+    ``--creds`` and the TLS flags (``tls``: ``--tls-ca``, ``--tls-cert``, ``--tls-key``), which
+    are checked before it connects; closed after."""
+    credentials = load_credentials(creds)
+    context = client_tls(*tls)
+
+    async def go() -> T:
+        client = await connect(nats, name=name, credentials=credentials, tls=context)
+        try:
+            return await ask(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
 
 
 def place(
@@ -77,33 +106,22 @@ def place(
     from berth.scheduler.nats import NatsScheduler
 
     with fields_as(_PLACE_FLAGS):
-        request = Request(
-            namespace=namespace,
-            name=name,
-            replica=replica,
-            platforms=tuple(platform or ()),
-            spec=instance,
-            layers=tuple(parse_layer_flag(text) for text in layer or ()),
-        )
-    credentials = load_credentials(creds)
-    tls = client_tls(tls_ca, tls_cert, tls_key)
-
-    async def go() -> None:
-        client = await connect(nats, name="berth-place", credentials=credentials, tls=tls)
-        try:
-            placement = await NatsScheduler(client).schedule(request)
-        finally:
-            await client.close()
-        table = Table(title=f"placement of {request.key}", show_header=False)
-        table.add_row("worker node", placement.worker_node)
-        table.add_row("reservation", placement.reservation_id or "-")
-        table.add_row("rank", str(placement.rank))
-        table.add_row("colocated", format_information(placement.colocated_bytes))
-        refused = ", ".join(f"{node}: {reason}" for node, reason in placement.refusals)
-        table.add_row("refused on the way", refused or "-")
-        console.print(table)
-
-    asyncio.run(go())
+        request = request_from_flags(namespace, name, replica, platform, instance, layer)
+    placement = _ask(
+        nats,
+        creds,
+        (tls_ca, tls_cert, tls_key),
+        "berth-place",
+        lambda client: NatsScheduler(client).schedule(request),
+    )
+    table = Table(title=f"placement of {request.key}", show_header=False)
+    table.add_row("worker node", placement.worker_node)
+    table.add_row("reservation", placement.reservation_id or "-")
+    table.add_row("rank", str(placement.rank))
+    table.add_row("colocated", format_information(placement.colocated_bytes))
+    refused = ", ".join(f"{node}: {reason}" for node, reason in placement.refusals)
+    table.add_row("refused on the way", refused or "-")
+    console.print(table)
 
 
 def whereis(
@@ -118,25 +136,19 @@ def whereis(
     from berth.registry.nats_routes import NatsRoutes
 
     _check_workload_key(workload)
-    credentials = load_credentials(creds)
-    tls = client_tls(tls_ca, tls_cert, tls_key)
 
-    async def go() -> None:
-        client = await connect(nats, name="berth-whereis", credentials=credentials, tls=tls)
-        try:
-            route = await (await NatsRoutes(client).start()).whereis(workload)
-        finally:
-            await client.close()
-        if route is None:
-            console.print(f"{workload} is not placed (no route)", highlight=False)
-            raise typer.Exit(1)
-        console.print(
-            f"{route.workload} → {route.node} (reservation {route.reservation_id or '-'}"
-            f"{', ' + str(route.spec) if route.spec else ''})",
-            highlight=False,
-        )
+    async def ask(client: Client) -> Route | None:
+        return await (await NatsRoutes(client).start()).whereis(workload)
 
-    asyncio.run(go())
+    route = _ask(nats, creds, (tls_ca, tls_cert, tls_key), "berth-whereis", ask)
+    if route is None:
+        console.print(f"{workload} is not placed (no route)", highlight=False)
+        raise typer.Exit(1)
+    console.print(
+        f"{route.workload} → {route.node} (reservation {route.reservation_id or '-'}"
+        f"{', ' + str(route.spec) if route.spec else ''})",
+        highlight=False,
+    )
 
 
 def routes(
@@ -150,21 +162,14 @@ def routes(
     """Every route in the registry: workload → node."""
     from berth.registry.nats_routes import NatsRoutes
 
-    credentials = load_credentials(creds)
-    tls = client_tls(tls_ca, tls_cert, tls_key)
+    async def ask(client: Client) -> list[Route]:
+        return await (await NatsRoutes(client).start()).list(node)
 
-    async def go() -> None:
-        client = await connect(nats, name="berth-routes", credentials=credentials, tls=tls)
-        try:
-            found = await (await NatsRoutes(client).start()).list(node)
-        finally:
-            await client.close()
-        table = Table(title=f"{len(found)} route{'s' if len(found) != 1 else ''}")
-        for column in ("workload", "node", "reservation", "mem"):
-            table.add_column(column)
-        for route in found:
-            mem = format_information(route.spec.mem) if route.spec else "-"
-            table.add_row(route.workload, route.node, route.reservation_id or "-", mem)
-        console.print(table)
-
-    asyncio.run(go())
+    found = _ask(nats, creds, (tls_ca, tls_cert, tls_key), "berth-routes", ask)
+    table = Table(title=f"{len(found)} route{'s' if len(found) != 1 else ''}")
+    for column in ("workload", "node", "reservation", "mem"):
+        table.add_column(column)
+    for route in found:
+        mem = format_information(route.spec.mem) if route.spec else "-"
+        table.add_row(route.workload, route.node, route.reservation_id or "-", mem)
+    console.print(table)

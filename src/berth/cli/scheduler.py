@@ -18,6 +18,7 @@ import typer
 
 from berth.cli.common import (
     DEFAULT_URL,
+    NODE_GONE_AFTER_HELP,
     CredsOption,
     DurationOption,
     HttpPublicOption,
@@ -98,11 +99,7 @@ def scheduler(
     policy: PolicyOption = "seed",
     node_gone_after: Annotated[
         float,
-        typer.Option(
-            help="Seconds a workload's node may stay unreachable and out of the cluster "
-            "before the API declares it gone: its workloads lost, restartable ones placed "
-            "again (with --http)."
-        ),
+        typer.Option(help=NODE_GONE_AFTER_HELP + " (with --http)."),
     ] = NODE_GONE_AFTER_S,
     reconcile_every: Annotated[
         float,

@@ -268,6 +268,10 @@ def _print_summary(report: Report, out: Path) -> None:
         console.print(f"plot:   {path}")
 
 
+OutOption = Annotated[str, typer.Option(help="Directory for report.json and plots.")]
+QuietOption = Annotated[bool, typer.Option(help="No progress bar.")]
+
+
 def sim(
     nodes: Annotated[
         int, typer.Option(help="Number of nodes (mixed sizes and platforms).")
@@ -334,10 +338,8 @@ def sim(
     quick: Annotated[
         bool, typer.Option(help="With --scenario: each scenario at a fraction of its size.")
     ] = False,
-    out: Annotated[
-        str, typer.Option(help="Directory for report.json and plots.")
-    ] = "berth-sim-out",
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    out: OutOption = "berth-sim-out",
+    quiet: QuietOption = False,
 ) -> None:
     """Compare placement policies on a simulated cluster fed by Docker Hub image layers."""
     given: dict[str, Any] = {
@@ -496,10 +498,8 @@ def _explain(decision: Decision, arrival: Arrival, scheduler: ClusterScheduler) 
 
 
 def demo(
-    out: Annotated[
-        str, typer.Option(help="Directory for report.json and plots.")
-    ] = "berth-demo-out",
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    out: OutOption = "berth-demo-out",
+    quiet: QuietOption = False,
     runtime: Annotated[
         str,
         typer.Option(

@@ -17,6 +17,7 @@ import typer
 from pydantic import Field, Strict
 
 from berth.cli.common import (
+    NODE_GONE_AFTER_HELP,
     DurationOption,
     HttpPublicOption,
     OtlpOption,
@@ -72,11 +73,7 @@ def up(
     policy: PolicyOption = "seed",
     node_gone_after: Annotated[
         float,
-        typer.Option(
-            help="Seconds a workload's node may stay unreachable and out of the cluster "
-            "before the API declares it gone: its workloads lost, restartable ones placed "
-            "again."
-        ),
+        typer.Option(help=NODE_GONE_AFTER_HELP + "."),
     ] = NODE_GONE_AFTER_S,
     nats_servers: Annotated[
         int,

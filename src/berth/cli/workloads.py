@@ -34,9 +34,8 @@ from berth.cli.common import (
     GraceOption,
     JsonOption,
     TokenOption,
-    api_client,
+    ask_api,
     counted,
-    print_json,
     say,
     show_table,
     size_text,
@@ -266,10 +265,10 @@ def run(
         body["reschedule"] = checked.model_dump(mode="json")
     if parsed_env is not None:
         body["env"] = parsed_env
-    with api_client(api, token) as client, _flags(_RUN_FLAGS):
-        workload = client.create_workload(body)
-    if as_json:
-        print_json(workload)
+    workload = ask_api(
+        api, token, as_json, lambda client: client.create_workload(body), _flags(_RUN_FLAGS)
+    )
+    if workload is None:
         return
     key = f"{workload.namespace}/{workload.name}/{workload.replica}"
     say(
@@ -299,10 +298,14 @@ def ps(
     if workload_id is not None:
         _ps_one(NAME_RULE(workload_id, "ID"), api, token, as_json)
         return
-    with api_client(api, token) as client, fields_as(_PS_FLAGS):
-        found = client.workloads(namespace=namespace, node=node, state=state)
-    if as_json:
-        print_json(found)
+    found = ask_api(
+        api,
+        token,
+        as_json,
+        lambda client: client.workloads(namespace=namespace, node=node, state=state),
+        fields_as(_PS_FLAGS),
+    )
+    if found is None:
         return
     items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))
     table = Table(title=counted(len(items), "workload"))
@@ -339,10 +342,10 @@ def ps(
 
 def _ps_one(workload_id: str, api: str | None, token: str | None, as_json: bool) -> None:
     """``berth ps ID``: one workload's record, its policies and its history."""
-    with api_client(api, token) as client, fields_as({"id": "ID"}):
-        workload = client.workload(workload_id)
-    if as_json:
-        print_json(workload)
+    workload = ask_api(
+        api, token, as_json, lambda client: client.workload(workload_id), fields_as({"id": "ID"})
+    )
+    if workload is None:
         return
     key = f"{workload.namespace}/{workload.name}/{workload.replica}"
     state = workload.state + (f" ({workload.exit_code})" if workload.exit_code is not None else "")
@@ -382,10 +385,14 @@ def stop(
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
     grace = GRACE(grace, "--grace")
     NAME_RULE(workload_id, "ID")
-    with api_client(api, token) as client, fields_as({"grace_s": "--grace", "id": "ID"}):
-        workload = client.stop(workload_id, grace_s=grace)
-    if as_json:
-        print_json(workload)
+    workload = ask_api(
+        api,
+        token,
+        as_json,
+        lambda client: client.stop(workload_id, grace_s=grace),
+        fields_as({"grace_s": "--grace", "id": "ID"}),
+    )
+    if workload is None:
         return
     kept = (
         "; the stop is kept and delivered when its node answers"
@@ -419,10 +426,10 @@ def explain(
     body = _request_body(
         image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
     )
-    with api_client(api, token) as client, _flags(_RUN_FLAGS):
-        explanation = client.explain(body)
-    if as_json:
-        print_json(explanation)
+    explanation = ask_api(
+        api, token, as_json, lambda client: client.explain(body), _flags(_RUN_FLAGS)
+    )
+    if explanation is None:
         return
     table = Table(
         title=escape(f"where {body['namespace']}/{body['name']} ({image}, {type_}) could go")

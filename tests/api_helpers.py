@@ -9,8 +9,8 @@ with authentication, agents, a scheduler serving the API,
 :class:`~berth.processes.up.LocalCluster` with ``http=``) — so one test module runs the same
 tests against both (:data:`BOTH`, the parameters of its module-scoped fixture).
 
-Imported by the test modules as ``api_helpers`` (``tests/`` is on ``sys.path`` under pytest's
-default import mode, ``tests`` being no package).
+Imported by the test modules as ``tests.api_helpers`` (``tests`` is a package; pytest's default
+import mode puts the repository's root on ``sys.path``).
 """
 
 from __future__ import annotations

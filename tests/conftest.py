@@ -7,7 +7,7 @@ Tests that stop or restart a server start their own.
 
 ``anyio_backend``: async tests (``async def``, marked ``pytest.mark.anyio``) and async
 fixtures run on asyncio through anyio's pytest plugin — session-wide, so a module-scoped
-async fixture (an API under test, :mod:`api_helpers`) shares its event loop with the tests
+async fixture (an API under test, :mod:`tests.api_helpers`) shares its event loop with the tests
 that use it.
 
 Markers (``pyproject.toml``): ``slow`` for the tests that start a whole ``berth up`` (CI runs

@@ -2,8 +2,8 @@
 as a module (its harness runs bounded in CI), a fresh typer app carrying ``berth sim`` and
 ``berth demo``, and the state a spread test's node publishes from its budget.
 
-Imported as ``helpers`` (``tests/`` is on ``sys.path`` under pytest's default import mode,
-``tests`` being no package).
+Imported as ``tests.helpers`` (``tests`` is a package; pytest's default import mode puts the
+repository's root on ``sys.path``).
 """
 
 from __future__ import annotations

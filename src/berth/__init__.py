@@ -13,7 +13,7 @@ asked to boot, a failed boot, a workload's status), ``errors``.
 
 Importing ``berth`` loads this core only: the NATS drivers, the HTTP API, the commands, the
 simulator and the microVM/OCI stack are loaded by the modules that need them
-(``tests/test_layout.py`` holds it so, and holds every import to the layers' direction).
+(``tests/unit/test_layout.py`` holds it so, and holds every import to the layers' direction).
 """
 
 __version__ = "0.1.0"

@@ -10,8 +10,8 @@ by the holder; one winner among concurrent claims of an idempotency key, a takeo
 claim judged replaceable, a holder's renewal and a takeover never both holding, old claims
 expired and no others; images by name, routes by workload and node with their revisions, and a
 follower that sees the routes stored, then every change, in order.  The in-process drivers
-run it in ``tests/test_registry.py``, the NATS drivers on a real nats-server in
-``tests/test_registry_nats.py``.
+run it in ``tests/unit/test_registry.py``, the NATS drivers on a real nats-server in
+``tests/nats_server/test_registry_nats.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""berth's tests, in folders by what they start (CONTRIBUTING.md, "Set up and run the tests")."""

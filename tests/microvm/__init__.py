@@ -1,0 +1,1 @@
+"""Tests that boot real QEMU guests."""

@@ -122,12 +122,14 @@ class WorkloadExit:
     """How a workload ended.
 
     ``code`` is its exit status when it exited by itself, ``signal`` the signal number that
-    ended it otherwise; ``stopped`` says the runtime's ``stop`` had been asked to end it.
+    ended it otherwise; ``stopped`` says the runtime's ``stop`` had been asked to end it;
+    ``detail`` is what the runtime knows of why (``out of memory: its limit is 64 MiB``).
     """
 
     code: int | None = None
     signal: int | None = None
     stopped: bool = False
+    detail: str | None = None
 
     @property
     def reason(self) -> str:
@@ -141,6 +143,8 @@ class WorkloadExit:
             how = f"exited with code {self.code}"
         else:
             how = ""
+        if self.detail:
+            how = f"{how}: {self.detail}" if how else self.detail
         if self.stopped:
             return f"stopped ({how})" if how else "stopped"
         return how or "ended"

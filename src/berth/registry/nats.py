@@ -59,7 +59,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -356,29 +356,31 @@ class JsonBucket(Generic[Model]):
             return None
 
 
-class NatsClaims(DocumentClaims):
+class _InBucket:
+    """A registry over one :class:`JsonBucket`, started by starting the bucket."""
+
+    _bucket: JsonBucket[Any]
+
+    async def start(self) -> Self:
+        await self._bucket.start()
+        return self
+
+
+class NatsClaims(_InBucket, DocumentClaims):
     """Identity claims under ``c.<identity>`` in the API's bucket."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, Claim, prefix="c", bucket=bucket)
         super().__init__(self._bucket)
 
-    async def start(self) -> NatsClaims:
-        await self._bucket.start()
-        return self
 
-
-class NatsKeys(DocumentKeys):
+class NatsKeys(_InBucket, DocumentKeys):
     """Idempotency key claims under ``k.<key>`` in the API's bucket (the key is already a
     hash: :func:`berth.api.idempotency.key_name`)."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, KeyClaim, prefix="k", bucket=bucket)
         super().__init__(self._bucket)
-
-    async def start(self) -> NatsKeys:
-        await self._bucket.start()
-        return self
 
 
 class NatsWorkloads(DocumentWorkloads):
@@ -522,13 +524,9 @@ class NatsRecordWatch(BucketWatch):
         return record
 
 
-class NatsImages(DocumentImages):
+class NatsImages(_InBucket, DocumentImages):
     """The image registry under ``i.<name>`` in the API's bucket."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, Image, prefix="i", bucket=bucket)
         super().__init__(self._bucket)
-
-    async def start(self) -> NatsImages:
-        await self._bucket.start()
-        return self

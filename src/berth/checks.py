@@ -361,6 +361,16 @@ def _hard(resource: str, code: str, phrase: str, test: ScalarTest) -> Check:
     return Check(code, phrase, Stage.HARD, test, narrow, detail)
 
 
+def _narrow_sum(
+    used: FloatArray, asked: float, ceiling: FloatArray, fit: BoolArray, scratch: Scratch
+) -> None:
+    """``fit &= used + asked <= ceiling``, computed in ``scratch`` (the over-commit and
+    bandwidth checks' vectorised test)."""
+    np.add(used, asked, out=scratch.total)
+    np.less_equal(scratch.total, ceiling, out=scratch.mask)
+    fit &= scratch.mask
+
+
 def _overcommit(resource: str, code: str, phrase: str, unit: str, test: ScalarTest) -> Check:
     """``oc_<resource>_reserved + demand.<resource> <= oc_<resource>_ceiling`` (β_max)."""
     asked = attrgetter(resource)
@@ -370,9 +380,7 @@ def _overcommit(resource: str, code: str, phrase: str, unit: str, test: ScalarTe
     def narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
         if not columns.overcommitting:
             return  # every ceiling is +inf: the check passes everywhere
-        np.add(reserved(columns), asked(demand), out=scratch.total)
-        np.less_equal(scratch.total, ceiling(columns), out=scratch.mask)
-        fit &= scratch.mask
+        _narrow_sum(reserved(columns), asked(demand), ceiling(columns), fit, scratch)
 
     def detail(view: NodeView, demand: Demand) -> str:
         return f"{reserved(view):g} + {asked(demand):g} {unit} reserved > ceiling {ceiling(view):g}"
@@ -387,9 +395,7 @@ def _bandwidth(resource: str, code: str, phrase: str, test: ScalarTest) -> Check
     ceiling = attrgetter(f"{resource}_ceiling")
 
     def narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
-        np.add(load(columns), asked(demand), out=scratch.total)
-        np.less_equal(scratch.total, ceiling(columns), out=scratch.mask)
-        fit &= scratch.mask
+        _narrow_sum(load(columns), asked(demand), ceiling(columns), fit, scratch)
 
     def detail(view: NodeView, demand: Demand) -> str:
         return f"{load(view):.0f} + {asked(demand)} B/s > {ceiling(view):.0f}"

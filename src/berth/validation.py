@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import reprlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Annotated, Any, Generic, Self, TypeVar
 
@@ -186,17 +186,25 @@ def invalid_from(error: ValidationError, *, field: str | None = None) -> Invalid
     return Invalid(f"{message}; {rest}" if rest else message, field=where or None)
 
 
+def _validated(model: str, validate: Callable[[], T]) -> T:
+    """``validate()`` of a ``model``, its failures as ``Invalid``: pydantic's by field, and a
+    value nested past Python's recursion limit as one line naming the model."""
+    try:
+        return validate()
+    except ValidationError as error:
+        raise invalid_from(error) from None
+    except RecursionError:
+        raise Invalid(f"nested too deeply to be a {model}") from None
+
+
 class _InvalidOnCall(ModelMetaclass):
     # Converting at the metaclass (``Spec(...)``) rather than in ``__init__`` matters:
     # pydantic calls an overridden ``__init__`` for nested models too, which would turn a
     # nested field error into an opaque error at the parent and lose its location.
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except ValidationError as error:
-            raise invalid_from(error) from None
-        except RecursionError:
-            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
+        return _validated(
+            cls.__name__, lambda: super(_InvalidOnCall, cls).__call__(*args, **kwargs)
+        )
 
 
 class BerthModel(BaseModel, metaclass=_InvalidOnCall):
@@ -207,22 +215,12 @@ class BerthModel(BaseModel, metaclass=_InvalidOnCall):
     @classmethod
     def from_dict(cls, data: Any) -> Self:
         """Validate plain data (as decoded from JSON or TOML)."""
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            raise invalid_from(error) from None
-        except RecursionError:
-            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
+        return _validated(cls.__name__, lambda: cls.model_validate(data))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Self:
         """Validate a JSON document."""
-        try:
-            return cls.model_validate_json(text)
-        except ValidationError as error:
-            raise invalid_from(error) from None
-        except RecursionError:
-            raise Invalid(f"nested too deeply to be a {cls.__name__}") from None
+        return _validated(cls.__name__, lambda: cls.model_validate_json(text))
 
     def to_json(self) -> str:
         """The JSON document :meth:`from_json` reads back into an equal value."""

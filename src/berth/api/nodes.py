@@ -17,11 +17,11 @@ import asyncio
 
 from berth.api import schemas
 from berth.api.create import Creates
-from berth.api.records import Records, dumped, not_found
+from berth.api.records import Records, not_found
 from berth.api.stops import Stops
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.ownership import Refused
-from berth.registry.port import ENDED_STATES, LIVE_STATES, IdentityTaken, StoredWorkload, with_event
+from berth.registry.port import ENDED_STATES, LIVE_STATES, IdentityTaken, StoredWorkload
 from berth.state import NodeState
 
 __all__ = ["NodeOperations"]
@@ -99,18 +99,7 @@ class NodeOperations:
                 outcome="failed",
                 detail=f"stopped; not placed again: {error}",
             )
-        history = with_event(
-            stopped.history,
-            self.ports.clock(),
-            "drained",
-            f"as {replacement.id}",
-            replacement.node,
-        )
-        await self.ports.workloads.transition(
-            stopped.id,
-            {"replaced_by": replacement.id, "history": dumped(history)},
-            expect=ENDED_STATES,
-        )
+        await self.records.replaced(stopped, replacement, "drained", ENDED_STATES)
         return schemas.DrainItem(
             workload_id=workload.id,
             outcome="replaced",

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from berth.api.ports import ApiPorts
@@ -341,16 +341,28 @@ class Records:
             return (await self.ports.workloads.transition(ended.id, update, expect=state))[
                 0
             ] or ended
+        return await self.replaced(ended, replacement, "rescheduled", state) or ended
+
+    async def replaced(
+        self,
+        workload: StoredWorkload,
+        replacement: StoredWorkload,
+        event: str,
+        expect: Collection[str],
+    ) -> StoredWorkload | None:
+        """Write on ``workload``'s record that ``replacement`` runs in its place
+        (``replaced_by``, and an ``event`` naming it and its node), if its state is still one
+        of ``expect``: the record as it is then (``None``: it is gone)."""
         history = with_event(
-            ended.history,
+            workload.history,
             self.ports.clock(),
-            "rescheduled",
+            event,
             f"as {replacement.id}",
             replacement.node,
         )
-        update = {"replaced_by": replacement.id, "history": dumped(history)}
-        replaced, _ = await self.ports.workloads.transition(ended.id, update, expect=state)
-        return replaced or ended
+        update: dict[str, object] = {"replaced_by": replacement.id, "history": dumped(history)}
+        replaced, _ = await self.ports.workloads.transition(workload.id, update, expect=expect)
+        return replaced
 
     async def _pending_unknown_to_node(self, workload: StoredWorkload) -> StoredWorkload:
         """A ``pending`` workload its node has never heard of: its boot is still on its way

@@ -21,7 +21,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection
 from dataclasses import InitVar, dataclass
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 Model = TypeVar("Model", bound=BaseModel)
+Held = TypeVar("Held", Claim, KeyClaim)
 CLAIM_ATTEMPTS = 8
 """How often a claim looks again at an identity (or a key) whose claim changed under it
 before it gives up (``Unavailable``: try again)."""
@@ -152,11 +153,23 @@ class DocumentWorkloads:
         return sorted(found, key=lambda workload: (workload.created_at, workload.id))
 
 
-class DocumentClaims:
-    """An :class:`~berth.registry.port.IdentityClaims` over ``documents``."""
+class _HeldDocuments(Generic[Held]):
+    """Documents each held by one workload (the base of :class:`DocumentClaims` and
+    :class:`DocumentKeys`)."""
 
-    def __init__(self, documents: Documents[Claim]) -> None:
-        self._documents = documents
+    def __init__(self, documents: Documents[Held]) -> None:
+        self._documents: Documents[Held] = documents
+
+    async def release(self, name: str, workload_id: str) -> None:
+        """Give ``name`` up if ``workload_id`` holds it (a newer holder keeps it)."""
+        found = await self._documents.entry(name)
+        if found is None or found[0] is None or found[0].workload_id != workload_id:
+            return
+        await self._documents.delete_at(name, found[1])
+
+
+class DocumentClaims(_HeldDocuments[Claim]):
+    """An :class:`~berth.registry.port.IdentityClaims` over ``documents``."""
 
     async def holder(self, identity: str) -> str | None:
         """The workload id holding ``identity``, if any."""
@@ -184,20 +197,10 @@ class DocumentClaims:
                 return
         raise Unavailable(f"the claim on {identity} kept changing; try again")
 
-    async def release(self, identity: str, workload_id: str) -> None:
-        """Give ``identity`` up if ``workload_id`` holds it (a newer holder keeps it)."""
-        found = await self._documents.entry(identity)
-        if found is None or found[0] is None or found[0].workload_id != workload_id:
-            return
-        await self._documents.delete_at(identity, found[1])
 
-
-class DocumentKeys:
+class DocumentKeys(_HeldDocuments[KeyClaim]):
     """An :class:`~berth.registry.port.IdempotencyKeys` over ``documents`` (each claim
     stored under its own ``key``)."""
-
-    def __init__(self, documents: Documents[KeyClaim]) -> None:
-        self._documents = documents
 
     async def holder(self, key: str) -> KeyClaim | None:
         found = await self._documents.entry(key)
@@ -232,12 +235,6 @@ class DocumentKeys:
             if await self._documents.replace(key, renewed, revision):
                 return True
         raise Unavailable(f"the idempotency key {key} kept changing; try again")
-
-    async def release(self, key: str, workload_id: str) -> None:
-        found = await self._documents.entry(key)
-        if found is None or found[0] is None or found[0].workload_id != workload_id:
-            return
-        await self._documents.delete_at(key, found[1])
 
     async def expire(self, before: float) -> int:
         """See :meth:`~berth.registry.port.IdempotencyKeys.expire`: each old claim read again

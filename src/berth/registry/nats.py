@@ -54,11 +54,12 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -99,6 +100,7 @@ __all__ = [
     "DOCUMENT",
     "WATCH_TIMEOUT_S",
     "WRONG_LAST_SEQUENCE",
+    "BucketWatch",
     "JsonBucket",
     "NatsClaims",
     "NatsImages",
@@ -354,29 +356,31 @@ class JsonBucket(Generic[Model]):
             return None
 
 
-class NatsClaims(DocumentClaims):
+class _InBucket:
+    """A registry over one :class:`JsonBucket`, started by starting the bucket."""
+
+    _bucket: JsonBucket[Any]
+
+    async def start(self) -> Self:
+        await self._bucket.start()
+        return self
+
+
+class NatsClaims(_InBucket, DocumentClaims):
     """Identity claims under ``c.<identity>`` in the API's bucket."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, Claim, prefix="c", bucket=bucket)
         super().__init__(self._bucket)
 
-    async def start(self) -> NatsClaims:
-        await self._bucket.start()
-        return self
 
-
-class NatsKeys(DocumentKeys):
+class NatsKeys(_InBucket, DocumentKeys):
     """Idempotency key claims under ``k.<key>`` in the API's bucket (the key is already a
     hash: :func:`berth.api.idempotency.key_name`)."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, KeyClaim, prefix="k", bucket=bucket)
         super().__init__(self._bucket)
-
-    async def start(self) -> NatsKeys:
-        await self._bucket.start()
-        return self
 
 
 class NatsWorkloads(DocumentWorkloads):
@@ -411,7 +415,35 @@ class NatsWorkloads(DocumentWorkloads):
         return await NatsRecordWatch(self._bucket).start(idle_heartbeat_s, sync_timeout_s)
 
 
-class NatsRecordWatch:
+class BucketWatch:
+    """A watch of some keys of a KV bucket through one :class:`~berth.nats.follow.KvFollow`
+    (the base of :class:`NatsRecordWatch` and the routing registry's
+    :class:`~berth.registry.nats_routes.NatsRouteWatch`): each message on ``subject`` of
+    ``bucket``'s stream to ``handle``; ``what`` names it in the log.  Started once (by the
+    subclass's ``start``), stopped once."""
+
+    def __init__(
+        self, client: Client, bucket: str, subject: str, handle: Callable[[Msg], None], what: str
+    ) -> None:
+        self._new_follow = functools.partial(
+            KvFollow, client, stream=f"KV_{bucket}", subject=subject, handle=handle, what=what
+        )
+        self._follow: KvFollow | None = None
+
+    async def _follow_keys(self, idle_heartbeat_s: float, sync_timeout_s: float) -> None:
+        """Subscribe, and wait until the values stored now were delivered (at most
+        ``sync_timeout_s``; past it the watch goes on, logged)."""
+        self._follow = self._new_follow(idle_heartbeat_s=idle_heartbeat_s)
+        await self._follow.start(sync_timeout_s)  # not caught up: logged, goes on
+
+    async def stop(self) -> None:
+        """Unsubscribe: nothing is delivered from now on (idempotent)."""
+        follow, self._follow = self._follow, None
+        if follow is not None:
+            await follow.stop()
+
+
+class NatsRecordWatch(BucketWatch):
     """A running :meth:`NatsWorkloads.watch`: every workload record by its id, with the
     revision it was stored at (a :class:`~berth.registry.port.RecordIndex`).
 
@@ -429,7 +461,8 @@ class NatsRecordWatch:
         """How many values were skipped: not a record, or a record under another id's key."""
         self._records: dict[str, tuple[int, StoredWorkload]] = {}
         self._subject = f"$KV.{bucket.bucket}.{bucket.prefix}."
-        self._follow: KvFollow | None = None
+        what = f"the watch of the records in {bucket.bucket}"
+        super().__init__(bucket.client, bucket.bucket, f"{self._subject}>", self._apply, what)
 
     def records(self) -> builtins.list[StoredWorkload] | None:
         """Every record now — a fresh list of the shared records, never to be changed by the
@@ -447,23 +480,9 @@ class NatsRecordWatch:
         ``sync_timeout_s``; past it the watch goes on, logged)."""
         bucket = self.bucket
         bucket._bucket()  # started?
-        self._follow = KvFollow(
-            bucket.client,
-            stream=f"KV_{bucket.bucket}",
-            subject=f"{self._subject}>",
-            handle=self._apply,
-            what=f"the watch of the records in {bucket.bucket}",
-            idle_heartbeat_s=idle_heartbeat_s,
-        )
         with bucket._asking():
-            await self._follow.start(sync_timeout_s)  # not caught up: logged, goes on
+            await self._follow_keys(idle_heartbeat_s, sync_timeout_s)
         return self
-
-    async def stop(self) -> None:
-        """Unsubscribe; :meth:`records` is ``None`` from now on (the copy is no longer kept)."""
-        follow, self._follow = self._follow, None
-        if follow is not None:
-            await follow.stop()
 
     def _apply(self, msg: Msg) -> None:
         if not msg.subject.startswith(self._subject):
@@ -505,13 +524,9 @@ class NatsRecordWatch:
         return record
 
 
-class NatsImages(DocumentImages):
+class NatsImages(_InBucket, DocumentImages):
     """The image registry under ``i.<name>`` in the API's bucket."""
 
     def __init__(self, client: Client, *, bucket: str = API_BUCKET) -> None:
         self._bucket = JsonBucket(client, Image, prefix="i", bucket=bucket)
         super().__init__(self._bucket)
-
-    async def start(self) -> NatsImages:
-        await self._bucket.start()
-        return self

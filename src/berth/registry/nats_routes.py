@@ -62,7 +62,6 @@ from nats.js.kv import KeyValue
 from berth.defaults import FOLLOW_IDLE_HEARTBEAT_S, FOLLOW_SYNC_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import NAME_RULE, Placement, Spec
-from berth.nats.follow import KvFollow
 from berth.nats.names import ROUTES_BUCKET
 from berth.nats.streams import created, stream_replicas
 from berth.nats.wire import (
@@ -74,7 +73,7 @@ from berth.nats.wire import (
     encode,
     node_token,
 )
-from berth.registry.nats import WRONG_LAST_SEQUENCE
+from berth.registry.nats import WRONG_LAST_SEQUENCE, BucketWatch
 from berth.registry.port import Route, RouteEvent, RouteListener
 
 __all__ = [
@@ -358,7 +357,7 @@ class NatsRoutes:
             return None
 
 
-class NatsRouteWatch:
+class NatsRouteWatch(BucketWatch):
     """A running :meth:`NatsRoutes.follow`; ``rejected`` counts malformed values skipped.
 
     It delivers in the bucket's order, so once it has delivered revision ``r``
@@ -366,12 +365,15 @@ class NatsRouteWatch:
     """
 
     def __init__(self, registry: NatsRoutes, listener: RouteListener) -> None:
+        what = f"the watch of routes bucket {registry.bucket}"
+        super().__init__(
+            registry.client, registry.bucket, f"{registry._prefix}>", self._handle, what
+        )
         self.registry = registry
         self.listener = listener
         self.rejected = 0
         self.seen = 0
         """The highest revision delivered so far."""
-        self._follow: KvFollow | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     async def reached(self, revision: int, timeout_s: float) -> bool:
@@ -403,21 +405,8 @@ class NatsRouteWatch:
     async def start(self, idle_heartbeat_s: float, sync_timeout_s: float) -> NatsRouteWatch:
         registry = self.registry
         registry._bucket()  # started?
-        self._follow = KvFollow(
-            registry.client,
-            stream=f"KV_{registry.bucket}",
-            subject=f"{registry._prefix}>",
-            handle=self._handle,
-            what=f"the watch of routes bucket {registry.bucket}",
-            idle_heartbeat_s=idle_heartbeat_s,
-        )
-        await self._follow.start(sync_timeout_s)  # not caught up: logged, goes on
+        await self._follow_keys(idle_heartbeat_s, sync_timeout_s)
         return self
-
-    async def stop(self) -> None:
-        follow, self._follow = self._follow, None
-        if follow is not None:
-            await follow.stop()
 
     def _handle(self, msg: Msg) -> None:
         revision = _revision(msg)

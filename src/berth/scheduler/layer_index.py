@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from berth.model import Layer
+from berth.scheduler.policy.base import held_bytes
 
 __all__ = ["MASK_LAYERS", "LayerIndex", "LayerMatch"]
 
@@ -165,12 +166,7 @@ class LayerIndex:
 
     def scores(self, layers: Sequence[Layer], size: int) -> npt.NDArray[np.int64]:
         """Per slot, the bytes of ``layers`` held (an int64 array of length ``size``)."""
-        scores = np.zeros(size, dtype=np.int64)
-        for layer in layers:
-            holders = self.holders(layer.id)
-            if holders.size:
-                scores[holders] += layer.size
-        return scores
+        return held_bytes(self, layers, size)
 
     def nbytes(self) -> int:
         """Bytes used by the buffers and per-node arrays (for memory accounting)."""

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
 from berth.events.port import EventFeed, EventSink, WorkloadEvent
+from berth.testing.contract import run_check
 
 __all__ = ["Ends", "EventsContract"]
 
@@ -87,14 +88,8 @@ class EventsContract:
         """The ends of one fresh feed (entered in a running loop)."""
         raise NotImplementedError
 
-    def _run(self, check: Callable[[Ends], object]) -> None:
-        async def main() -> None:
-            async with self.open_events() as ends:
-                outcome = check(ends)
-                assert asyncio.iscoroutine(outcome)
-                await asyncio.wait_for(outcome, self.timeout_s)
-
-        asyncio.run(main())
+    def _run(self, check: Callable[[Ends], Awaitable[None]]) -> None:
+        run_check(self.open_events, check, self.timeout_s)
 
     def test_every_event_is_handed_out_and_one_workloads_in_order(self) -> None:
         async def check(ends: Ends) -> None:

@@ -19,11 +19,12 @@ The guarantees checked are the ones the reconciler builds on:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import ClassVar
 
 from berth.registry.port import LeaderLease
+from berth.testing.contract import run_check
 
 __all__ = ["LeaseContract"]
 
@@ -40,14 +41,8 @@ class LeaseContract:
         """Contenders for one fresh lease of ``ttl_s`` (entered in a running loop)."""
         raise NotImplementedError
 
-    def _run(self, check: Callable[[Contenders], object]) -> None:
-        async def main() -> None:
-            async with self.open_leases(self.ttl_s) as contenders:
-                outcome = check(contenders)
-                assert asyncio.iscoroutine(outcome)
-                await asyncio.wait_for(outcome, self.timeout_s)
-
-        asyncio.run(main())
+    def _run(self, check: Callable[[Contenders], Awaitable[None]]) -> None:
+        run_check(lambda: self.open_leases(self.ttl_s), check, self.timeout_s)
 
     def test_one_contender_takes_a_free_lease_and_keeps_it_by_renewing(self) -> None:
         async def check(contenders: Contenders) -> None:

@@ -40,6 +40,7 @@ from berth.errors import Invalid, NoCapacity, NoMatchingPlatform
 from berth.model import Placement, Request, Spec, Spread
 from berth.platform import Platform
 from berth.scheduler.port import Scheduler
+from berth.testing.contract import run_check
 
 __all__ = ["SchedulerContract"]
 
@@ -85,11 +86,7 @@ class SchedulerContract:
 
     # -- helpers -----------------------------------------------------------------------------
     def _run(self, check: Callable[[Scheduler], Awaitable[None]]) -> None:
-        async def main() -> None:
-            async with self.open_scheduler() as scheduler:
-                await check(scheduler)
-
-        asyncio.run(main())
+        run_check(self.open_scheduler, check)
 
     def _foreign_platforms(self) -> list[Platform]:
         offered = self.node_platforms()

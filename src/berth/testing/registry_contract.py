@@ -38,6 +38,7 @@ from berth.registry.port import (
     WorkloadRegistry,
     with_event,
 )
+from berth.testing.contract import run_check
 from berth.units import MiB
 
 __all__ = ["Registries", "RegistryContract", "sample_workload"]
@@ -111,11 +112,7 @@ class RegistryContract:
         raise NotImplementedError
 
     def _run(self, check: Callable[[Registries], Awaitable[None]]) -> None:
-        async def main() -> None:
-            async with self.open_registries() as registries:
-                await check(registries)
-
-        asyncio.run(main())
+        run_check(self.open_registries, check)
 
     # -- workloads ---------------------------------------------------------------------------
     def test_a_recorded_workload_is_read_back_equal_and_listed_by_filters(self) -> None:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from berth.platform import Platform
 from berth.state import NodeState, Overcommit
 from berth.store.port import StateEvent, StateStore
+from berth.testing.contract import run_check
 from berth.units import GiB
 
 __all__ = ["StateStoreContract", "sample_state"]
@@ -63,11 +64,7 @@ class StateStoreContract:
     def _run(
         self, check: Callable[[StateStore], Awaitable[None]], ttl_s: float | None = None
     ) -> None:
-        async def main() -> None:
-            async with self.open_store(ttl_s=ttl_s) as store:
-                await check(store)
-
-        asyncio.run(main())
+        run_check(lambda: self.open_store(ttl_s=ttl_s), check)
 
     async def _eventually(self, predicate: Callable[[], Awaitable[bool] | bool]) -> None:
         deadline = time.monotonic() + self.settle_s

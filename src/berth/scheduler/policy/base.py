@@ -73,6 +73,7 @@ __all__ = [
     "Weighted",
     "fitting_in_name_order",
     "generator",
+    "held_bytes",
     "order_fitting",
 ]
 
@@ -151,14 +152,14 @@ class ClusterView:
 
     def mounted_bytes(self, layers: Sequence[Layer]) -> npt.NDArray[np.int64]:
         """Per slot, the bytes of ``layers`` mounted there (the seed's colocation score)."""
-        return _held_bytes(self.mounted, layers, self.size)
+        return held_bytes(self.mounted, layers, self.size)
 
     def cached_bytes(self, layers: Sequence[Layer]) -> npt.NDArray[np.int64]:
         """Per slot, the bytes of ``layers`` in the node's cache of recently unmounted layers.
 
         A layer both mounted and cached (a snapshot may list it in both) counts here too.
         """
-        return _held_bytes(self.cached, layers, self.size)
+        return held_bytes(self.cached, layers, self.size)
 
     def holding(self, layer_id: str) -> Slots:
         """The slots where ``layer_id`` is present — mounted or cached — sorted, each once."""
@@ -178,7 +179,8 @@ _VIEW_ARRAYS = tuple(
 )
 
 
-def _held_bytes(index: LayerHolders, layers: Sequence[Layer], size: int) -> npt.NDArray[np.int64]:
+def held_bytes(index: LayerHolders, layers: Sequence[Layer], size: int) -> npt.NDArray[np.int64]:
+    """Per slot of ``size``, the bytes of ``layers`` that ``index`` says the slot holds."""
     held = np.zeros(size, dtype=np.int64)
     for layer in layers:
         slots = index.holders(layer.id)

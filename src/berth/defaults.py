@@ -12,6 +12,9 @@ from __future__ import annotations
 
 __all__ = [
     "API_STOP_GRACE_S",
+    "CONTAINER_DATA_DIR",
+    "CONTAINER_PIDS_LIMIT",
+    "CONTAINER_RUNC",
     "FOLLOW_IDLE_HEARTBEAT_S",
     "FOLLOW_SYNC_TIMEOUT_S",
     "HEARTBEAT_S",
@@ -65,6 +68,16 @@ about two of these after a server restart."""
 FOLLOW_SYNC_TIMEOUT_S = 5.0
 """How long a watch of the routes or the records waits to catch up when it starts (it goes
 on after, logged)."""
+
+CONTAINER_DATA_DIR = "~/.local/share/berth/container"
+"""Where the container runtime keeps its image layout and nodes' files (``[container]
+data_dir``)."""
+
+CONTAINER_RUNC = "runc"
+"""The OCI runtime containers run under, looked up on ``PATH`` (``[container] runc``)."""
+
+CONTAINER_PIDS_LIMIT = 1024
+"""How many processes one container may hold at once (``[container] pids_limit``)."""
 
 MICROVM_QEMU = "qemu-system-x86_64"
 """The QEMU binary microVM guests run under, looked up on ``PATH`` (``[microvm] qemu``)."""

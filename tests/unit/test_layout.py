@@ -220,8 +220,9 @@ NODE_LAYERS: Layers = (
         "berth.node.runtime.process",
         "berth.node.microvm.scratch",
     ),
-    # a microVM guest's QEMU, run as a process workload
-    ("berth.node.microvm.machine",),
+    # a microVM guest's QEMU, run as a process workload; the layer mounts and bundles
+    # containers are built from
+    ("berth.node.microvm.machine", "berth.node.container"),
     # the node core's parts, bottom up: its workloads' records, their journal entries and
     # events, their ends and restarts, then their boots and a restarted node's recovery
     ("berth.node.workloads",),
@@ -230,15 +231,15 @@ NODE_LAYERS: Layers = (
     ("berth.node.lifecycle", "berth.node.recovery"),
     # the runtime package; the node core over a runtime
     ("berth.node.runtime", "berth.node.core"),
-    # the agent's configuration file, then what reads it: the microVM driver (built from its
-    # [microvm] table), then the agent, node classes, setup
+    # the agent's configuration file, then what reads it: the microVM and container drivers
+    # (built from their [microvm] and [container] tables), then the agent, node classes, setup
     ("berth.node.config",),
-    ("berth.node.runtime.microvm",),
+    ("berth.node.runtime.microvm", "berth.node.runtime.container"),
     ("berth.node.agent", "berth.node.classes", "berth.node.microvm.setup"),
     ("berth.node",),
 )
-"""Inside ``berth.node``: no driver reaches up to the agent, and only the microVM driver to
-the configuration (its ``[microvm]`` table's model)."""
+"""Inside ``berth.node``: no driver reaches up to the agent, and only the microVM and
+container drivers to the configuration (their tables' models)."""
 
 CONTRACTS: dict[str, Layers] = {"berth": LAYERS, "berth.node": NODE_LAYERS}
 """Each contract by the package it orders (its edges leaving the package are the outer's)."""
@@ -450,6 +451,8 @@ FORBIDDEN_ON_IMPORT = (
     "berth.node.layer_files",
     "berth.node.microvm",
     "berth.node.runtime.microvm",
+    "berth.node.container",
+    "berth.node.runtime.container",
     "berth.nats",
     "berth.registry",
     "berth.api",

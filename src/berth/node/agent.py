@@ -82,6 +82,7 @@ from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
 from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
+from berth.node.runtime.port import ClosingRuntime
 from berth.node.runtime.supervisor import OWNER_FILE, write_owner
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
@@ -90,6 +91,7 @@ from berth.store.port import StateStore
 from berth.validation import shown
 
 if TYPE_CHECKING:
+    from berth.node.runtime.container import ContainerRuntime
     from berth.node.runtime.microvm import MicrovmRuntime
 
 __all__ = ["REPORT_FLUSH_S", "REPORT_RETRY_MAX_S", "REPORT_RETRY_S", "Agent"]
@@ -227,6 +229,11 @@ class Agent:
                 runtime = MicrovmRuntime.from_config(
                     config, state_dir=state_dir, orphan_grace_s=options.orphan_grace_s
                 )
+            elif options.runtime == "container":
+                # the container stack (runc, erofs mounts, OCI reading) only when asked for
+                from berth.node.runtime.container import ContainerRuntime
+
+                runtime = ContainerRuntime.from_config(config, state_dir=state_dir)
             elif options.runtime == "process":
                 runtime = ProcessRuntime(
                     stop_grace_s=options.stop_grace_s,
@@ -237,7 +244,7 @@ class Agent:
                 runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)
         layers = LayerRegistry(options.layer_cache)
         labels = config.node.labels
-        if _is_microvm(runtime):  # its layers are files; it states its accel
+        if _runs_from_layer_files(runtime):  # its layers are files; it states how it runs
             layers = runtime.layer_files.registry
             labels = {**runtime.labels, **labels}
         return cls(
@@ -282,6 +289,8 @@ class Agent:
         """Stop every workload (their ends reported: up to :data:`REPORT_FLUSH_S`), stop
         advertising and leave the cluster."""
         await self.core.stop_all()
+        if isinstance(self.core.runtime, ClosingRuntime):  # and what the runtime held
+            await self.core.runtime.aclose()
         await self._stop_reporting()
         if self._advertiser is not None:
             # A flag and a wake-up, not cancel(): on Python 3.11 ``wait_for`` can swallow a
@@ -517,8 +526,15 @@ class Agent:
         return f"Agent({self.name!r}, {self.platform}, {len(self.core.workloads())} workloads)"
 
 
-def _is_microvm(runtime: Runtime) -> TypeGuard[MicrovmRuntime]:
-    """Whether ``runtime`` is the microVM driver, asked without importing it: a
-    ``MicrovmRuntime`` exists only once its module has been imported."""
-    module = sys.modules.get("berth.node.runtime.microvm")
-    return module is not None and isinstance(runtime, module.MicrovmRuntime)
+def _runs_from_layer_files(runtime: Runtime) -> TypeGuard[MicrovmRuntime | ContainerRuntime]:
+    """Whether ``runtime`` is a driver that boots from the node's layer files (the microVM
+    or container driver), asked without importing either: its class exists only once its
+    module has been imported."""
+    for name, kind in (
+        ("berth.node.runtime.microvm", "MicrovmRuntime"),
+        ("berth.node.runtime.container", "ContainerRuntime"),
+    ):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(runtime, getattr(module, kind)):
+            return True
+    return False

@@ -25,7 +25,7 @@ table::
     tau_s = 30.0
     layer_cache = "10GiB"
     lease_ttl_s = 30.0
-    runtime = "process"             # or "fake", or "microvm" (then [microvm] applies)
+    runtime = "process"             # or "fake", "container" ([container] applies), "microvm"
     stop_grace_s = 2.0
     orphan_grace_s = 10.0           # a workload outlives a dead agent this long, then is killed
 
@@ -39,9 +39,19 @@ table::
                                     # in memory only, the last 1,000 lines)
     node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/ and guests' run/
 
-The ``[microvm]`` table's model, :class:`MicrovmSection`, is here with the others: the
-microVM runtime driver (:mod:`berth.node.runtime.microvm`) builds itself from it, and sits
-above this module; the microVM machinery (:mod:`berth.node.microvm`) takes plain values.
+    [container]                     # optional; defaults shown
+    data_dir = "~/.local/share/berth/container"
+    images = "<data_dir>/images"    # the OCI image layout workloads' images are read from
+    runc = "runc"                   # the OCI runtime, looked up on PATH
+    network = "host"                # or "none": a network namespace with only loopback
+    pids_limit = 1024               # processes one container may hold at once
+    log_dir = "/var/log/berth"      # each workload's output in <workload id>.log (default: none)
+    node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/, mounts/, run/, runc/
+
+The ``[microvm]`` and ``[container]`` tables' models, :class:`MicrovmSection` and
+:class:`ContainerSection`, are here with the others: the runtime drivers
+(:mod:`berth.node.runtime.microvm`, :mod:`berth.node.runtime.container`) build themselves from
+them, and sit above this module; their machinery takes plain values.
 
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
@@ -63,11 +73,15 @@ import json
 import os
 import stat
 import tomllib
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, Strict, StrictStr
+from pydantic import AfterValidator, Field, Strict, StrictInt, StrictStr
 
 from berth.defaults import (
+    CONTAINER_DATA_DIR,
+    CONTAINER_PIDS_LIMIT,
+    CONTAINER_RUNC,
     HEARTBEAT_S,
     LEASE_TTL_S,
     LOAD_SAMPLE_PERIOD_S,
@@ -92,6 +106,7 @@ __all__ = [
     "AgentConfig",
     "AgentSection",
     "BudgetSection",
+    "ContainerSection",
     "MicrovmSection",
     "NodeSection",
     "PathText",
@@ -155,7 +170,7 @@ class AgentSection(BerthModel):
     tau_s: Interval = LOAD_TAU_S
     layer_cache: Bytes = 10 * 2**30
     lease_ttl_s: Interval = LEASE_TTL_S
-    runtime: Literal["process", "fake", "microvm"] = "process"
+    runtime: Literal["process", "fake", "container", "microvm"] = "process"
     stop_grace_s: StopGrace = STOP_GRACE_S  # the runtimes' rule: 0 to an hour
     orphan_grace_s: OrphanGrace = ORPHAN_GRACE_S
 
@@ -189,6 +204,26 @@ class MicrovmSection(BerthModel):
     node_dir: PathText | None = None
 
 
+class ContainerSection(BerthModel):
+    """``[container]``: where the container runtime finds its images and keeps its files (all
+    optional)."""
+
+    data_dir: PathText | None = None
+    images: PathText | None = None
+    runc: PathText = CONTAINER_RUNC
+    network: Literal["host", "none"] = "host"
+    pids_limit: Annotated[StrictInt, Field(ge=1, le=4_194_304)] = CONTAINER_PIDS_LIMIT
+    log_dir: PathText | None = None
+    node_dir: PathText | None = None
+
+    def directories(self, node: str) -> tuple[Path, Path]:
+        """The image layout and this node's directory, defaults filled in (absolute)."""
+        data_dir = Path(self.data_dir or CONTAINER_DATA_DIR).expanduser().absolute()
+        images = Path(self.images).expanduser() if self.images else data_dir / "images"
+        node_dir = Path(self.node_dir).expanduser() if self.node_dir else data_dir / "nodes" / node
+        return images.absolute(), node_dir.absolute()
+
+
 class AgentConfig(BerthModel):
     """A whole agent configuration file."""
 
@@ -196,6 +231,7 @@ class AgentConfig(BerthModel):
     budget: BudgetSection
     agent: AgentSection = Field(default_factory=AgentSection)
     microvm: MicrovmSection = Field(default_factory=MicrovmSection)
+    container: ContainerSection = Field(default_factory=ContainerSection)
 
 
 def load_config(path: str | os.PathLike[str]) -> AgentConfig:

@@ -192,6 +192,17 @@ class LayerMounts:
             except BerthError as error:
                 log.error("releasing layer %s: %s", digest, error)
 
+    def close(self) -> None:
+        """Unmount every layer no container uses (an agent that stops; one killed leaves
+        them for the next to find)."""
+        with self._lock:
+            for digest in self.files.files():
+                if not self.files.registry.is_mounted(digest):
+                    target = self.path(digest)
+                    unmount(target)
+                    with contextlib.suppress(OSError):
+                        target.rmdir()
+
     def _mount(self, digest: str, file: Path) -> Path:
         target = self.path(digest)
         with self._lock:

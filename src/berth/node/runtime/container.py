@@ -44,6 +44,7 @@ from typing import Any
 
 from berth.defaults import ORPHAN_GRACE_S, STOP_GRACE_S
 from berth.errors import BerthError, Invalid
+from berth.node.config import AgentConfig
 from berth.node.container.bundle import Network, runtime_spec, write_bundle
 from berth.node.container.mounts import LayerMounts, MountFailed, overlay, unmount
 from berth.node.layer_files import LayerFiles
@@ -148,6 +149,32 @@ class ContainerRuntime(RuntimeDriver):
         self._containers: dict[str, _Container] = {}
         self._starting: set[str] = set()
         self._watchers: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_config(
+        cls,
+        config: AgentConfig,
+        *,
+        state_dir: Path | None = None,
+    ) -> ContainerRuntime:
+        """The runtime an agent's ``[container]`` table describes: its layer files under
+        ``<node_dir>/layers`` with the agent's ``layer_cache`` budget, the node's platform,
+        the agent's stop and orphan graces; ``state_dir`` the agent's (where its journal is)."""
+        section = config.container
+        images, node_dir = section.directories(config.node.name)
+        return cls(
+            LayerFiles(node_dir / "layers", config.agent.layer_cache),
+            images,
+            node_dir,
+            runc=section.runc,
+            network=section.network,
+            pids_limit=section.pids_limit,
+            platform=config.node.platform,
+            stop_grace_s=config.agent.stop_grace_s,
+            log_dir=Path(section.log_dir).expanduser() if section.log_dir else None,
+            state_dir=state_dir,
+            orphan_grace_s=config.agent.orphan_grace_s,
+        )
 
     @property
     def labels(self) -> dict[str, str]:
@@ -254,6 +281,8 @@ class ContainerRuntime(RuntimeDriver):
             image = read_layout(self.images, ref=ref, platform=self.platform)
         except Invalid as error:
             which = "the only image" if ref is None else f"image {ref!r}"
+            if error.field == "platform":  # the layout has it, but not for this node
+                raise BootFailed(f"platform_mismatch: {which}: {error.message}") from None
             raise BootFailed(f"{which} of {self.images}: {error}") from None
         if not self.platform.matches(image.platform):
             raise BootFailed(
@@ -373,8 +402,9 @@ class ContainerRuntime(RuntimeDriver):
             self._clean(found[0], found[1])
 
     async def aclose(self) -> None:
-        """Stop every container."""
+        """Stop every container, then unmount the layers (:meth:`LayerMounts.close`)."""
         await asyncio.gather(*(self.stop(workload.id) for workload in self.list()))
+        await asyncio.to_thread(self.mounts.close)
 
     def __repr__(self) -> str:
         return f"ContainerRuntime(running={len(self._containers)}, network={self.network!r})"

@@ -57,6 +57,7 @@ __all__ = [
     "AdoptingRuntime",
     "BootFailed",
     "BootSpec",
+    "ClosingRuntime",
     "ExitListener",
     "ExitListeners",
     "Runtime",
@@ -272,6 +273,14 @@ class AdoptingRuntime(Runtime, Protocol):
     ) -> dict[str, Any] | None: ...
 
     def abandon(self, workload_id: str, locator: dict[str, Any] | None) -> None: ...
+
+
+@runtime_checkable
+class ClosingRuntime(Runtime, Protocol):
+    """A runtime that holds node resources beyond its workloads' lives (the container
+    driver's layer mounts): ``aclose()`` stops every workload and lets them go."""
+
+    async def aclose(self) -> None: ...
 
 
 class ExitListeners:

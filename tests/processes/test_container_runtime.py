@@ -77,7 +77,7 @@ def make_runtime(layout: Path, where: Path, **options: object) -> ContainerRunti
 def busybox(*command: str, **fields: object) -> BootSpec:
     name = fields.pop("name", "box")
     image = fields.pop("image", "busybox")
-    return BootSpec(name=name, command=command, image=image, **fields)  # type: ignore[arg-type]
+    return BootSpec(name=name, command=command, image=image, **fields)
 
 
 TRAPPING = ("sh", "-c", 'trap "exit 0" TERM; sleep 60 & wait')

@@ -263,3 +263,37 @@ def test_an_agent_configured_for_containers_builds_the_runtime(
     assert isinstance(runtime, ContainerRuntime)
     assert runtime.images == layout and runtime.node_dir == tmp_path / "node"
     assert agent.labels["container.network"] == "host"
+
+
+def test_a_stopping_agent_lets_its_layer_mounts_go(layout: Path, tmp_path: Path) -> None:
+    from berth.node.agent import Agent
+    from berth.store.memory import MemoryStore
+
+    config = AgentConfig.from_dict(
+        {
+            "node": {"name": "n1"},
+            "budget": {
+                "mem_max": "1GiB",
+                "disk_max": "1GiB",
+                "cpu_max_load": 0.9,
+                "disk_bw_cap": "1GiBps",
+                "disk_bw_max_load": 0.8,
+                "net_bw_cap": "1Gbps",
+                "net_bw_max_load": 0.8,
+            },
+            "agent": {"runtime": "container"},
+            "container": {"images": str(layout), "node_dir": str(tmp_path / "node")},
+        }
+    )
+
+    async def scenario() -> None:
+        agent = Agent.from_config(config, MemoryStore())
+        runtime = agent.core.runtime
+        assert isinstance(runtime, ContainerRuntime)
+        assert (await (await runtime.start(busybox("true"))).wait()).code == 0
+        (digest,) = runtime.layer_files.files()
+        assert mounted(runtime.mounts.path(digest))  # cached: kept mounted for a warm start
+        await agent.stop()
+        assert not mounted(runtime.mounts.path(digest))
+
+    run(scenario, 30)

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import posixpath
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -93,7 +94,7 @@ def inside(root: Path, path: str) -> Path | None:
             info = os.lstat(here)
         except OSError:
             return None
-        if not _is_link(info.st_mode):
+        if not stat.S_ISLNK(info.st_mode):
             done.append(part)
             continue
         links += 1
@@ -104,12 +105,6 @@ def inside(root: Path, path: str) -> Path | None:
             done = []
         pending = [piece for piece in target.split("/") if piece] + pending
     return root.joinpath(*done)
-
-
-def _is_link(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISLNK(mode)
 
 
 def find_program(root: Path, program: str, env: Mapping[str, str], workdir: str) -> bool:

@@ -29,6 +29,8 @@ import ctypes.util
 import logging
 import os
 import re
+import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -99,9 +101,6 @@ def overlay(lowers: list[Path], upper: Path, work: Path, target: Path) -> None:
 def probe(work_dir: Path) -> str | None:
     """``None`` when this node can mount an erofs file and stack an overlay on it; else what
     is missing, as an operator would fix it."""
-    import shutil
-    import subprocess
-
     if os.geteuid() != 0:
         return "the container runtime mounts layers: run the agent as root"
     mkfs = shutil.which("mkfs.erofs")

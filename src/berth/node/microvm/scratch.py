@@ -36,7 +36,7 @@ from pathlib import Path
 from berth.node.microvm.initramfs import GuestConfig
 from berth.node.microvm.qemu import GuestConsole, VmSize
 from berth.node.microvm.vm import write_initrd
-from berth.node.runtime.port import BootFailed, BootSpec
+from berth.node.runtime.port import BootFailed, BootSpec, workload_hostname
 from berth.node.runtime.supervisor import file_stem, pid_alive, read_record
 from berth.oci import OciImage
 from berth.units import MiB
@@ -46,7 +46,6 @@ __all__ = [
     "MAX_SOCKET_PATH",
     "MIN_UPPER_DISK",
     "console_of",
-    "guest_hostname",
     "guest_user",
     "guest_workdir",
     "leftovers",
@@ -178,7 +177,7 @@ async def make_initrd(
         layers=layers,
         upper_disk=upper is not None,
         tmpfs_size=spec.disk_limit or (size.mem_mib * MiB) // 2,
-        hostname=guest_hostname(workload_id),
+        hostname=workload_hostname(workload_id),
         workdir=guest_workdir(image.config.working_dir),
         user=guest_user(image.config.user),
     )
@@ -202,8 +201,3 @@ def guest_user(user: str) -> str:
     if not user.isprintable() or user.count(":") > 1 or " " in user:
         raise BootFailed(f"the image's user {user!r} is not a user, uid, user:group or uid:gid")
     return user
-
-
-def guest_hostname(workload_id: str) -> str:
-    """The guest's hostname: its workload's id, cut to what a hostname may hold."""
-    return re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth"

@@ -54,6 +54,7 @@ from berth.node.runtime.port import (
     RuntimeDriver,
     WorkloadExit,
     WorkloadHandle,
+    workload_hostname,
 )
 from berth.node.runtime.process import ProcessRuntime
 from berth.node.runtime.supervisor import atomic_write, file_stem
@@ -249,7 +250,7 @@ class ContainerRuntime(RuntimeDriver):
             spec,
             image.config,
             rootfs,
-            hostname=re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth",
+            hostname=workload_hostname(workload_id),
             container_id=cid,
             network=self.network,
             pids_limit=self.pids_limit,

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import signal
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ __all__ = [
     "checked_workload_id",
     "end_within_grace",
     "stop_grace",
+    "workload_hostname",
 ]
 
 logger = logging.getLogger(__name__)
@@ -355,6 +357,12 @@ class RuntimeDriver:
     def _grace(self, grace_s: float | None) -> float:
         """A stop's grace: ``grace_s``, else ``stop_grace_s``."""
         return stop_grace(grace_s, self.stop_grace_s)
+
+
+def workload_hostname(workload_id: str) -> str:
+    """The hostname a workload's machine or container gets: its id, cut to what a hostname
+    may hold (letters, digits, ``-``; at most 63)."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", workload_id)[:63].strip("-") or "berth"
 
 
 def checked_workload_id(workload_id: object, running: Container[str] = ()) -> str:

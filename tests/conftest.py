@@ -10,13 +10,20 @@ fixtures run on asyncio through anyio's pytest plugin — session-wide, so a mod
 async fixture (an API under test, :mod:`tests.api_helpers`) shares its event loop with the tests
 that use it.
 
+``shared_dir``: a directory a workload may write whoever it runs as — the process runtime
+of an agent built from a configuration runs workloads as ``nobody`` when the tests run as
+root, and pytest's ``tmp_path`` is private to the user running them.
+
 Markers (``pyproject.toml``): ``slow`` for the tests that start a whole ``berth up`` (CI runs
 everything; ``-m "not slow"`` leaves them out).
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +39,11 @@ def anyio_backend() -> str:
 def nats_server() -> Iterator[NatsServer]:
     with running_server() as server:
         yield server
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    where = Path(tempfile.mkdtemp(prefix="berth-test-shared-"))
+    where.chmod(0o1777)  # anyone writes, as /tmp; a workload run as nobody included
+    yield where
+    shutil.rmtree(where, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,27 @@ def test_agent_check_prints_the_effective_configuration(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "budget.mem_max" in result.stdout and "8GiB" in result.stdout
     assert "configuration is valid" in result.stdout
+
+
+def test_agent_check_says_whom_process_workloads_run_as_and_what_containers_lack(
+    tmp_path: Path,
+) -> None:
+    """The process runtime's user and its lack of isolation; for the container runtime, the
+    OCI runtime found and, with no image layout, one line naming ``container`` and the fix."""
+    path = tmp_path / "agent.toml"
+    path.write_text(AGENT_TOML + 'runtime = "process"\n[process]\nuser = "nobody"\n')
+    result = berth("agent", "--config", str(path), "--check")
+    assert result.returncode == 0, result.stderr
+    assert "nobody (uid" in result.stdout and "development and tests" in result.stdout
+    images = tmp_path / "no-images"
+    path.write_text(AGENT_TOML + f'runtime = "container"\n[container]\nimages = "{images}"\n')
+    result = berth("agent", "--config", str(path), "--check")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "container.runc" in result.stdout
+    assert result.stderr.startswith("error: container: ")
+    if shutil.which("runc"):  # installed: not among what is missing
+        assert "install runc" not in result.stderr
+    assert f"no OCI image layout at {images}" in result.stderr
 
 
 def test_agent_runs_and_advertises_for_a_while(tmp_path: Path) -> None:

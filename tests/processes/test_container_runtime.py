@@ -7,6 +7,7 @@ import asyncio
 import os
 import platform
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -297,3 +298,37 @@ def test_a_stopping_agent_lets_its_layer_mounts_go(layout: Path, tmp_path: Path)
         assert not mounted(runtime.mounts.path(digest))
 
     run(scenario, 30)
+
+
+def test_berth_up_runs_busybox_in_containers_with_no_extra_step() -> None:
+    """``berth up``'s container cluster: ``busybox`` is registered when it is up, a workload
+    of it runs in a container (its output in the cluster's workload logs), and stopping
+    the cluster leaves no mount behind."""
+    from berth.api.client import ApiClient, ApiLocation
+    from berth.processes.up import LocalCluster, container_problems
+
+    assert container_problems() == []  # this module runs only where containers can
+    cluster = LocalCluster(1, heartbeat_s=0.5, runtime="container", http=("127.0.0.1", 0))
+    with cluster as up:
+        assert "containers (runc)" in up.describe()
+        assert up.api_url is not None and up.api_token is not None
+        with ApiClient(ApiLocation(up.api_url, up.api_token, "test")) as api:
+            assert [image.name for image in api.images().items] == ["busybox"]
+            created = api.create_workload(
+                {
+                    "name": "hello",
+                    "image": "busybox",
+                    "type": "micro",
+                    "command": ["sh", "-c", "ls /; uname -m"],
+                }
+            )
+            log = up.directory / "logs" / "workloads" / f"{created.id}.log"
+            deadline = time.monotonic() + 20
+            while "\n" + platform.machine() not in (log.read_text() if log.exists() else ""):
+                assert time.monotonic() < deadline, "the container printed nothing"
+                time.sleep(0.1)
+            listing = log.read_text().split()
+            assert "bin" in listing and "root" not in listing and "home" not in listing
+    with open("/proc/mounts") as table:
+        assert str(up.directory) not in table.read()
+    assert not up.directory.exists()

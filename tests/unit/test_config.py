@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,35 @@ def test_stop_grace_is_the_runtimes_rule_and_reaches_the_runtime(tmp_path: Path)
         with pytest.raises(Invalid) as refused:
             load_config(write(tmp_path, text))
         assert refused.value.field == "agent.stop_grace_s", refused.value
+
+
+def test_process_workloads_run_as_nobody_under_a_root_agent_or_as_configured(
+    tmp_path: Path,
+) -> None:
+    """``[process] user``: by default ``nobody`` when the agent is root (else the agent's own
+    user); a named user reaches the runtime; an unknown user is refused, named."""
+    from berth.node.agent import Agent
+    from berth.node.runtime.process import ProcessRuntime
+    from berth.store.memory import MemoryStore
+
+    text = VALID.replace('runtime = "fake"', 'runtime = "process"')
+    runtime = Agent.from_config(load_config(write(tmp_path, text)), MemoryStore()).runtime
+    assert isinstance(runtime, ProcessRuntime)
+    if os.geteuid() == 0:
+        assert runtime.user is not None and runtime.user.name == "nobody"
+    else:
+        assert runtime.user is None
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    for value in (f'"{me}"', str(os.geteuid())):
+        config = load_config(write(tmp_path, f"{text}\n[process]\nuser = {value}\n"))
+        runtime = Agent.from_config(config, MemoryStore()).runtime
+        assert isinstance(runtime, ProcessRuntime) and runtime.user is not None
+        assert runtime.user.uid == os.geteuid()
+    config = load_config(write(tmp_path, f'{text}\n[process]\nuser = "no-such-user-b3"\n'))
+    with pytest.raises(Invalid, match="no-such-user-b3") as refused:
+        Agent.from_config(config, MemoryStore())
+    assert refused.value.field == "process.user"
+    for bad in ('""', "true", "1.5"):
+        with pytest.raises(Invalid) as refused:
+            load_config(write(tmp_path, f"{text}\n[process]\nuser = {bad}\n"))
+        assert refused.value.field == "process.user", refused.value

@@ -45,9 +45,9 @@ def runs(pids: Path) -> list[tuple[int, float]]:
 
 
 async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhausted(
-    tmp_path: Path,
+    shared_dir: Path,
 ) -> None:
-    pids = tmp_path / "pids"
+    pids = shared_dir / "pids"
     restart = {"mode": "on-failure", "attempts": 2, "delay_s": 0.3, "max_delay_s": 5.0}
     async with embedded_api(3) as under_test, under_test.client() as api:
         assert under_test.cluster is not None
@@ -98,12 +98,12 @@ async def test_on_failure_restarts_with_backoff_then_is_rescheduled_when_exhaust
 
 
 async def test_a_restarting_workload_of_a_lost_node_is_rescheduled_elsewhere(
-    tmp_path: Path,
+    shared_dir: Path,
 ) -> None:
     """The issue's case: ``restart = on-failure``, exits 1, restarted with backoff on its
     node (new pids, one id), then its node is lost: rescheduled on another node, where it
     goes on being restarted."""
-    pids = tmp_path / "pids"
+    pids = shared_dir / "pids"
     restart = {"mode": "on-failure", "attempts": 100, "delay_s": 0.1, "max_delay_s": 0.4}
     async with embedded_api(3, node_gone_after_s=0.3) as under_test, under_test.client() as api:
         cluster, faults = under_test.cluster, under_test.faults

@@ -235,7 +235,12 @@ NODE_LAYERS: Layers = (
     # (built from their [microvm] and [container] tables), then the agent, node classes, setup
     ("berth.node.config",),
     ("berth.node.runtime.microvm", "berth.node.runtime.container"),
-    ("berth.node.agent", "berth.node.classes", "berth.node.microvm.setup"),
+    (
+        "berth.node.agent",
+        "berth.node.classes",
+        "berth.node.microvm.setup",
+        "berth.node.container.setup",
+    ),
     ("berth.node",),
 )
 """Inside ``berth.node``: no driver reaches up to the agent, and only the microVM and

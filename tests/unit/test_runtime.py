@@ -24,6 +24,7 @@ from berth.node.runtime import (
     WorkloadHandle,
 )
 from berth.node.runtime.port import AdoptingRuntime
+from berth.node.runtime.process import RunAs
 from berth.node.runtime.supervisor import write_owner
 from berth.testing.runtime_contract import AdoptingRuntimeContract, ExitLog, RuntimeContract, run
 from berth.units import MiB
@@ -409,3 +410,64 @@ def test_fake_runtime_kill_and_finish_control_the_end() -> None:
             await runtime.start(spec)
 
     run(scenario)
+
+
+def test_a_workload_runs_in_a_scratch_directory_of_its_own_never_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its working directory and ``HOME`` are ``<scratch>/<id>``, made for it and removed
+    after its end; the agent's directory is not where it starts."""
+    monkeypatch.chdir(tmp_path)
+    script = 'pwd; echo "home=$HOME"; echo data > left-behind; ls'
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime(log_dir=tmp_path / "logs", scratch_dir=tmp_path / "scratch")
+        workload = await runtime.start(BootSpec(name="w", command=("sh", "-c", script)))
+        assert (await workload.wait()).code == 0
+        where, home, listing = (tmp_path / "logs" / f"{workload.id}.log").read_text().split()
+        assert Path(where) == runtime.scratch_of(workload.id) == tmp_path / "scratch" / "w-1"
+        assert home == f"home={where}" and listing == "left-behind"
+        assert not Path(where).exists()  # gone with the workload
+        assert list(tmp_path.glob("left-behind")) == []
+        default = ProcessRuntime()  # no directory configured: a temporary one of its own
+        second = await default.start(BootSpec(name="w", command=("sleep", "30")))
+        own = default.scratch_of(second.id)
+        assert own.is_dir() and own.parent != tmp_path
+        await default.stop(second.id)
+        assert not own.parent.exists()  # nothing runs there any more
+
+    run(scenario)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_a_workload_runs_as_the_configured_user_and_cannot_read_roots_files(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("hunter2")
+    secret.chmod(0o600)
+    script = f"id -u; stat -c %U .; cat {secret} || echo refused"
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime(log_dir=tmp_path / "logs", user=RunAs.named("nobody"))
+        workload = await runtime.start(BootSpec(name="w", command=("sh", "-c", script)))
+        await workload.wait()
+        uid, owner, *rest = (tmp_path / "logs" / f"{workload.id}.log").read_text().split("\n")
+        assert (uid, owner) == ("65534", "nobody")
+        assert "hunter2" not in rest and "refused" in rest
+        # a program this user may not execute is refused with who it was run as
+        private = tmp_path / "private.sh"
+        private.write_text("#!/bin/sh\necho hi\n")
+        private.chmod(0o700)
+        with pytest.raises(BootFailed, match=r"permission denied .* as nobody \(uid 65534\)"):
+            await runtime.start(BootSpec(name="p", command=(str(private),)))
+
+    run(scenario)
+
+
+def test_an_unknown_user_is_refused_by_name() -> None:
+    with pytest.raises(Invalid, match="no user 'no-such-user-b3'") as refused:
+        RunAs.named("no-such-user-b3", "process.user")
+    assert refused.value.field == "process.user"
+    with pytest.raises(Invalid, match="no user"):
+        RunAs.named(2**40)

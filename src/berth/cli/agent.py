@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import ssl
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -41,6 +41,9 @@ from berth.observability import tracing
 from berth.pki import TLS_FLAGS
 from berth.units import format_bandwidth, format_information
 from berth.validation import fields_as
+
+if TYPE_CHECKING:
+    from berth.node.config import AgentConfig
 
 __all__ = ["agent"]
 
@@ -134,15 +137,22 @@ def _embedded_agent(config: Path, check: bool, duration: float | None) -> None:
         for key, value in loaded.agent.model_dump().items():
             table.add_row(f"agent.{key}", _human(key, value))
         missing: list[str] = []
+        rows: list[tuple[str, str]] = []
         if loaded.agent.runtime == "microvm":
             from berth.node.microvm.setup import check_rows
 
             rows, missing = check_rows(loaded)
-            for row in rows:
-                table.add_row(*row)
+        elif loaded.agent.runtime == "container":
+            from berth.node.container.setup import check_rows as container_rows
+
+            rows, missing = container_rows(loaded)
+        elif loaded.agent.runtime == "process":
+            rows = _process_rows(loaded)
+        for row in rows:
+            table.add_row(*row)
         console.print(table)
-        if missing:  # the runtime cannot boot guests yet: say what to run
-            raise Invalid("; ".join(missing), field="microvm")
+        if missing:  # the runtime cannot run workloads yet: say what to do
+            raise Invalid("; ".join(missing), field=loaded.agent.runtime)
         console.print("[green]configuration is valid[/]")
         return
 
@@ -173,6 +183,18 @@ def _embedded_agent(config: Path, check: bool, duration: float | None) -> None:
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
+
+
+def _process_rows(config: AgentConfig) -> list[tuple[str, str]]:
+    """The ``[process]`` settings in effect (``Invalid`` naming ``process.user`` when this
+    host has no such user)."""
+    user = config.process.run_as()
+    scratch = config.process.scratch()
+    return [
+        ("process.user", "the agent's own" if user is None else str(user)),
+        ("process.scratch_dir", "a temporary directory" if scratch is None else str(scratch)),
+        ("process.isolation", 'none: development and tests (runtime = "container" isolates)'),
+    ]
 
 
 def _serve_agents(

@@ -82,7 +82,12 @@ def cluster(
     nodes: Annotated[int, typer.Option(help="How many in-process agents.")] = 3,
     workloads: Annotated[int, typer.Option(help="How many workloads to boot.")] = 10,
     command: Annotated[str, typer.Option(help="The command each workload runs.")] = "sleep 2",
-    runtime: Annotated[str, typer.Option(help="process (real processes) or fake.")] = "process",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            help="process (real host processes: development and tests, no image isolation) or fake."
+        ),
+    ] = "process",
     live_monitors: Annotated[
         bool,
         typer.Option(

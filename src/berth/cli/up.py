@@ -57,9 +57,12 @@ def up(
     runtime: Annotated[
         str,
         typer.Option(
-            help="process (real processes), fake, or microvm (QEMU guests; berth microvm setup)."
+            help="auto (container where this host can run them, else process), container "
+            "(each workload isolated, from its image's layers; root and runc), process (host "
+            "processes: development and tests, no image isolation), fake, or microvm (QEMU "
+            "guests; berth microvm setup)."
         ),
-    ] = "process",
+    ] = "auto",
     duration: DurationOption = None,
     otlp: OtlpOption = None,
     http: Annotated[
@@ -94,8 +97,11 @@ def up(
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
     from berth.processes.up import LocalCluster, wait_for_signal
 
-    if runtime not in ("process", "fake", "microvm"):
-        raise Invalid(f"must be 'process', 'fake' or 'microvm', got {runtime!r}", field="--runtime")
+    if runtime not in ("auto", "container", "process", "fake", "microvm"):
+        raise Invalid(
+            f"must be 'auto', 'container', 'process', 'fake' or 'microvm', got {runtime!r}",
+            field="--runtime",
+        )
     duration = checked_duration(duration)
     checked_policy(policy)
     _UP_NODES(nodes, "--nodes")
@@ -110,6 +116,17 @@ def up(
     from berth.api.server import parse_address, remove_api_file, write_api_file
 
     address = None if http == "off" else parse_address(http, public=http_public)
+    if runtime == "auto":  # containers where this host runs them; else say why not
+        from berth.processes.up import container_problems
+
+        missing = container_problems()
+        runtime = "process" if missing else "container"
+        if missing:
+            console.print(
+                f"runtime: process (no image isolation), as containers cannot run here: "
+                f"{'; '.join(missing)}",
+                highlight=False,
+            )
     cluster = LocalCluster(
         nodes,
         http=address,

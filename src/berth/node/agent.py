@@ -239,6 +239,8 @@ class Agent:
                     stop_grace_s=options.stop_grace_s,
                     state_dir=state_dir,
                     orphan_grace_s=options.orphan_grace_s,
+                    user=config.process.run_as(),
+                    scratch_dir=config.process.scratch(),
                 )
             else:
                 runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)

@@ -29,6 +29,12 @@ table::
     stop_grace_s = 2.0
     orphan_grace_s = 10.0           # a workload outlives a dead agent this long, then is killed
 
+    [process]                       # optional: the process runtime (development and tests)
+    user = "nobody"                 # whom workloads run as; default: nobody when the agent is
+                                    # root, else the agent's own user (a name or a uid)
+    scratch_dir = "/var/lib/berth/scratch"  # each workload runs in <scratch_dir>/<id>
+                                    # (default: a temporary directory of the agent's)
+
     [microvm]                       # optional; defaults shown (berth microvm setup fills data_dir)
     data_dir = "~/.local/share/berth/microvm"
     images = "<data_dir>/images"    # the OCI image layout workloads' images are read from
@@ -48,10 +54,11 @@ table::
     log_dir = "/var/log/berth"      # each workload's output in <workload id>.log (default: none)
     node_dir = "<data_dir>/nodes/<node name>"   # this node's layers/, mounts/, run/, runc/
 
-The ``[microvm]`` and ``[container]`` tables' models, :class:`MicrovmSection` and
-:class:`ContainerSection`, are here with the others: the runtime drivers
-(:mod:`berth.node.runtime.microvm`, :mod:`berth.node.runtime.container`) build themselves from
-them, and sit above this module; their machinery takes plain values.
+The ``[process]``, ``[microvm]`` and ``[container]`` tables' models, :class:`ProcessSection`,
+:class:`MicrovmSection` and :class:`ContainerSection`, are here with the others: the runtime
+drivers (:mod:`berth.node.runtime.process`, :mod:`berth.node.runtime.microvm`,
+:mod:`berth.node.runtime.container`) build themselves from them, and sit above this module;
+their machinery takes plain values.
 
 Validation happens once, here: a missing or bad key raises ``Invalid`` whose field is the
 dotted key (``budget.mem_max``) and whose message quotes the offending value.  Nothing else
@@ -76,7 +83,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, Strict, StrictInt, StrictStr
+from pydantic import AfterValidator, Field, PlainValidator, Strict, StrictInt, StrictStr
 
 from berth.defaults import (
     CONTAINER_DATA_DIR,
@@ -95,7 +102,7 @@ from berth.errors import Invalid
 from berth.model import Bytes, BytesPerSecond, Cores, Fraction, Interval, Labels, Name
 from berth.node.budget import BudgetLimits
 from berth.node.runtime.port import StopGrace
-from berth.node.runtime.process import OrphanGrace
+from berth.node.runtime.process import OrphanGrace, RunAs
 from berth.platform import Platform, host
 from berth.validation import BerthModel, shown
 
@@ -110,6 +117,7 @@ __all__ = [
     "MicrovmSection",
     "NodeSection",
     "PathText",
+    "ProcessSection",
     "config_toml",
     "load_config",
 ]
@@ -192,6 +200,37 @@ PathText = Annotated[StrictStr, AfterValidator(_path_text)]
 """A path as configured: non-empty, printable, at most 4,096 characters."""
 
 
+def _user(value: object) -> str | int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32:
+        return value
+    if isinstance(value, str) and 0 < len(value) <= 256 and value.isprintable():
+        return value
+    raise Invalid(f"must be a user name or a uid, got {shown(value)}")
+
+
+UserText = Annotated[str | int, PlainValidator(_user)]
+"""A user of the host as configured: its name, or its uid."""
+
+
+class ProcessSection(BerthModel):
+    """``[process]``: how the process runtime runs workloads (all optional)."""
+
+    user: UserText | None = None
+    scratch_dir: PathText | None = None
+
+    def run_as(self) -> RunAs | None:
+        """Whom workloads run as: ``user``, else ``nobody`` when the agent is root, else the
+        agent's own user (``None``); ``Invalid`` naming ``process.user`` for a user this host
+        does not have, or one this agent may not run as."""
+        if self.user is None:
+            return RunAs.default("process.user")
+        return RunAs.named(self.user, "process.user")
+
+    def scratch(self) -> Path | None:
+        """The configured scratch directory, absolute (``None``: the runtime's own)."""
+        return None if self.scratch_dir is None else Path(self.scratch_dir).expanduser().absolute()
+
+
 class MicrovmSection(BerthModel):
     """``[microvm]``: where the microVM runtime finds its files (all optional)."""
 
@@ -230,6 +269,7 @@ class AgentConfig(BerthModel):
     node: NodeSection
     budget: BudgetSection
     agent: AgentSection = Field(default_factory=AgentSection)
+    process: ProcessSection = Field(default_factory=ProcessSection)
     microvm: MicrovmSection = Field(default_factory=MicrovmSection)
     container: ContainerSection = Field(default_factory=ContainerSection)
 

@@ -16,6 +16,13 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   ``linux/amd64``, each node keeping its layer files in its own ``node_dir`` inside the
   directory (so they go with it); a host that cannot boot guests is refused before anything
   starts, with what ``berth agent --check`` would say is missing and its fix;
+* with ``runtime="container"`` (what ``berth up`` picks where :func:`container_problems`
+  finds nothing missing), agents that run each workload in a container from its image's
+  layers (:mod:`berth.node.runtime.container`), all on this host's platform, each node's
+  layer files, mounts and containers in ``<directory>/container/<node>``, their output in
+  ``<directory>/logs/workloads``; the directory's OCI layout ``images`` gets ``busybox``
+  (the host's static busybox, not downloaded) and the cluster's image registry has it once
+  the cluster is up, so ``berth run busybox -- echo hello`` works at once;
 * K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, each
   serving the HTTP API when ``http`` is given (``--http``, one token they read from a file in
   the directory; :mod:`berth.api`): the first on ``http``'s port, the others on free ports of
@@ -53,6 +60,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+from nats.aio.client import Client
 
 from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, MICROVM_STOP_GRACE_S, NODE_GONE_AFTER_S
 from berth.embedded import embedded_configs
@@ -64,21 +72,22 @@ from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
 from berth.nats.server import NatsServer, die_with_parent
 from berth.nats.wire import node_token
-from berth.node.config import AgentConfig, MicrovmSection, config_toml
+from berth.node.config import AgentConfig, ContainerSection, MicrovmSection, config_toml
 from berth.node.microvm.paths import GuestFiles
 from berth.pki import CertificateAuthority, TlsFiles, write_pair
+from berth.platform import host as host_platform
 from berth.private import write_private
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
 from berth.store.nats import NatsStore, bucket_ttl_s
 
-__all__ = ["LocalCluster"]
+__all__ = ["LocalCluster", "container_problems"]
 
 PER_PROCESS_FROM = 8
 """Up to this many nodes, one agent per process; above it, agents share processes."""
 MICROVM_PLATFORM = "linux/amd64"
 """The microVM runtime boots guests of the host's platform only."""
-Runtime = Literal["process", "fake", "microvm"]
+Runtime = Literal["process", "fake", "microvm", "container"]
 SUPERVISE_EVERY_S = 1.0
 """How often ``berth up`` looks for exited children to start again."""
 
@@ -124,9 +133,12 @@ class LocalCluster:
             self.configs = microvm_configs(nodes, heartbeat_s, GuestFiles.at(microvm_data_dir))
         elif runtime in ("process", "fake"):
             self.configs = embedded_configs(nodes, runtime=runtime, heartbeat_s=heartbeat_s)
+        elif runtime == "container":
+            self.configs = container_configs(nodes, heartbeat_s)
         else:
             raise Invalid(
-                f"must be 'process', 'fake' or 'microvm', got {runtime!r}", field="--runtime"
+                f"must be 'process', 'fake', 'container' or 'microvm', got {runtime!r}",
+                field="--runtime",
             )
         self.schedulers = schedulers
         self.heartbeat_s = heartbeat_s
@@ -140,7 +152,7 @@ class LocalCluster:
         self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "--node-gone-after")
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
-        if runtime == "microvm":  # each node's layer files and guest consoles go with the cluster
+        if runtime in ("microvm", "container"):  # each node's files go with the cluster
             self.configs = [self._in_directory(config) for config in self.configs]
         self.auth: ClusterAuth | None = None
         if auth:
@@ -168,6 +180,15 @@ class LocalCluster:
 
     def _in_directory(self, config: AgentConfig) -> AgentConfig:
         token = node_token(config.node.name)
+        if self.runtime == "container":
+            container = config.container.model_copy(
+                update={
+                    "images": str(self.directory / "images"),
+                    "node_dir": str(self.directory / "container" / token),
+                    "log_dir": str(self.directory / "logs" / "workloads"),
+                }
+            )
+            return config.model_copy(update={"container": container})
         section = config.microvm.model_copy(
             update={
                 "node_dir": str(self.directory / "microvm" / token),
@@ -191,6 +212,12 @@ class LocalCluster:
     def _start(self) -> None:
         logs = self.directory / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        if self.runtime == "container":
+            from berth.node.container.setup import write_starter_image
+
+            refused = write_starter_image(self.directory / "images")
+            if refused is not None:
+                raise Invalid(f"no starter image for containers: {refused}", field="--runtime")
         config_dir = self.directory / "nodes"
         config_dir.mkdir(exist_ok=True)
         config_files = []
@@ -357,10 +384,24 @@ class LocalCluster:
                         raise Unavailable(f"nodes did not come up in time: {', '.join(missing)}")
                     await asyncio.sleep(0.05)
             await self._await_schedulers(deadline, expected)
+            if self.runtime == "container":
+                await self._register_starter_image(client)
         finally:
             await client.close()
         if self.api_urls:
             await self._await_api(deadline)
+
+    async def _register_starter_image(self, client: Client) -> None:
+        """Put the starter image of the cluster's layout in its image registry."""
+        from berth.node.container.setup import STARTER_IMAGE
+        from berth.registry.images import image_from_layout
+        from berth.registry.nats import NatsImages
+
+        image = await asyncio.to_thread(
+            image_from_layout, str(self.directory / "images"), ref=STARTER_IMAGE
+        )
+        images = await NatsImages(client).start()
+        await images.add(image)
 
     @property
     def api_url(self) -> str | None:
@@ -460,6 +501,10 @@ class LocalCluster:
         if self.nats_cluster is not None:
             self.nats_cluster.close()
             self.nats_cluster = None
+        if self.runtime == "container":  # layers a killed agent left mounted
+            from berth.node.container.mounts import unmount_under
+
+            unmount_under(self.directory)
         if self._owned:
             shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -478,6 +523,8 @@ class LocalCluster:
             [f"  other endpoints:   {', '.join(self.api_urls[1:])}"] if self.api_urls[1:] else []
         )
         then = "berth nodes; berth run IMAGE --type micro -- CMD; berth ps"
+        if self.runtime == "container":
+            then = "berth run busybox --type micro -- echo hello"
         if self.runtime == "microvm":
             images = GuestFiles.at(self.configs[0].microvm.data_dir).images_dir
             then = f"berth images import-oci {images}; berth run busybox --type micro -- echo hi"
@@ -495,6 +542,21 @@ class LocalCluster:
             f"  export BERTH_TOKEN={token}",
             f"  then:              {then}; berth ps",
         ]
+
+    def _describe_runtime(self) -> str:
+        runtime = self.runtime
+        if runtime == "container":
+            return (
+                f"containers (runc) from their images' layers; images in "
+                f"{self.directory / 'images'}, output in {self.directory / 'logs' / 'workloads'}"
+            )
+        if runtime == "process":
+            user = self.configs[0].process.run_as()
+            who = "the agents' user" if user is None else str(user)
+            return f"host processes as {who}: no image isolation (development and tests)"
+        if runtime == "fake":
+            return "nothing: the fake runtime starts no process"
+        return "microVM guests (QEMU)"
 
     def _describe_microvm(self) -> list[str]:
         if self.runtime != "microvm":
@@ -544,6 +606,7 @@ class LocalCluster:
             f"  where is it:       berth whereis default/hello/0 --nats {self.url}{creds}",
             f"  every route:       berth routes --nats {self.url}{creds}",
             f"  logs:              {self.directory / 'logs'}",
+            f"  workloads run as:  {self._describe_runtime()}",
             *self._describe_microvm(),
             *self._describe_api(),
             "",
@@ -572,6 +635,34 @@ def microvm_configs(nodes: int, heartbeat_s: float, files: GuestFiles) -> list[A
             f"microVM guests cannot boot on this host: {'; '.join(missing)}", field="--runtime"
         )
     return configs
+
+
+def container_configs(nodes: int, heartbeat_s: float) -> list[AgentConfig]:
+    """The embedded cluster's node classes as ``container`` agents, all on this host's
+    platform (a container runs the host's architecture only); ``Invalid`` naming
+    ``--runtime`` with each missing piece and its fix when this host cannot run them."""
+    here = (str(host_platform()),)
+    plain = embedded_configs(nodes, platforms=here, runtime="fake", heartbeat_s=heartbeat_s)
+    agent = plain[0].agent.model_copy(update={"runtime": "container"})
+    configs = [c.model_copy(update={"agent": agent}) for c in plain]
+    missing = container_problems()
+    if missing:
+        raise Invalid(
+            f"containers cannot run on this host: {'; '.join(missing)}", field="--runtime"
+        )
+    return configs
+
+
+def container_problems() -> list[str]:
+    """What this host lacks to run ``berth up``'s containers (empty: nothing): the OCI
+    runtime, root, erofs and overlay mounts, a static busybox for the starter image."""
+    from berth.node.container.setup import problems
+    from berth.node.microvm.images import BUSYBOX
+
+    missing = problems(ContainerSection())
+    if not BUSYBOX.is_file():
+        missing.append(f"no static busybox at {BUSYBOX} (apt-get install busybox-static)")
+    return missing
 
 
 def free_port(host: str, port: int = 0) -> int:

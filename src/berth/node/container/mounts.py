@@ -39,7 +39,16 @@ from berth.errors import BerthError
 from berth.node.layer_files import LayerFiles
 from berth.oci import OciLayer
 
-__all__ = ["LayerMounts", "MountFailed", "mount", "mounted", "overlay", "probe", "unmount"]
+__all__ = [
+    "LayerMounts",
+    "MountFailed",
+    "mount",
+    "mounted",
+    "overlay",
+    "probe",
+    "unmount",
+    "unmount_under",
+]
 
 log = logging.getLogger("berth.container")
 
@@ -80,6 +89,22 @@ def unmount(target: Path) -> None:
         errno = ctypes.get_errno()
         if _libc.umount2(os.fsencode(target), MNT_DETACH) != 0:
             log.error("cannot unmount %s: %s", target, os.strerror(errno))
+
+
+def unmount_under(root: Path) -> list[Path]:
+    """Unmount every mount point under ``root``, deepest first (a directory about to be
+    removed: a mounted layer would refuse, an overlay would lose its upper files to the
+    removal); the points unmounted."""
+    try:
+        with open("/proc/mounts", encoding="utf-8", errors="replace") as table:
+            points = [Path(line.split()[1]) for line in table if len(line.split()) > 1]
+    except OSError:
+        return []
+    root = root.absolute()
+    under = [point for point in points if point.is_relative_to(root) and point != root]
+    for point in sorted(under, key=lambda path: len(path.parts), reverse=True):
+        unmount(point)
+    return under
 
 
 def mounted(target: Path) -> bool:

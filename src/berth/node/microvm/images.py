@@ -20,12 +20,13 @@ from pathlib import Path
 from berth.errors import BerthError
 from berth.oci import ImageSpec, TarMember, directory, file, symlink, write_layout
 
-__all__ = ["app_layer", "busybox_layer", "write_image"]
+__all__ = ["BUSYBOX", "app_layer", "busybox_layer", "write_image"]
 
-_BUSYBOX = Path("/bin/busybox")
+BUSYBOX = Path("/bin/busybox")
+"""Where Debian's ``busybox-static`` puts its static busybox."""
 
 
-def busybox_layer(busybox: Path = _BUSYBOX) -> list[TarMember]:
+def busybox_layer(busybox: Path = BUSYBOX) -> list[TarMember]:
     """A base layer: ``/bin/busybox`` (static), a ``/bin/<applet>`` symlink each, ``/etc``."""
     try:
         data = busybox.read_bytes()

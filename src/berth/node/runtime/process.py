@@ -1,12 +1,22 @@
 """The process runtime driver: one OS process group per workload, under its own supervisor.
 
+**For development and tests: no image isolation.**  The workload is a host process; its
+image is only a label (its layers are never used) and it sees the host's filesystem and
+network.  What the driver does bound (issue 38): each workload runs in a scratch directory
+of its own (``<scratch_dir>/<id>``, mode 0700, made by its supervisor before the start and
+removed after the end; never the agent's or the caller's directory), with a minimal
+environment — ``base_env`` (default: ``PATH`` only, the agent's or, for another user, the
+standard one; the agent's environment may hold credentials) plus ``HOME`` set to the scratch
+directory, overlaid with the spec's ``env`` — and as ``user`` (a :class:`RunAs`; the node's
+configuration makes it ``nobody`` when the agent is root) instead of the agent's own
+identity.  Real images, isolated, run under the ``container`` runtime
+(:mod:`berth.node.runtime.container`).
+
 Each workload is started by a small supervisor process of its own
 (:mod:`berth.node.runtime.supervisor`, a bare interpreter), which starts the command as the
-leader of its own process group, with these limits: workloads do not inherit the agent's
-environment (it may hold credentials) but get ``base_env`` (default: ``PATH`` only) overlaid
-with the spec's ``env``; ``mem_limit`` is enforced as ``RLIMIT_AS`` (address space), a coarse
-ceiling that needs no privileges (a cgroup v2 ``memory.max`` would bound resident memory
-exactly, but needs a delegated cgroup).
+leader of its own process group; ``mem_limit`` is enforced as ``RLIMIT_AS`` (address space),
+a coarse ceiling that needs no privileges (a cgroup v2 ``memory.max`` would bound resident
+memory exactly, but needs a delegated cgroup).
 
 Stopping a workload reaches every process it spawned: ``SIGTERM`` to its group, and once the
 grace has run out (the stop's own ``grace_s``, else ``stop_grace_s``) ``SIGKILL`` to its whole
@@ -32,9 +42,11 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +68,14 @@ from berth.node.runtime.port import (
 from berth.node.runtime.supervisor import OWNER_FILE, WORKLOADS_DIR, WorkloadFiles, file_stem
 from berth.validation import Rule, shown
 
-__all__ = ["OrphanGrace", "ProcessRuntime", "checked_orphan_grace", "process_identity"]
+__all__ = [
+    "USER_PATH",
+    "OrphanGrace",
+    "ProcessRuntime",
+    "RunAs",
+    "checked_orphan_grace",
+    "process_identity",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +93,47 @@ def checked_orphan_grace(value: object, field: str = "orphan_grace_s") -> float:
 
 
 _SUPERVISOR = supervisor.__file__
+
+USER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The ``PATH`` of a workload run as another user than the agent (the agent's may name
+directories only it can read, such as ``/root/…``)."""
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """Who a workload runs as: a user of this host, its primary group and its other groups."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+    @classmethod
+    def named(cls, user: str | int, field: str = "user") -> RunAs:
+        """The host's user ``user`` (a name, or a uid); ``Invalid`` naming ``field`` when this
+        host has no such user, or when this process may not run anything as it (only root
+        runs workloads as another user)."""
+        try:
+            entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
+        except (KeyError, OverflowError, TypeError, ValueError):
+            raise Invalid(f"this host has no user {shown(user)}", field=field) from None
+        if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+            raise Invalid(
+                f"only root runs workloads as another user: this agent runs as uid "
+                f"{os.geteuid()}, not {entry.pw_name} (uid {entry.pw_uid})",
+                field=field,
+            )
+        groups = tuple(sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid))))
+        return cls(entry.pw_name, entry.pw_uid, entry.pw_gid, groups)
+
+    @classmethod
+    def default(cls, field: str = "user") -> RunAs | None:
+        """``nobody`` when this process is root (a workload never runs as root unless
+        asked to); otherwise ``None``: the agent's own user, the only one it can be."""
+        return cls.named("nobody", field) if os.geteuid() == 0 else None
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid})"
 
 
 @dataclass
@@ -102,8 +162,13 @@ class ProcessRuntime(RuntimeDriver):
     ``stop_grace_s`` is how long ``stop`` waits after ``SIGTERM`` before ``SIGKILL`` when the
     stop names no ``grace_s`` of its own.
     ``base_env`` is the environment every workload starts from (default: this process's
-    ``PATH`` only).  ``log_dir``, when given, receives each workload's stdout and stderr in
+    ``PATH`` only, or :data:`USER_PATH` with a ``user``; ``HOME`` is its scratch directory).
+    ``log_dir``, when given, receives each workload's stdout and stderr in
     ``<workload id>.log``; otherwise output is discarded.
+    ``user`` is who workloads run as (default: this process's user).  ``scratch_dir`` holds
+    each workload's working directory, ``<scratch_dir>/<id>`` (default: a temporary
+    directory of this runtime's, removed whenever no workload runs; the user must be able to
+    reach a configured one: its parents searchable).
     ``state_dir`` is the node's state directory (its journal is in ``<state_dir>/workloads``):
     with it, workloads outlive this process by up to ``orphan_grace_s`` and a new agent on the
     directory may adopt them; without it, they are killed ``orphan_grace_s`` after this
@@ -118,14 +183,22 @@ class ProcessRuntime(RuntimeDriver):
         log_dir: str | Path | None = None,
         state_dir: Path | None = None,
         orphan_grace_s: float = ORPHAN_GRACE_S,
+        user: RunAs | None = None,
+        scratch_dir: Path | None = None,
     ) -> None:
         super().__init__(stop_grace_s)
         self.orphan_grace_s = _ORPHAN_GRACE(orphan_grace_s, "orphan_grace_s")
-        if state_dir is not None and not isinstance(state_dir, Path):
-            raise Invalid(f"expected a directory path, got {shown(state_dir)}", field="state_dir")
-        self.base_env = (
-            dict(base_env) if base_env is not None else {"PATH": os.environ.get("PATH", os.defpath)}
-        )
+        for name, value in (("state_dir", state_dir), ("scratch_dir", scratch_dir)):
+            if value is not None and not isinstance(value, Path):
+                raise Invalid(f"expected a directory path, got {shown(value)}", field=name)
+        if user is not None and not isinstance(user, RunAs):
+            raise Invalid(f"expected a RunAs, got {shown(user)}", field="user")
+        self.user = user
+        self._scratch_dir = scratch_dir
+        self._own_scratch: Path | None = None  # a temporary directory made for want of one
+        if base_env is None:  # another user gets the standard PATH: the agent's may be private
+            base_env = {"PATH": os.environ.get("PATH", os.defpath) if user is None else USER_PATH}
+        self.base_env = dict(base_env)
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.state_dir = state_dir
         self._running: dict[str, _Running] = {}
@@ -144,6 +217,7 @@ class ProcessRuntime(RuntimeDriver):
             return await self._spawn(spec, workload_id)
         finally:
             self._starting.discard(workload_id)
+            self._tidy()  # a start that failed leaves nothing behind
 
     def _taken(self) -> set[str]:
         return self._running.keys() | self._starting
@@ -160,6 +234,18 @@ class ProcessRuntime(RuntimeDriver):
             return None
         return WorkloadFiles.of(self.state_dir / WORKLOADS_DIR, workload_id)
 
+    def scratch_of(self, workload_id: str) -> Path:
+        """The directory ``workload_id`` runs in (made by its supervisor, gone after its
+        end)."""
+        root = self._scratch_dir
+        if root is None:  # a temporary one, made when first needed
+            if self._own_scratch is None:
+                made = Path(tempfile.mkdtemp(prefix="berth-scratch-"))
+                made.chmod(0o711)  # each user reaches its own directory, lists none
+                self._own_scratch = made
+            root = self._own_scratch
+        return root / file_stem(workload_id)
+
     def _order(self, spec: BootSpec, workload_id: str) -> dict[str, Any]:
         """What the supervisor is told: the command and its limits, whom to watch, where to
         write."""
@@ -173,10 +259,14 @@ class ProcessRuntime(RuntimeDriver):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = str(self.log_of(workload_id))
         me = os.getpid()
+        scratch = self.scratch_of(workload_id)
+        user = self.user
         return {
             "workload_id": workload_id,
             "command": list(spec.command),
-            "env": {**self.base_env, **spec.env},
+            "env": {**self.base_env, "HOME": str(scratch), **spec.env},
+            "cwd": str(scratch),
+            "user": None if user is None else [user.uid, user.gid, list(user.groups), user.name],
             "mem_limit": spec.mem_limit,
             "log": log,
             "orphan_grace_s": self.orphan_grace_s,
@@ -236,6 +326,7 @@ class ProcessRuntime(RuntimeDriver):
         else:
             await self._wait_adopted(entry)
         self._running.pop(entry.workload.id, None)
+        self._tidy()
         if entry.workload._end(_exit(entry.ended, entry.stop_requested)):
             self._listeners.notify(entry.workload)
 
@@ -342,12 +433,23 @@ class ProcessRuntime(RuntimeDriver):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(found[0], signal.SIGUSR1)
 
+    def _tidy(self) -> None:
+        """Remove the temporary scratch directory this runtime made once nothing runs in it
+        (each workload's own directory is gone with it: its supervisor removes it)."""
+        if self._own_scratch is not None and not self._running and not self._starting:
+            with contextlib.suppress(OSError):
+                self._own_scratch.rmdir()
+                self._own_scratch = None
+
     async def aclose(self) -> None:
         """Stop every running workload."""
         await asyncio.gather(*(self.stop(workload.id) for workload in self.list()))
 
     def __repr__(self) -> str:
-        return f"ProcessRuntime(running={len(self._running)}, stop_grace_s={self.stop_grace_s})"
+        user = "" if self.user is None else f", user={self.user.name}"
+        return (
+            f"ProcessRuntime(running={len(self._running)}, stop_grace_s={self.stop_grace_s}{user})"
+        )
 
 
 def _message(line: bytes) -> dict[str, Any]:

@@ -49,11 +49,14 @@ is).  It is deliberately not the
 runtime: it knows nothing of budgets or specs, only one command, its limits, and its owner.
 
 The supervisor is told what to do on its standard input (one JSON object: ``command``,
-``env``, ``mem_limit``, ``log``, ``owner_file`` or ``owner``, ``entry``, ``run_file``,
-``exit_file``, ``orphan_grace_s``) and answers on its standard output: ``{"started": [pid,
-ticks], "supervisor": [pid, ticks]}`` or ``{"failed": reason}``, then at the end the exit
-record.  Signals it obeys: ``SIGTERM`` is passed on to the workload's process group (the
-graceful stop), ``SIGUSR1`` kills the workload's whole tree (a stop's grace ran out).
+``env``, ``cwd``, ``user``, ``mem_limit``, ``log``, ``owner_file`` or ``owner``, ``entry``,
+``run_file``, ``exit_file``, ``orphan_grace_s``) and answers on its standard output:
+``{"started": [pid, ticks], "supervisor": [pid, ticks]}`` or ``{"failed": reason}``, then at
+the end the exit record.  ``cwd`` is the workload's scratch directory: the supervisor makes
+it (mode 0700, owned by ``user`` — ``[uid, gid, groups, name]``, whom the workload runs as)
+and removes it once the workload has ended and its exit record is written.  Signals it
+obeys: ``SIGTERM`` is passed on to the workload's process group (the graceful stop),
+``SIGUSR1`` kills the workload's whole tree (a stop's grace ran out).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,6 +240,11 @@ class _Supervisor:
         self.entry = Path(order["entry"]) if order.get("entry") else None
         self.run_file = Path(order["run_file"]) if order.get("run_file") else None
         self.exit_file = Path(order["exit_file"]) if order.get("exit_file") else None
+        self.cwd = Path(order["cwd"]) if order.get("cwd") else None
+        user = order.get("user")
+        self.user = (
+            (int(user[0]), int(user[1]), [int(g) for g in user[2]], str(user[3])) if user else None
+        )
         self.orphan_grace_s = float(order["orphan_grace_s"])
         self.me = (os.getpid(), start_ticks(os.getpid()) or 0)
         self.leader: subprocess.Popen[bytes] | None = None
@@ -276,10 +285,20 @@ class _Supervisor:
                 resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
 
         program = order["command"][0]
+        user = self.user
+        who = "" if user is None else f" as {user[3]} (uid {user[0]})"
+        try:
+            self.scratch()
+        except OSError as error:
+            return self.failed(f"cannot make its scratch directory {self.cwd}: {error}")
         try:
             self.leader = subprocess.Popen(
                 order["command"],
                 env=order["env"],
+                cwd=self.cwd,
+                user=None if user is None else user[0],
+                group=None if user is None else user[1],
+                extra_groups=None if user is None else user[2],
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
@@ -289,7 +308,7 @@ class _Supervisor:
         except FileNotFoundError:
             return self.failed(f"command not found: {program!r}")
         except PermissionError:
-            return self.failed(f"permission denied executing {program!r}")
+            return self.failed(f"permission denied executing {program!r}{who}")
         except OSError as error:
             return self.failed(f"cannot execute {program!r}: {error.strerror or error}")
         except subprocess.SubprocessError as error:
@@ -303,7 +322,21 @@ class _Supervisor:
         self.answer({"started": started, "supervisor": list(self.me)})
         return True
 
+    def scratch(self) -> None:
+        """Make the workload's scratch directory, empty, its user's (``OSError`` if not)."""
+        if self.cwd is None:
+            return
+        shutil.rmtree(self.cwd, ignore_errors=True)  # a crashed supervisor's leftovers
+        self.cwd.mkdir(mode=0o700, parents=True)
+        if self.user is not None:
+            os.chown(self.cwd, self.user[0], self.user[1])
+
+    def unscratch(self) -> None:
+        if self.cwd is not None:
+            shutil.rmtree(self.cwd, ignore_errors=True)
+
     def failed(self, reason: str) -> bool:
+        self.unscratch()
         self.answer({"failed": reason})
         if self.run_file is not None:
             with contextlib.suppress(OSError):
@@ -350,6 +383,7 @@ class _Supervisor:
             ended["orphaned"] = orphaned
         ended["supervisor"] = list(self.me)
         self.record(self.exit_file, ended)
+        self.unscratch()
         self.answer({"ended": ended})
         return 0
 

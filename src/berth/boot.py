@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, StrictInt, field_validator
+from pydantic import BeforeValidator, Field, StrictInt, field_validator, model_validator
 
 from berth.errors import BerthError, Invalid
 from berth.model import Cores, Name, RestartPolicy
@@ -53,9 +53,12 @@ class BootSpec(BerthModel):
     """How to boot one workload.
 
     ``name`` — a label (workload ids are derived from it); ``command`` — the program and its
-    arguments, never empty; ``env`` — environment variables for the workload; ``mem_limit`` —
-    a memory ceiling in bytes (or a unit string such as ``"256MiB"``), ``None`` for none.
-    For runtimes that boot machines (``microvm``): ``image`` — the image to boot (a reference
+    arguments; empty only with an ``image``, whose ``Cmd`` then runs (the ``container`` and
+    ``microvm`` runtimes run the image's ``Entrypoint`` followed by ``command``, which
+    replaces ``Cmd`` when given, as Docker does); ``env`` — environment variables for the
+    workload; ``mem_limit`` — a memory ceiling in bytes (or a unit string such as
+    ``"256MiB"``), ``None`` for none.  For runtimes that run images (``container``,
+    ``microvm``): ``image`` — the image to run (a reference
     in the node's OCI image layout; ``None``: the layout's only image), ``vcpus`` and
     ``disk_limit`` — the guest's cores and writable disk in bytes.  ``process`` and ``fake``
     ignore these three.  ``NodeCore.boot`` fills the limits from the workload's ``Spec``.
@@ -68,7 +71,7 @@ class BootSpec(BerthModel):
     """
 
     name: str
-    command: Annotated[tuple[Text, ...], Field(min_length=1)]
+    command: tuple[Text, ...] = ()
     env: dict[Text, Text] = Field(default_factory=dict)
     mem_limit: Annotated[StrictInt, BeforeValidator(_information), Field(gt=0)] | None = None
     image: Name | None = None
@@ -84,11 +87,19 @@ class BootSpec(BerthModel):
     @field_validator("command")
     @classmethod
     def _check_command(cls, command: tuple[str, ...]) -> tuple[str, ...]:
-        if not command[0]:
+        if command and not command[0]:
             raise Invalid("the program (first element) must not be empty")
         if any("\0" in part for part in command):
             raise Invalid("must not contain NUL characters")
         return command
+
+    @model_validator(mode="after")
+    def _command_or_image(self) -> BootSpec:
+        if not self.command and self.image is None:
+            raise Invalid(
+                "must not be empty without an image (whose Cmd would run)", field="command"
+            )
+        return self
 
     @field_validator("env")
     @classmethod

@@ -56,8 +56,9 @@ def _unmounted(tmp_path: Path) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An OCI layout holding ``busybox``, ``app`` (busybox plus a layer naming user ``app``)
-    and ``foreign`` (busybox built for another architecture than this host's)."""
+    """An OCI layout holding ``busybox``, ``app`` (busybox plus a layer naming user ``app``),
+    ``foreign`` (busybox built for another architecture than this host's) and ``greeter``
+    (an ``Entrypoint`` and a ``Cmd``)."""
     root = tmp_path_factory.mktemp("images")
     base = busybox_layer()
     write_image(root, "busybox", [base])
@@ -65,6 +66,8 @@ def layout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_image(root, "app", [base, users], user="app")
     other = "linux/arm64" if platform.machine() in ("x86_64", "amd64") else "linux/amd64"
     write_layout(root, ImageSpec(layers=[base], platform=other), ref="foreign")
+    greeter = ImageSpec(layers=[base], entrypoint=("echo", "said:"), cmd=("from-cmd",))
+    write_layout(root, greeter, ref="greeter")
     return root
 
 
@@ -168,6 +171,23 @@ def test_a_container_sees_its_image_not_the_host(layout: Path, tmp_path: Path) -
     assert said[0] == platform.machine()
     assert said[1:-3] == ["bin", "dev", "etc", "proc", "sys", "tmp"]  # the image's root
     assert said[-3:] == ["65534", "65534", "end"]  # nobody when the image names no user
+
+
+def test_the_images_cmd_runs_unless_a_command_replaces_it(layout: Path, tmp_path: Path) -> None:
+    """As ``docker run``: the image's ``Entrypoint`` always, then the workload's command in
+    place of the image's ``Cmd`` — or the ``Cmd`` when it gives none."""
+
+    async def scenario() -> list[str]:
+        runtime = make_runtime(layout, tmp_path, log_dir=tmp_path / "logs")
+        said = []
+        for command in ((), ("given",)):
+            spec = BootSpec(name="greet", image="greeter", command=command)
+            workload = await runtime.start(spec)
+            assert (await workload.wait()).code == 0
+            said.append(output(runtime, workload).strip())
+        return said
+
+    assert run(scenario, 30) == ["said: from-cmd", "said: given"]
 
 
 def test_the_images_user_and_the_network_none(layout: Path, tmp_path: Path) -> None:

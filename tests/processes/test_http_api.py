@@ -151,12 +151,12 @@ async def stubborn(api: httpx.AsyncClient, ready: Path, **fields: Any) -> Worklo
 
 
 async def test_a_stops_grace_reaches_the_nodes_runtime(
-    api: httpx.AsyncClient, tmp_path: Path
+    api: httpx.AsyncClient, shared_dir: Path
 ) -> None:
     """``berth up``'s agents (and the embedded ones) kill after 1 s by default; a stop with
     ``grace_s`` 2.5 gives a workload that ignores SIGTERM those 2.5 s, then SIGKILL, and the
     call waits for it."""
-    workload = await stubborn(api, tmp_path / "ready", name="stubborn")
+    workload = await stubborn(api, shared_dir / "ready", name="stubborn")
     began = time.monotonic()
     stopped = await api.post(f"/v1/workloads/{workload.id}/stop", json={"grace_s": 2.5})
     waited = time.monotonic() - began
@@ -374,7 +374,7 @@ async def test_placement_port_explain_and_errors(api: httpx.AsyncClient) -> None
 
 
 # -- cordon and drain ----------------------------------------------------------------------
-async def test_cordon_then_drain(api: httpx.AsyncClient, tmp_path: Path) -> None:
+async def test_cordon_then_drain(api: httpx.AsyncClient, shared_dir: Path) -> None:
     nodes = ["node-00", "node-01", "node-02"]
     target = "node-02"
     for node in nodes:
@@ -388,7 +388,7 @@ async def test_cordon_then_drain(api: httpx.AsyncClient, tmp_path: Path) -> None
         assert "2 node cordoned" in explained["summary"]
         keep = await run(api, ["sleep", "60"], name="keep", restartable=True)
         once = await run(api, ["sleep", "60"], name="once")
-        deaf = await stubborn(api, tmp_path / "ready", name="deaf")  # ignores SIGTERM
+        deaf = await stubborn(api, shared_dir / "ready", name="deaf")  # ignores SIGTERM
         assert keep.node == once.node == deaf.node == target
         for node in nodes[:2]:
             assert (await api.post(f"/v1/nodes/{node}/uncordon")).json()["cordoned"] is False

@@ -183,7 +183,6 @@ def test_a_change_never_answered_says_its_outcome_is_unknown(silent_server: str)
 @pytest.mark.parametrize(
     ("args", "flag"),
     [
-        (("run", "busybox"), "CMD"),
         (("run", "busybox", "--env", "NOEQUALS", "--", "true"), "--env"),
         (("stop", "w-1", "--grace", "-1"), "--grace"),
         (("stop", "w-1", "--grace", "nan"), "--grace"),

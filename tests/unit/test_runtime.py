@@ -471,3 +471,16 @@ def test_an_unknown_user_is_refused_by_name() -> None:
     assert refused.value.field == "process.user"
     with pytest.raises(Invalid, match="no user"):
         RunAs.named(2**40)
+
+
+def test_an_image_without_a_command_cannot_run_as_a_process() -> None:
+    """A boot spec may leave its command to its image's ``Cmd``; the process runtime, which
+    never uses the image, refuses it with why, and starts nothing."""
+
+    async def scenario() -> None:
+        runtime = ProcessRuntime()
+        with pytest.raises(BootFailed, match="gives none"):
+            await runtime.start(BootSpec(name="w", image="busybox"))
+        assert runtime.list() == ()
+
+    run(scenario)

@@ -133,12 +133,13 @@ class ExplainBody(_Target):
 
 class WorkloadCreate(_Target):
     """Place and boot a workload.  Give ``image`` (a registered image's name) or ``layers``;
-    ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments;
+    ``type`` (an instance type) or ``spec``; ``command`` is the program and its arguments
+    (default: the image's ``Cmd``, which only runtimes that run images can use);
     ``spread`` how this function's replicas spread over nodes; ``restart`` when its node
     restarts it (default: never), ``reschedule`` when the API places it again elsewhere
     (default: never); ``restartable`` is ``reschedule: {"unlimited": true}`` in one word."""
 
-    command: list[str]
+    command: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     restartable: bool = False
     restart: RestartPolicy | None = None

@@ -185,7 +185,12 @@ def run(
         str, typer.Argument(metavar="IMAGE", help="A registered image (see `berth images`).")
     ],
     command: Annotated[
-        list[str] | None, typer.Argument(metavar="-- CMD", help="The workload's command.")
+        list[str] | None,
+        typer.Argument(
+            metavar="-- CMD",
+            help="The workload's command (default: its image's Cmd; the process runtime needs "
+            "one).",
+        ),
     ] = None,
     type_: Annotated[
         str, typer.Option("--type", help="Instance type: micro, milli, centi, deci, base, …")
@@ -241,13 +246,11 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Place a workload and boot it on the chosen node."""
-    if not command:
-        raise Invalid("give the workload's command after --, e.g. -- sleep 60", field="CMD")
     parsed_env = _parse_env(env) if env else None
     body = _request_body(
         image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
     )
-    body.update(replica=replica, command=list(command), restartable=restartable)
+    body.update(replica=replica, command=list(command or ()), restartable=restartable)
     policy = {
         "mode": restart,
         "attempts": restart_attempts,
@@ -332,7 +335,7 @@ def ps(
                     state_text,
                     str(workload.restarts),
                     workload.image or "-",
-                    shlex.join(workload.command),
+                    shlex.join(workload.command) or "(the image's)",
                     _age(now - workload.created_at),
                 ),
             )

@@ -113,6 +113,11 @@ class OciConfig:
         """What the image runs by default: ``entrypoint`` followed by ``cmd``."""
         return self.entrypoint + self.cmd
 
+    def args(self, command: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """What a container of this image runs given ``command``, as Docker does:
+        ``entrypoint`` followed by ``command``, which replaces ``cmd`` when given."""
+        return self.entrypoint + (command or self.cmd)
+
     def environment(self) -> dict[str, str]:
         """``env`` as a mapping (a later repeat of a name wins, as in a shell)."""
         pairs = (item.partition("=") for item in self.env)

@@ -6,7 +6,8 @@ module turns a workload — its :class:`~berth.boot.BootSpec` and its image's
 :class:`~berth.oci.OciConfig` — into that document:
 
 * **the process**: the image's ``Entrypoint`` followed by the command the workload was given
-  (it stands where the image's ``Cmd`` would, as ``docker run IMAGE CMD`` does); the image's
+  (it stands where the image's ``Cmd`` would, as ``docker run IMAGE CMD`` does; with none,
+  the image's ``Cmd`` runs — :meth:`~berth.oci.OciConfig.args`); the image's
   ``Env`` overlaid with the workload's; the image's ``WorkingDir`` (``/`` when none); as the
   image's ``User`` — a name or id resolved in the image's own ``/etc/passwd`` and
   ``/etc/group`` — or, when the image names none, as ``nobody`` (uid and gid 65534), never
@@ -189,7 +190,9 @@ def runtime_spec(
     ``BootFailed`` when its program or user is not in the image."""
     env = {"PATH": DEFAULT_PATH, **image.environment(), **spec.env}
     workdir = posixpath.normpath("/" + image.working_dir.lstrip("/"))
-    args = [*image.entrypoint, *spec.command]
+    args = list(image.args(spec.command))
+    if not args:
+        raise BootFailed("no command: the workload gives none and its image has no Cmd")
     if not find_program(root, args[0], env, workdir):
         raise BootFailed(f"command not found: {args[0]!r}")
     uid, gid, extra = user_ids(root, image.user)

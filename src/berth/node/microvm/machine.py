@@ -296,7 +296,7 @@ def boot_failure(said: str, spec: BootSpec, image: OciImage) -> str:
     """Why a boot failed, in the workload's terms, from the reason the guest's init gave."""
     word, _, rest = said.partition(" ")
     if word == "not-found":
-        return f"command not found: {spec.command[0]!r}"
+        return f"command not found: {image.config.args(spec.command)[0]!r}"
     if word == "module":
         return f"the guest kernel could not load module {rest}: berth microvm setup"
     if word == "mount" and rest.startswith("layer-"):

@@ -172,7 +172,7 @@ async def make_initrd(
     configuration added."""
     config = GuestConfig(
         nonce=nonce,
-        command=spec.command,
+        command=image.config.args(spec.command),
         env={**image.config.environment(), **spec.env},
         layers=layers,
         upper_disk=upper is not None,

@@ -54,7 +54,7 @@ class FakeRuntime(RuntimeDriver):
 
     async def start(self, spec: BootSpec, workload_id: str | None = None) -> WorkloadHandle:
         workload_id = self._ids.choose(spec, workload_id, self._running)
-        program = spec.command[0]
+        program = spec.command[0] if spec.command else ""  # "": the image's Cmd
         if program in self.failing_commands:
             raise BootFailed(f"simulated boot failure of {program!r}")
         workload = WorkloadHandle(workload_id, spec)
@@ -66,7 +66,7 @@ class FakeRuntime(RuntimeDriver):
         workload = self._running.get(workload_id)
         if workload is None:
             return
-        if workload.spec.command[0] not in self.ignoring_term:
+        if (workload.spec.command or ("",))[0] not in self.ignoring_term:
             self._end(workload, WorkloadExit(signal=signal.SIGTERM, stopped=True))
             return
 

@@ -391,9 +391,12 @@ class MicrovmRuntime(RuntimeDriver):
         if kernel is None or not kernel.is_file() or not self.files.initramfs_is_current():
             missing = "; ".join(self.problems()) or "no guest kernel"
             raise BootFailed(f"microVMs are not set up: {missing}")
-        if "=" in spec.command[0]:
-            raise BootFailed(f"a guest cannot run a program named with '=': {spec.command[0]!r}")
         image = self._image(spec.image)
+        args = image.config.args(spec.command)
+        if not args:
+            raise BootFailed("no command: the workload gives none and its image has no Cmd")
+        if "=" in args[0]:
+            raise BootFailed(f"a guest cannot run a program named with '=': {args[0]!r}")
         if len(image.layers) > MAX_LAYERS:
             raise BootFailed(
                 f"image {image.ref or image.digest} has {len(image.layers)} layers; "

@@ -278,6 +278,11 @@ class ProcessRuntime(RuntimeDriver):
         }
 
     async def _spawn(self, spec: BootSpec, workload_id: str) -> WorkloadHandle:
+        if not spec.command:  # an image's Cmd means nothing here: its layers are not used
+            raise BootFailed(
+                "the process runtime runs the workload's command, and it gives none (an "
+                "image's Cmd runs under the container and microvm runtimes only)"
+            )
         order = self._order(spec, workload_id)
         try:
             process = await asyncio.create_subprocess_exec(

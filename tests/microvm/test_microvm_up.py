@@ -99,7 +99,8 @@ def test_up_rejects_an_unknown_runtime() -> None:
     result = berth(None, "up", "--runtime", "firecracker", "--http", "off")
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        "error: --runtime: must be 'process', 'fake' or 'microvm', got 'firecracker'"
+        "error: --runtime: must be 'auto', 'container', 'process', 'fake' or 'microvm', got "
+        "'firecracker'"
     )
 
 

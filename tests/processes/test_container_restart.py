@@ -4,8 +4,10 @@ nats-server, two busybox containers run through the node client over NATS.
 
 The agent is killed with both containers running; one exits by itself while no agent is
 there.  The restarted agent adopts the one still running — reserved again before its first
-snapshot, answered ``running``, stopped — and reports the other's exit code.  Every process
-is killed, and every layer mount under the test's directory unmounted, at the end.
+snapshot, answered ``running``, stopped — and reports the other's exit code.  A container
+whose image changed while its agent was down cannot be adopted: the restarted agent kills it
+and removes what it left.  Every process is killed, and every layer mount under the test's
+directory unmounted, at the end.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from berth.model import Spec
-from berth.node.container.mounts import unmount_under
+from berth.node.container.mounts import mounted, unmount_under
 from berth.node.container.setup import STARTER_IMAGE, write_starter_image
+from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive
+from berth.oci import file
 from berth.processes.up import container_problems
 from berth.testing.nats import NatsServer
 from berth.units import MiB
@@ -103,5 +107,36 @@ def test_a_restarted_agent_adopts_its_running_container_and_reports_the_one_that
                     break
                 await asyncio.sleep(0.1)
             assert not alive(*runcs[kept]), "the adopted container outlived its stop"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_container_whose_image_changed_meanwhile_is_killed_and_leaves_nothing(
+    agents: Agents, tmp_path: Path
+) -> None:
+    async def scenario() -> None:
+        async with connected(agents.url) as (nodes, store):
+            agents.start()
+            await first_state_after(store, 0)
+            nodes.timeout_s = 20.0
+            boot = BootSpec(name="box", image=STARTER_IMAGE, command=("sleep", "600"))
+            box = await nodes.try_run(NODE, BOX, [], boot)
+            (runc,) = agents.workload_processes().values()
+            run_dir = tmp_path / "node" / "run"
+            (scratch,) = run_dir.iterdir()
+            assert mounted(scratch / "rootfs")
+            kill_9(agents.started[-1])
+            # while no agent is there, the image is rebuilt on other layers
+            extra = [file("etc/motd", "rebuilt\n")]
+            write_image(tmp_path / "oci", STARTER_IMAGE, [busybox_layer(), extra])
+            agents.start()
+            await first_state_after(store, time.time())
+            for _ in range(100):
+                if not scratch.exists() and not alive(*runc):
+                    break
+                await asyncio.sleep(0.1)
+            assert not alive(*runc), "a container that could not be adopted still runs"
+            assert not scratch.exists() and not mounted(scratch / "rootfs")
+            assert (await nodes.status(NODE, box)).state == "ended"
 
     asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -314,10 +314,7 @@ def workload_exit(end: GuestEnd, stopped: bool) -> WorkloadExit:
     """How the workload of a guest that ended as ``end`` ended: the exit status its init
     reported (the shell's 128 + N as signal N), else how QEMU ended (``stopped`` if asked)."""
     if end.status is not None:
-        signum = end.status - 128
-        if 0 < signum < signal.NSIG and end.status > 128:
-            return WorkloadExit(signal=signum, stopped=stopped)
-        return WorkloadExit(code=end.status, stopped=stopped)
+        return WorkloadExit.from_status(end.status, stopped=stopped)
     if end.killed:
         return WorkloadExit(signal=signal.SIGKILL, stopped=stopped)
     if end.returncode < 0:

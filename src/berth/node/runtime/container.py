@@ -36,7 +36,6 @@ import json
 import logging
 import re
 import shutil
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -440,11 +439,10 @@ def _exit(
 ) -> WorkloadExit:
     """A container's end from ``runc``'s: its exit status, 128 + N as signal N; an OOM kill
     named with the limit it met."""
-    if code is not None and code > 128 and 0 < code - 128 < signal.NSIG:
-        signum = code - 128
-        code = None
     detail = None
     if oom_kills:
         limit = spec.mem_limit if spec is not None else None
         detail = "out of memory" + (f": its limit is {limit / MiB:g} MiB" if limit else "")
-    return WorkloadExit(code=code, signal=signum, detail=detail)
+    if code is not None:
+        return WorkloadExit.from_status(code, detail=detail)
+    return WorkloadExit(signal=signum, detail=detail)

@@ -134,6 +134,17 @@ class WorkloadExit:
     stopped: bool = False
     detail: str | None = None
 
+    @classmethod
+    def from_status(
+        cls, status: int, *, stopped: bool = False, detail: str | None = None
+    ) -> WorkloadExit:
+        """The end a shell's (or ``runc``'s) exit ``status`` reports: 128 + N is signal N,
+        anything else an exit code."""
+        signum = status - 128
+        if status > 128 and 0 < signum < signal.NSIG:
+            return cls(signal=signum, stopped=stopped, detail=detail)
+        return cls(code=status, stopped=stopped, detail=detail)
+
     @property
     def reason(self) -> str:
         """``exited with code 0``, ``killed by SIGKILL``, ``stopped (killed by SIGTERM)``…"""

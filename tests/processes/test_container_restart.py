@@ -26,7 +26,7 @@ from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive
 from berth.oci import file
-from berth.processes.up import container_problems
+from berth.processes.runtimes import container_problems
 from berth.testing.nats import NatsServer
 from berth.units import MiB
 from tests.processes.test_agent_restart import (

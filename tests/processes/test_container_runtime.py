@@ -325,7 +325,8 @@ def test_berth_up_runs_busybox_in_containers_with_no_extra_step() -> None:
     of it runs in a container (its output in the cluster's workload logs), and stopping
     the cluster leaves no mount behind."""
     from berth.api.client import ApiClient, ApiLocation
-    from berth.processes.up import LocalCluster, container_problems
+    from berth.processes.runtimes import container_problems
+    from berth.processes.up import LocalCluster
 
     assert container_problems() == []  # this module runs only where containers can
     cluster = LocalCluster(1, heartbeat_s=0.5, runtime="container", http=("127.0.0.1", 0))

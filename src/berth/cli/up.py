@@ -117,7 +117,7 @@ def up(
 
     address = None if http == "off" else parse_address(http, public=http_public)
     if runtime == "auto":  # containers where this host runs them; else say why not
-        from berth.processes.up import container_problems
+        from berth.processes.runtimes import container_problems
 
         missing = container_problems()
         runtime = "process" if missing else "container"

@@ -16,7 +16,8 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   ``linux/amd64``, each node keeping its layer files in its own ``node_dir`` inside the
   directory (so they go with it); a host that cannot boot guests is refused before anything
   starts, with what ``berth agent --check`` would say is missing and its fix;
-* with ``runtime="container"`` (what ``berth up`` picks where :func:`container_problems`
+* with ``runtime="container"`` (what ``berth up`` picks where
+  :func:`~berth.processes.runtimes.container_problems`
   finds nothing missing), agents that run each workload in a container from its image's
   layers (:mod:`berth.node.runtime.container`), all on this host's platform, each node's
   layer files, mounts and containers in ``<directory>/container/<node>``, their output in
@@ -62,7 +63,7 @@ from typing import Literal
 import httpx
 from nats.aio.client import Client
 
-from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, MICROVM_STOP_GRACE_S, NODE_GONE_AFTER_S
+from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE
@@ -72,21 +73,19 @@ from berth.nats.connection import Credentials, connect
 from berth.nats.names import Names
 from berth.nats.server import NatsServer, die_with_parent
 from berth.nats.wire import node_token
-from berth.node.config import AgentConfig, ContainerSection, MicrovmSection, config_toml
+from berth.node.config import AgentConfig, config_toml
 from berth.node.microvm.paths import GuestFiles
 from berth.pki import CertificateAuthority, TlsFiles, write_pair
-from berth.platform import host as host_platform
 from berth.private import write_private
+from berth.processes.runtimes import container_configs, microvm_configs
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
 from berth.store.nats import NatsStore, bucket_ttl_s
 
-__all__ = ["LocalCluster", "container_problems"]
+__all__ = ["LocalCluster"]
 
 PER_PROCESS_FROM = 8
 """Up to this many nodes, one agent per process; above it, agents share processes."""
-MICROVM_PLATFORM = "linux/amd64"
-"""The microVM runtime boots guests of the host's platform only."""
 Runtime = Literal["process", "fake", "microvm", "container"]
 SUPERVISE_EVERY_S = 1.0
 """How often ``berth up`` looks for exited children to start again."""
@@ -613,56 +612,6 @@ class LocalCluster:
             "Ctrl-C stops everything and removes " + str(self.directory),
         ]
         return "\n".join(lines)
-
-
-def microvm_configs(nodes: int, heartbeat_s: float, files: GuestFiles) -> list[AgentConfig]:
-    """The embedded cluster's node classes as ``microvm`` agents booting guests from
-    ``files``; ``Invalid`` naming ``--runtime`` with each missing piece and its fix (the
-    checks of ``berth agent --check``) when this host cannot boot guests."""
-    from berth.node.microvm.setup import check_rows
-
-    plain = embedded_configs(
-        nodes, platforms=(MICROVM_PLATFORM,), runtime="fake", heartbeat_s=heartbeat_s
-    )  # checks nodes and heartbeat_s, naming them
-    agent = plain[0].agent.model_copy(
-        update={"runtime": "microvm", "stop_grace_s": MICROVM_STOP_GRACE_S}
-    )
-    section = MicrovmSection(data_dir=str(files.data_dir))
-    configs = [c.model_copy(update={"agent": agent, "microvm": section}) for c in plain]
-    _, missing = check_rows(configs[0])
-    if missing:
-        raise Invalid(
-            f"microVM guests cannot boot on this host: {'; '.join(missing)}", field="--runtime"
-        )
-    return configs
-
-
-def container_configs(nodes: int, heartbeat_s: float) -> list[AgentConfig]:
-    """The embedded cluster's node classes as ``container`` agents, all on this host's
-    platform (a container runs the host's architecture only); ``Invalid`` naming
-    ``--runtime`` with each missing piece and its fix when this host cannot run them."""
-    here = (str(host_platform()),)
-    plain = embedded_configs(nodes, platforms=here, runtime="fake", heartbeat_s=heartbeat_s)
-    agent = plain[0].agent.model_copy(update={"runtime": "container"})
-    configs = [c.model_copy(update={"agent": agent}) for c in plain]
-    missing = container_problems()
-    if missing:
-        raise Invalid(
-            f"containers cannot run on this host: {'; '.join(missing)}", field="--runtime"
-        )
-    return configs
-
-
-def container_problems() -> list[str]:
-    """What this host lacks to run ``berth up``'s containers (empty: nothing): the OCI
-    runtime, root, erofs and overlay mounts, a static busybox for the starter image."""
-    from berth.node.container.setup import problems
-    from berth.node.microvm.images import BUSYBOX
-
-    missing = problems(ContainerSection())
-    if not BUSYBOX.is_file():
-        missing.append(f"no static busybox at {BUSYBOX} (apt-get install busybox-static)")
-    return missing
 
 
 def free_port(host: str, port: int = 0) -> int:

@@ -271,21 +271,10 @@ class NodeBudget:
                 owner=owner,
                 seq=self._admitted,
             )
-            self._reservations[reservation.id] = reservation
+            self._hold_locked(reservation)
             if isinstance(owner, Lease):
                 self._leases[reservation.id] = owner
-            self._mem_reserved += spec.mem
-            self._disk_reserved += spec.disk
-            self._vcpus_reserved += spec.vcpus
-            self._disk_bw_reserved += spec.disk_bw
-            self._net_bw_reserved += spec.net_bw
-        try:
-            owner.add_done_callback(lambda _: self.release(reservation.id))
-        except BaseException:
-            self.release(reservation.id)  # an owner that cannot tell its end holds nothing
-            raise
-        self._changed()
-        return reservation
+        return self._until_done(reservation, owner)
 
     def readopt(self, spec: Spec, owner: Owner, reservation_id: str | None = None) -> Reservation:
         """Reserve ``spec`` for a workload that already runs (adopted after an agent restart),
@@ -305,16 +294,25 @@ class NodeBudget:
             ):
                 reservation_id = f"r{self._admitted}.{self.incarnation}"
             reservation = Reservation(reservation_id, spec, owner, seq=self._admitted)
-            self._reservations[reservation.id] = reservation
-            self._mem_reserved += spec.mem
-            self._disk_reserved += spec.disk
-            self._vcpus_reserved += spec.vcpus
-            self._disk_bw_reserved += spec.disk_bw
-            self._net_bw_reserved += spec.net_bw
+            self._hold_locked(reservation)
+        return self._until_done(reservation, owner)
+
+    def _hold_locked(self, reservation: Reservation) -> None:
+        """Count ``reservation`` as held (under ``self._lock``; :meth:`release` undoes it)."""
+        self._reservations[reservation.id] = reservation
+        spec = reservation.spec
+        self._mem_reserved += spec.mem
+        self._disk_reserved += spec.disk
+        self._vcpus_reserved += spec.vcpus
+        self._disk_bw_reserved += spec.disk_bw
+        self._net_bw_reserved += spec.net_bw
+
+    def _until_done(self, reservation: Reservation, owner: Owner) -> Reservation:
+        """``reservation``, just held, released when ``owner`` ends; listeners told."""
         try:
             owner.add_done_callback(lambda _: self.release(reservation.id))
         except BaseException:
-            self.release(reservation.id)
+            self.release(reservation.id)  # an owner that cannot tell its end holds nothing
             raise
         self._changed()
         return reservation

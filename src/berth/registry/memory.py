@@ -178,16 +178,7 @@ class MemoryRoutes:
         *,
         function: tuple[str, str] | None = None,
     ) -> int:
-        namespace, name = (None, None) if function is None else function
-        route = Route(
-            workload,
-            placement.worker_node,
-            placement.reservation_id,
-            spec,
-            self.clock(),
-            namespace,
-            name,
-        )
+        route = Route.placed(workload, placement, spec, self.clock(), function)
         self._revision += 1
         key = self.key(workload, route.node)
         self._routes[key] = (self._revision, route)

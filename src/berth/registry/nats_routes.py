@@ -196,16 +196,7 @@ class NatsRoutes:
         """``workload`` now runs on ``placement.worker_node`` under its reservation, a replica
         of ``function`` (``(namespace, name)``) when given; the route's revision (the bucket's
         sequence number: a later put has a higher one)."""
-        namespace, name = (None, None) if function is None else function
-        route = Route(
-            workload,
-            placement.worker_node,
-            placement.reservation_id,
-            spec,
-            time.time(),
-            namespace,
-            name,
-        )
+        route = Route.placed(workload, placement, spec, time.time(), function)
         return await self._bucket().put(self.key(workload, route.node), encode_route(route))
 
     async def restore(self, route: Route) -> int | None:

@@ -43,6 +43,28 @@ class Route:
             return None
         return (self.namespace, self.name)
 
+    @classmethod
+    def placed(
+        cls,
+        workload: str,
+        placement: Placement,
+        spec: Spec | None,
+        placed_at: float,
+        function: tuple[str, str] | None,
+    ) -> Route:
+        """The route :meth:`RouteRegistry.record` stores for its arguments, placed at
+        ``placed_at``."""
+        namespace, name = (None, None) if function is None else function
+        return cls(
+            workload,
+            placement.worker_node,
+            placement.reservation_id,
+            spec,
+            placed_at,
+            namespace,
+            name,
+        )
+
 
 @dataclass(frozen=True)
 class RouteEvent:

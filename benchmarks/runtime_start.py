@@ -85,7 +85,7 @@ from typing import Any, Protocol
 
 from berth.model import Spec
 from berth.node.budget import IDLE, BudgetLimits, NodeBudget
-from berth.node.container.mounts import probe, unmount
+from berth.node.container.mounts import unmount
 from berth.node.core import NodeCore
 from berth.node.journal import Journal
 from berth.node.layer_files import LayerFiles
@@ -98,6 +98,7 @@ from berth.node.runtime.microvm import MicrovmRuntime, MicrovmWorkload
 from berth.node.runtime.supervisor import OWNER_FILE, write_owner
 from berth.oci import OciImage, OciLayer, read_layout
 from berth.platform import host
+from berth.processes.runtimes import container_problems
 from berth.units import GiB, MiB, TiB
 
 TARGET_WARM_S = 0.1
@@ -118,15 +119,10 @@ CLOSE_TIMEOUT_S = 30.0
 
 
 # -- the machine -----------------------------------------------------------------------------
-def cannot_run(scratch: Path) -> str | None:
-    """Why containers cannot start here, as an operator would fix it; ``None`` if they can."""
-    if os.geteuid() != 0:
-        return "the container runtime mounts layers: run as root"
-    if shutil.which("runc") is None:
-        return "runc is not installed (apt-get install runc)"
-    if not Path("/bin/busybox").exists():
-        return "busybox is not installed (apt-get install busybox-static)"
-    return probe(scratch / "probe")
+def cannot_run() -> str | None:
+    """Why containers cannot start here, as an operator would fix it; ``None`` if they can
+    (what ``berth up --runtime auto`` asks)."""
+    return "; ".join(container_problems()) or None
 
 
 def block_device(path: Path) -> str | None:
@@ -686,35 +682,30 @@ async def measure(
     return result
 
 
+def runc_containers(runc_root: Path) -> list[str]:
+    """The ids of the containers ``runc`` keeps state for under ``runc_root``."""
+    if not runc_root.is_dir():
+        return []
+    listed = subprocess.run(
+        ["runc", "--root", str(runc_root), "list", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return listed.stdout.split()
+
+
 def left_behind(root: Path, tracker: Tracker) -> dict[str, int]:
     """What is still mounted below ``root`` and which containers ``runc`` still knows."""
-    containers = 0
-    for runc_root in tracker.runc_roots:
-        if runc_root.is_dir():
-            listed = subprocess.run(
-                ["runc", "--root", str(runc_root), "list", "-q"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            )
-            containers += len(listed.stdout.split())
+    containers = sum(len(runc_containers(runc_root)) for runc_root in tracker.runc_roots)
     return {"mounts": len(mount_points(root)), "runc_containers": containers}
 
 
 def sweep(root: Path, tracker: Tracker) -> None:
     """Remove whatever the runtimes left: containers, then mounts (deepest first)."""
     for runc_root in tracker.runc_roots:
-        if not runc_root.is_dir():
-            continue
-        listed = subprocess.run(
-            ["runc", "--root", str(runc_root), "list", "-q"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        for cid in listed.stdout.split():
+        for cid in runc_containers(runc_root):
             subprocess.run(
                 ["runc", "--root", str(runc_root), "delete", "--force", cid],
                 capture_output=True,
@@ -766,7 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="berth-runtime-bench-") as scratch:
         root = Path(scratch)
-        reason = cannot_run(root)
+        reason = cannot_run()
         if reason is not None:
             print(f"runtime_start: skipped: {reason}", file=sys.stderr)
             print(json.dumps({"benchmark": "runtime_start", "skipped": reason}))

@@ -106,6 +106,7 @@ __all__ = [
     "checked_platforms",
     "checked_spec",
     "instance_type",
+    "required_spec",
     "unique_layers",
 ]
 
@@ -378,6 +379,17 @@ def checked_spec(spec: object, *, field: str = "spec") -> Spec | None:
     if isinstance(spec, Spec) or spec is None:
         return spec
     return _SPEC(spec, field)
+
+
+def required_spec(spec: object, what: str, *, field: str = "spec") -> Spec:
+    """``spec`` as a ``Spec``, which ``what`` (``a reservation``, ``a workload``…) cannot do
+    without: ``Invalid`` naming ``field`` for ``None`` too."""
+    checked = checked_spec(spec, field=field)
+    if checked is None:
+        raise Invalid(
+            f"{what} needs its resources (a Spec or an instance type), got None", field=field
+        )
+    return checked
 
 
 class Spread(BerthModel):

@@ -25,8 +25,10 @@ from berth.node.container.setup import STARTER_IMAGE, write_starter_image
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive
+from berth.nodeclient.nats import NatsNodes
 from berth.oci import file
 from berth.processes.runtimes import container_problems
+from berth.store.nats import NatsStore
 from berth.testing.nats import NatsServer
 from berth.units import MiB
 from tests.processes.test_agent_restart import (
@@ -65,14 +67,19 @@ def agents(tmp_path: Path) -> Iterator[Agents]:
             unmount_under(tmp_path)
 
 
+async def started(agents: Agents, store: NatsStore, nodes: NatsNodes) -> None:
+    """Start the agent and wait for its first snapshot; a container's start may be slow."""
+    agents.start()
+    await first_state_after(store, 0)
+    nodes.timeout_s = 20.0
+
+
 def test_a_restarted_agent_adopts_its_running_container_and_reports_the_one_that_exited(
     agents: Agents,
 ) -> None:
     async def scenario() -> None:
         async with connected(agents.url) as (nodes, store):
-            agents.start()
-            await first_state_after(store, 0)
-            nodes.timeout_s = 20.0
+            await started(agents, store, nodes)
             kept = await nodes.try_run(
                 NODE, BOX, [], BootSpec(name="kept", image=STARTER_IMAGE, command=("sleep", "600"))
             )
@@ -116,9 +123,7 @@ def test_a_container_whose_image_changed_meanwhile_is_killed_and_leaves_nothing(
 ) -> None:
     async def scenario() -> None:
         async with connected(agents.url) as (nodes, store):
-            agents.start()
-            await first_state_after(store, 0)
-            nodes.timeout_s = 20.0
+            await started(agents, store, nodes)
             boot = BootSpec(name="box", image=STARTER_IMAGE, command=("sleep", "600"))
             box = await nodes.try_run(NODE, BOX, [], boot)
             (runc,) = agents.workload_processes().values()

@@ -4,9 +4,7 @@ container sees, what limits it, and how its layers are shared."""
 from __future__ import annotations
 
 import asyncio
-import os
 import platform
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from berth.node.config import AgentConfig
-from berth.node.container.mounts import mounted, probe, unmount
+from berth.node.container.mounts import mounted, unmount
 from berth.node.layer_files import LayerFiles
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.runtime import BootFailed, BootSpec, Runtime, WorkloadHandle
@@ -23,21 +21,12 @@ from berth.node.runtime.container import ContainerRuntime
 from berth.node.runtime.port import AdoptingRuntime
 from berth.node.runtime.supervisor import file_stem, write_owner
 from berth.oci import ImageSpec, file, write_layout
+from berth.processes.runtimes import container_problems
 from berth.testing.runtime_contract import AdoptingRuntimeContract, RuntimeContract, run
 from berth.units import MiB
 
-
-def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "the container runtime mounts layers: run as root"
-    if shutil.which("runc") is None:
-        return "runc is not installed (apt-get install runc)"
-    if not Path("/bin/busybox").exists():
-        return "busybox is not installed (apt-get install busybox-static)"
-    return probe(Path("/tmp/berth-container-probe"))
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=str(_missing()))
+MISSING = container_problems()
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"no containers here: {'; '.join(MISSING)}")
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001:app:/home/app:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1001:\nextra:x:1002:app\n"
@@ -325,7 +314,6 @@ def test_berth_up_runs_busybox_in_containers_with_no_extra_step() -> None:
     of it runs in a container (its output in the cluster's workload logs), and stopping
     the cluster leaves no mount behind."""
     from berth.api.client import ApiClient, ApiLocation
-    from berth.processes.runtimes import container_problems
     from berth.processes.up import LocalCluster
 
     assert container_problems() == []  # this module runs only where containers can

@@ -812,8 +812,9 @@ def test_a_reservation_needs_a_spec() -> None:
         with pytest.raises(Invalid) as caught:
             admit(None, concurrent.futures.Future())  # type: ignore[arg-type]
         assert caught.value.field == "spec"
-        assert caught.value.message == "a reservation needs a spec, got None"
-        assert str(caught.value) == "spec: a reservation needs a spec, got None"
+        said = "a reservation needs its resources (a Spec or an instance type), got None"
+        assert caught.value.message == said
+        assert str(caught.value) == f"spec: {said}"
     assert budget.reservations() == []
 
 

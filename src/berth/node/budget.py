@@ -58,7 +58,7 @@ from pydantic import Field, Strict
 
 from berth.checks import CHECKS, HELD_STAGES, Check, Demand, NodeFigures, first_failed
 from berth.errors import Invalid
-from berth.model import ByteCount, Cores, Fraction, Name, Spec, checked_platforms, checked_spec
+from berth.model import ByteCount, Cores, Fraction, Name, Spec, checked_platforms, required_spec
 from berth.ownership import Admission, Clock, Lease, Owner, Refused, has_ended
 from berth.platform import Platform
 from berth.state import Overcommit
@@ -236,7 +236,7 @@ class NodeBudget:
         ``platforms`` are those the workload's artifact was built for (empty: any); a node
         that runs none of them refuses with ``platform_mismatch``.
         """
-        spec, owner = _spec(spec), _owner(owner)
+        spec, owner = required_spec(spec, "a reservation"), _owner(owner)
         return self._admit(spec, owner, checked_platforms(platforms))
 
     def _admit(self, spec: Spec, owner: Owner, platforms: tuple[Platform, ...]) -> Reservation:
@@ -248,7 +248,7 @@ class NodeBudget:
 
         For a caller that has judged platform and load itself; :meth:`admit` is the rule.
         """
-        spec, owner = _spec(spec), _owner(owner)
+        spec, owner = required_spec(spec, "a reservation"), _owner(owner)
         held = tuple(check for check in self.checks if check.stage in HELD_STAGES)
         return self._take(spec, owner, Demand.of(spec), held)
 
@@ -284,7 +284,7 @@ class NodeBudget:
         (they shrank meanwhile) the budget is over-committed: :meth:`overcommitted` says by how
         much, and every admission is refused until enough ends.
         """
-        spec, owner = _spec(spec), _owner(owner)
+        spec, owner = required_spec(spec, "a reservation"), _owner(owner)
         with self._lock:
             self._admitted += 1
             if (
@@ -337,7 +337,9 @@ class NodeBudget:
         """``admit`` under a new lease: the confirmation a scheduler makes before the workload
         exists.  :meth:`bind` it to the workload, or :meth:`release` it, within ``ttl_s``
         (positive and finite, else ``Invalid`` naming ``lease_ttl_s``)."""
-        return self._admit_leased(_spec(spec), ttl_s, checked_platforms(platforms))
+        return self._admit_leased(
+            required_spec(spec, "a reservation"), ttl_s, checked_platforms(platforms)
+        )
 
     def _admit_leased(
         self, spec: Spec, ttl_s: float, platforms: tuple[Platform, ...]
@@ -484,14 +486,6 @@ class NodeBudget:
     def _changed(self) -> None:
         for listener in list(self._listeners):
             listener()
-
-
-def _spec(spec: object) -> Spec:
-    """The spec to reserve (an instance-type name is looked up); ``Invalid`` before any change."""
-    checked = checked_spec(spec)
-    if checked is None:
-        raise Invalid("a reservation needs a spec, got None", field="spec")
-    return checked
 
 
 def _owner(owner: object) -> Owner:

@@ -56,7 +56,7 @@ from berth.model import (
     Spec,
     checked_layers,
     checked_platforms,
-    checked_spec,
+    required_spec,
 )
 from berth.node.budget import NodeBudget
 from berth.node.ends import Ends
@@ -201,7 +201,11 @@ class NodeCore:
         that boot's outcome (its ``Booted`` or its refusal).  A boot that was refused leaves
         nothing to be idempotent about: the id may be booted again.
         """
-        spec, layers, platforms = _spec(spec), checked_layers(layers), checked_platforms(platforms)
+        spec, layers, platforms = (
+            required_spec(spec, "a workload"),
+            checked_layers(layers),
+            checked_platforms(platforms),
+        )
         boot, reservation = _boot_spec(boot), _reservation(reservation)
         if workload_id is not None:
             workload_id = NAME_RULE(workload_id, "workload_id")
@@ -232,7 +236,7 @@ class NodeCore:
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
-        spec, platforms = _spec(spec), checked_platforms(platforms)
+        spec, platforms = required_spec(spec, "a workload"), checked_platforms(platforms)
         lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")
         with refused_by(self.name):
             return self.budget._admit_leased(spec, lease_ttl_s, platforms).admission
@@ -383,13 +387,6 @@ class NodeCore:
 
 
 _LABELS: Rule[dict[str, str]] = Rule(Labels)
-
-
-def _spec(spec: object) -> Spec:
-    checked = checked_spec(spec)
-    if checked is None:
-        raise Invalid("a workload needs its resources, got None", field="spec")
-    return checked
 
 
 def _boot_spec(boot: object) -> BootSpec:

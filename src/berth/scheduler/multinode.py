@@ -86,6 +86,7 @@ from berth.model import (
     checked_layers,
     checked_platforms,
     checked_spec,
+    required_spec,
 )
 from berth.nodeclient.port import NodeClient
 from berth.observability.probe import placement_probe
@@ -383,10 +384,7 @@ class ClusterScheduler:
         A start that fails with ``BootFailed`` or an ``OSError`` is that node's refusal
         (``boot_failed``), so the walk moves on with the real reason logged.
         """
-        checked = checked_spec(spec)
-        if checked is None:
-            raise Invalid("running a workload needs its resources, got None", field="spec")
-        spec = checked
+        spec = required_spec(spec, "running a workload")
         layers, platforms = _checked(layers, platforms)
         _callable(start, "start")
         _callable(stop, "stop")

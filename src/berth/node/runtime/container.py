@@ -43,6 +43,7 @@ from typing import Any
 
 from berth.defaults import ORPHAN_GRACE_S, STOP_GRACE_S
 from berth.errors import BerthError, Invalid
+from berth.loops import to_thread_whole
 from berth.node.config import AgentConfig
 from berth.node.container.bundle import Network, runtime_spec, write_bundle
 from berth.node.container.mounts import LayerMounts, MountFailed, overlay, unmount
@@ -236,8 +237,40 @@ class ContainerRuntime(RuntimeDriver):
     ) -> WorkloadHandle:
         """Make the container's root filesystem and bundle in ``scratch`` and start ``runc``
         on it under a supervisor; ``runc``'s handle, its locator naming the container."""
+        # mounts, the image's passwd and fsynced files: off the agent's event loop
+        await to_thread_whole(self._bundle, spec, workload_id, cid, image, lowers, scratch)
+        argv = (self.runc, "--root", str(self.runc_root), "run", "--keep", "--bundle")
+        command = (*argv, str(scratch), cid)
+        try:
+            runc = await self._host.start(
+                BootSpec(name=workload_id, command=command), workload_id=workload_id
+            )
+        except BootFailed as error:
+            raise BootFailed(f"cannot run {self.runc}: {error.reason}") from None
+        assert runc.locator is not None
+        runc.locator = {
+            **runc.locator,
+            "scratch": str(scratch),
+            "container": cid,
+            "layers": ",".join(layer.digest for layer in image.layers),
+        }
+        record = json.dumps({"workload_id": workload_id, **runc.locator})
+        await to_thread_whole(atomic_write, scratch / _CONTAINER_FILE, record)
+        return runc
+
+    def _bundle(
+        self,
+        spec: BootSpec,
+        workload_id: str,
+        cid: str,
+        image: OciImage,
+        lowers: tuple[Path, ...],
+        scratch: Path,
+    ) -> None:
+        """The container's root filesystem (an overlay on ``lowers``) and its bundle in
+        ``scratch`` (what an earlier start left there removed first)."""
         if scratch.exists():
-            await asyncio.to_thread(self._clean, scratch, cid)
+            self._clean(scratch, cid)
         rootfs = scratch / "rootfs"
         for directory in (scratch / "upper", scratch / "work", rootfs):
             directory.mkdir(parents=True)
@@ -255,25 +288,6 @@ class ContainerRuntime(RuntimeDriver):
             pids_limit=self.pids_limit,
         )
         write_bundle(scratch, config)
-        argv = (self.runc, "--root", str(self.runc_root), "run", "--keep", "--bundle")
-        command = (*argv, str(scratch), cid)
-        try:
-            runc = await self._host.start(
-                BootSpec(name=workload_id, command=command), workload_id=workload_id
-            )
-        except BootFailed as error:
-            raise BootFailed(f"cannot run {self.runc}: {error.reason}") from None
-        assert runc.locator is not None
-        runc.locator = {
-            **runc.locator,
-            "scratch": str(scratch),
-            "container": cid,
-            "layers": ",".join(layer.digest for layer in image.layers),
-        }
-        atomic_write(
-            scratch / _CONTAINER_FILE, json.dumps({"workload_id": workload_id, **runc.locator})
-        )
-        return runc
 
     def _image(self, ref: str | None) -> OciImage:
         """``ref``'s image for this node's platform, or ``BootFailed`` saying why not."""

@@ -107,7 +107,13 @@ def test_a_bad_server_count_is_refused_before_anything_starts() -> None:
         assert refused.value.field == "--nats-servers"
 
 
-WORKLOAD = {**REQUEST, "command": ["sleep", "100"]}
+WORKLOAD = {
+    **REQUEST,
+    # small enough that two nodes never run out during the test: a fast machine sends
+    # ~20 creates a second, and a micro's 128 MiB would fill them in a few seconds
+    "spec": {"vcpus": 0.01, "mem": "4MiB", "disk": "4MiB"},
+    "command": ["sleep", "100"],
+}
 
 
 def test_creates_resume_as_soon_as_the_api_buckets_new_leader_is_elected() -> None:

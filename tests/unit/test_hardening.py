@@ -461,3 +461,11 @@ def test_a_string_where_a_list_belongs_is_reported_as_such() -> None:
 def test_cli_errors_name_the_flag_on_one_line(args: list[str], expected: str) -> None:
     line = one_error_line(runner.invoke(app, args), expected)
     assert "Input should" not in line and "Value error" not in line
+
+
+def test_version_prints_berths_version_and_nothing_else() -> None:
+    from berth import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"berth {__version__}\n"

@@ -67,6 +67,8 @@ def test_demo_explains_placements_and_compares_policies(tmp_path: Path) -> None:
         (["--policy", "nope"], "unknown policy 'nope'"),
         (["--policy", ","], "--policy"),
         (["--cache", "12XB"], "--cache"),
+        (["--cache", ""], "--cache"),
+        (["--cache", "  "], "--cache"),
         (["--pull-bandwidth", "-5MBps"], "--pull-bandwidth"),
         (["--flatten", "2"], "--flatten"),
     ],

@@ -26,7 +26,7 @@ import contextlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -137,8 +137,23 @@ app = typer.Typer(
 )
 
 
+def _version(asked: bool) -> None:
+    if asked:
+        from berth import __version__
+
+        typer.echo(f"berth {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print berth's version and exit."
+        ),
+    ] = False,
+) -> None:
     """berth decides which node runs each workload, and makes the decision stick."""
 
 

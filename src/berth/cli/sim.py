@@ -202,8 +202,10 @@ def sim_config(
 ) -> SimConfig:
     """A validated ``SimConfig`` from flag values (``Invalid`` names the offending field).
 
-    ``cache`` ``auto`` (or empty) sizes each node's cache from its disk.
+    ``cache`` ``auto`` sizes each node's cache from its disk; an empty one is ``Invalid``.
     """
+    if not cache.strip():
+        raise Invalid("must be a size such as 4GiB, or auto", field="cache_bytes")
     workload = WorkloadConfig(
         requests=requests,
         rate=rate,
@@ -218,7 +220,7 @@ def sim_config(
         staleness=staleness,
         assume=assume,
         seed=seed,
-        cache_bytes=None if cache.strip() in ("", "auto") else cache,  # parsed by the model
+        cache_bytes=None if cache.strip() == "auto" else cache,  # parsed by the model
         pull_bandwidth=pull_bandwidth,
         registry_bandwidth=(
             SIM_DEFAULTS.registry_bandwidth if registry_bandwidth is None else registry_bandwidth

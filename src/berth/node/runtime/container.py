@@ -314,7 +314,12 @@ class ContainerRuntime(RuntimeDriver):
         watcher.add_done_callback(self._watchers.discard)
 
     async def _wait(self, container: _Container) -> None:
-        ended = await container.runc.wait()
+        try:
+            ended = await container.runc.wait()
+        except asyncio.CancelledError:  # the agent's loop is ending: the container is left
+            # running, as after a crash (a restarted agent adopts it); nothing waits on it here
+            self._containers.pop(container.workload.id, None)
+            raise
         oom_kills = _oom_kills(container.cid)
         await asyncio.to_thread(self._clean, container.scratch, container.cid)
         self.mounts.release(container.layers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -138,3 +139,16 @@ def test_cluster_bad_flags(args: list[str], expected: str) -> None:
     result = berth(*args)
     assert result.returncode == 2
     assert expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_demo_in_an_80_column_pipe_keeps_every_figure_whole(tmp_path: Path) -> None:
+    """Piped, a table is as wide as its figures: none is cut to ``3.07/2.…``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "berth.cli", "demo", "--quiet", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "80"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "berth" in result.stdout and "…" not in result.stdout, result.stdout

@@ -33,6 +33,7 @@ from berth.cli.common import (
     configure_logging,
     console,
     load_credentials,
+    show_table,
 )
 from berth.defaults import ORPHAN_GRACE_S
 from berth.errors import Invalid
@@ -150,7 +151,7 @@ def _embedded_agent(config: Path, check: bool, duration: float | None) -> None:
             rows = _process_rows(loaded)
         for row in rows:
             table.add_row(*row)
-        console.print(table)
+        show_table(table)
         if missing:  # the runtime cannot run workloads yet: say what to do
             raise Invalid("; ".join(missing), field=loaded.agent.runtime)
         console.print("[green]configuration is valid[/]")

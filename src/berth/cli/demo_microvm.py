@@ -30,6 +30,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from berth.cli.common import show_table
 from berth.defaults import MICROVM_STOP_GRACE_S
 from berth.embedded import EmbeddedCluster, embedded_configs
 from berth.errors import Invalid
@@ -212,6 +213,6 @@ def show(console: Console, *, app_mib: int = 192) -> list[DemoStart]:
         )
 
     starts = asyncio.run(run_demo(app_mib=app_mib, report=report))
-    console.print(table)
+    show_table(table)
     console.print(summary(starts), highlight=False)
     return starts

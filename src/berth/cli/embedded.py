@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from berth.cli.common import console, request_from_flags
+from berth.cli.common import console, request_from_flags, show_table
 from berth.errors import Invalid
 from berth.model import NAME_RULE, Request
 from berth.platform import host
@@ -75,7 +75,7 @@ def schedule(
         "layers",
         f"{len(request.layers)} ({format_information(sum(x.size for x in request.layers))})",
     )
-    console.print(table)
+    show_table(table)
 
 
 def cluster(
@@ -143,7 +143,7 @@ def cluster(
                     continue
                 refused = ", ".join(f"{n}: {r}" for n, r in started.refusals)
                 table.add_row(started.result.id, kind, started.node, str(started.rank), refused)
-            console.print(table)
+            show_table(table)
             for name, node in embedded.agents.items():
                 headroom = node.budget.headroom()
                 console.print(

@@ -138,10 +138,10 @@ app = typer.Typer(
 
 
 def _version(asked: bool) -> None:
-    if asked:
-        from berth import __version__
+    if asked:  # the installed package's version, which is berth.__version__ (pyproject)
+        from importlib.metadata import version
 
-        typer.echo(f"berth {__version__}")
+        typer.echo(f"berth {version('berth')}")
         raise typer.Exit()
 
 

@@ -29,6 +29,7 @@ from berth.cli.common import (
     console,
     load_credentials,
     request_from_flags,
+    show_table,
 )
 from berth.errors import Invalid
 from berth.model import MAX_REPLICA, NAME_RULE
@@ -121,7 +122,7 @@ def place(
     table.add_row("colocated", format_information(placement.colocated_bytes))
     refused = ", ".join(f"{node}: {reason}" for node, reason in placement.refusals)
     table.add_row("refused on the way", refused or "-")
-    console.print(table)
+    show_table(table)
 
 
 def whereis(
@@ -172,4 +173,4 @@ def routes(
     for route in found:
         mem = format_information(route.spec.mem) if route.spec else "-"
         table.add_row(route.workload, route.node, route.reservation_id or "-", mem)
-    console.print(table)
+    show_table(table)

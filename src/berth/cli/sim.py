@@ -49,6 +49,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from berth.cli.common import show_table
 from berth.errors import BerthError, Invalid
 from berth.scheduler.multinode import ClusterScheduler
 from berth.scheduler.policy import POLICIES
@@ -374,7 +375,7 @@ def sim(
         arrivals = generate_workload(config.workload)
         results = _run_all(config, names, arrivals, quiet)
         report = write_outputs(results, directory)
-    console.print(comparison_table(report, title=_title(config)))
+    show_table(comparison_table(report, title=_title(config)))
     _print_summary(report, directory)
 
 
@@ -415,10 +416,10 @@ def _run_scenarios(
             step = _stepper(progress)
             _, report = run_scenario(each, policies, out=target, progress=step)
         reports[each.name] = report
-        console.print(comparison_table(report, title=_title(each.config)))
+        show_table(comparison_table(report, title=_title(each.config)))
         _print_summary(report, target)
     if len(chosen) > 1:
-        console.print(suite_table(reports))
+        show_table(suite_table(reports))
         (directory / "suite.md").write_text(suite_markdown(reports))
         summary = {name: report.to_dict() for name, report in reports.items()}
         (directory / "suite.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -532,11 +533,11 @@ def demo(
         )
         tables = _explained_placements(config, arrivals)
         for table in tables:
-            console.print(table)
+            show_table(table)
         console.print("Now every policy on the same 500 arrivals:")
         results = _run_all(config, list(POLICIES), arrivals, quiet)
         report = write_outputs(results, directory)
-    console.print(comparison_table(report, title=_title(config)))
+    show_table(comparison_table(report, title=_title(config)))
     _print_summary(report, directory)
 
 

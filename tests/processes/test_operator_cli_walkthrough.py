@@ -149,6 +149,13 @@ def test_the_walkthrough(up: Up) -> None:
     assert sorted(node["name"] for node in nodes["items"]) == list(NODES)
     assert not any(node["cordoned"] for node in nodes["items"])
 
+    # -- nothing yet: each empty list says what to do, as does an unknown image --------------
+    assert "register one: berth images add NAME" in ok(up, "images")
+    assert "run one: berth run IMAGE" in ok(up, "ps")
+    assert "none matches the filters" in ok(up, "ps", "--node", "node-00")
+    unknown = berth(up, "run", "hello", "--", "true")
+    assert unknown.returncode == 2 and "berth images add" in unknown.stderr, unknown
+
     # -- an image, then two workloads of it --------------------------------------------------
     added = ok(
         up, "images", "add", "hello", "--layer", "sha256:1111:28MiB", "--layer", "sha256:2222:5MiB"

@@ -47,7 +47,10 @@ class Decisions:
             if image is None:
                 known = ", ".join(i.name for i in await self.ports.images.list()) or "none"
                 raise Invalid(
-                    f"no registered image {body.image!r} (registered: {known})", field="image"
+                    f"no registered image {body.image!r} (registered: {known}); register one "
+                    "with POST /v1/images (berth images add) or /v1/images/oci (berth images "
+                    "import-oci)",
+                    field="image",
                 )
         if body.type is not None and body.spec is not None:
             raise Invalid("give a type or a spec, not both", field="type")

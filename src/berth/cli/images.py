@@ -62,6 +62,11 @@ def images(
             size_text(image.size),
         )
     show_table(table, whole=("image",))
+    if not items:
+        say(
+            "register one: berth images add NAME --layer sha256:…:SIZE …, or berth images "
+            "import-oci PATH (an OCI image layout on the API's machine)"
+        )
 
 
 def _print_image(image: Any, verb: str) -> None:

@@ -341,6 +341,13 @@ def ps(
             )
         )
     show_table(table, whole=("id", "node"))
+    if not items:
+        filtered = namespace is not None or node is not None or state is not None
+        say(
+            "none matches the filters (berth ps alone lists every one)"
+            if filtered
+            else "run one: berth run IMAGE --type micro -- CMD (berth images lists the images)"
+        )
 
 
 def _ps_one(workload_id: str, api: str | None, token: str | None, as_json: bool) -> None:

@@ -78,4 +78,5 @@ def test_up_with_a_taken_port_is_one_line_and_leaves_nothing(tmp_path: Path) -> 
         )
     assert result.exit_code == 2, result.output
     assert f"error: --http: cannot listen on 127.0.0.1:{port}" in result.output
+    assert "or 127.0.0.1:0 for a free one" in result.output
     assert not (tmp_path / "api.json").exists()

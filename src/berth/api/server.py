@@ -44,6 +44,7 @@ from berth.validation import shown
 __all__ = [
     "ApiServer",
     "HttpsFiles",
+    "bound_socket",
     "parse_address",
     "remove_api_file",
     "resolve_token",
@@ -166,6 +167,23 @@ class _Server(uvicorn.Server):
         yield  # the caller's loop owns SIGINT/SIGTERM
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one, the kernel's pick);
+    ``Invalid`` naming ``--http`` when the address cannot be had, with what to do."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        hint = f" (another port, or {host}:0 for a free one)" if port else ""
+        raise Invalid(
+            f"cannot listen on {host}:{port}: {error.strerror}{hint}", field="--http"
+        ) from None
+    return sock
+
+
 class ApiServer:
     """``app`` served by uvicorn in the running loop (``await start()``, ``await stop()``),
     over HTTPS with ``https``."""
@@ -184,16 +202,7 @@ class ApiServer:
         return f"{'http' if self.https is None else 'https'}://{host}:{self.port}"
 
     async def start(self) -> ApiServer:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-        except OSError as error:
-            sock.close()
-            raise Invalid(
-                f"cannot listen on {self.host}:{self.port}: {error.strerror}", field="--http"
-            ) from None
+        sock = bound_socket(self.host, self.port)
         sock.listen(128)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]

@@ -50,7 +50,6 @@ import math
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -617,15 +616,9 @@ class LocalCluster:
 def free_port(host: str, port: int = 0) -> int:
     """``port`` if it is free on ``host`` now, or a free one (the kernel's pick) for 0;
     ``Invalid`` naming ``--http`` when it is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise Invalid(
-                f"cannot listen on {host}:{port}: {error.strerror}", field="--http"
-            ) from None
+    from berth.api.server import bound_socket
+
+    with bound_socket(host, port) as probe:
         free: int = probe.getsockname()[1]
         return free
 

@@ -232,8 +232,9 @@ def test_the_walkthrough(up: Up) -> None:
     cordoned = {n["name"]: n["cordoned"] for n in document(up, "nodes")["items"]}
     assert cordoned == {name: name == node for name in NODES}
 
-    # -- stop, twice (idempotent) ------------------------------------------------------------
-    stopped = ok(up, "stop", replacement, "--grace", "1")
+    # -- stop, twice (idempotent): by its identity, then by its id ---------------------------
+    assert ok(up, "ps", "default/web").startswith(f"{replacement} running"), replacement
+    stopped = ok(up, "stop", "default/web/0", "--grace", "1")
     assert stopped.strip().startswith(f"{replacement} stopped: default/web/0 on "), stopped
     assert document(up, "stop", replacement)["state"] == "stopped"
     assert not document(up, "ps", "--state", "running")["items"]
@@ -250,6 +251,8 @@ def test_the_walkthrough(up: Up) -> None:
 
 def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
     assert "not found: no workload 'w-000000000000'" in error_line(up, "stop", "w-000000000000")
+    assert error_line(up, "stop", "default/nothing/0") == "error: ID: no workload default/nothing/0"
+    assert error_line(up, "stop", "a/b/c").startswith("error: ID: expected an id or NAMESPACE/")
     assert "no node 'node-99'" in error_line(up, "drain", "node-99")
     assert error_line(up, "run", "nope", "--", "true").startswith("error: IMAGE: ")
     assert error_line(up, "run", "hello", "--type", "huge", "--", "true").startswith(

@@ -22,7 +22,7 @@ import shlex
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -44,6 +44,9 @@ from berth.errors import Invalid
 from berth.model import NAME_RULE, ReschedulePolicy, RestartPolicy
 from berth.registry.port import LIVE_STATES
 from berth.validation import fields_as, shown
+
+if TYPE_CHECKING:
+    from berth.api.client import ApiClient
 
 __all__ = ["PER_NODE", "explain", "ps", "run", "stop"]
 
@@ -283,7 +286,10 @@ def run(
 def ps(
     workload_id: Annotated[
         str | None,
-        typer.Argument(metavar="[ID]", help="One workload: its record and its history."),
+        typer.Argument(
+            metavar="[ID]",
+            help="One workload (its id, or NAMESPACE/NAME[/REPLICA]): its record and history.",
+        ),
     ] = None,
     namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
     node: Annotated[str | None, typer.Option(help="Only workloads on this node.")] = None,
@@ -299,7 +305,7 @@ def ps(
 ) -> None:
     """List workloads (with an ID: that one, with its history)."""
     if workload_id is not None:
-        _ps_one(NAME_RULE(workload_id, "ID"), api, token, as_json)
+        _ps_one(_checked_ref(workload_id), api, token, as_json)
         return
     found = ask_api(
         api,
@@ -350,10 +356,47 @@ def ps(
         )
 
 
+def _checked_ref(ref: str) -> str:
+    """``ref`` if it is a workload id or ``NAMESPACE/NAME[/REPLICA]``; ``Invalid`` naming
+    ``ID`` otherwise (before anything is sent)."""
+    if "/" not in ref:
+        return NAME_RULE(ref, "ID")
+    parts = ref.split("/")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdigit()):
+        raise Invalid(f"expected an id or NAMESPACE/NAME[/REPLICA], got {shown(ref)}", field="ID")
+    for part in parts[:2]:
+        NAME_RULE(part, "ID")
+    return ref
+
+
+def _resolved(client: ApiClient, ref: str) -> str:
+    """The id ``ref`` names: an id as it is, or ``NAMESPACE/NAME/REPLICA`` (``/REPLICA``
+    optional: 0) — the one live workload of that identity, else its newest record;
+    ``Invalid`` naming ``ID`` when none has it."""
+    if "/" not in ref:
+        return ref
+    parts = ref.split("/")
+    namespace, name = parts[0], parts[1]
+    replica = int(parts[2]) if len(parts) == 3 else 0
+    found = [
+        workload
+        for workload in client.workloads(namespace=namespace).items
+        if workload.name == name and workload.replica == replica
+    ]
+    if not found:
+        raise Invalid(f"no workload {namespace}/{name}/{replica}", field="ID")
+    live = [workload for workload in found if workload.state in LIVE_STATES]
+    return max(live or found, key=lambda workload: workload.created_at).id
+
+
 def _ps_one(workload_id: str, api: str | None, token: str | None, as_json: bool) -> None:
     """``berth ps ID``: one workload's record, its policies and its history."""
     workload = ask_api(
-        api, token, as_json, lambda client: client.workload(workload_id), fields_as({"id": "ID"})
+        api,
+        token,
+        as_json,
+        lambda client: client.workload(_resolved(client, workload_id)),
+        fields_as({"id": "ID"}),
     )
     if workload is None:
         return
@@ -386,7 +429,9 @@ def _age(seconds: float) -> str:
 
 
 def stop(
-    workload_id: Annotated[str, typer.Argument(metavar="ID", help="The workload's id.")],
+    workload_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+    ],
     grace: GraceOption = 10.0,
     api: ApiOption = None,
     token: TokenOption = None,
@@ -394,12 +439,12 @@ def stop(
 ) -> None:
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
     grace = GRACE(grace, "--grace")
-    NAME_RULE(workload_id, "ID")
+    _checked_ref(workload_id)
     workload = ask_api(
         api,
         token,
         as_json,
-        lambda client: client.stop(workload_id, grace_s=grace),
+        lambda client: client.stop(_resolved(client, workload_id), grace_s=grace),
         fields_as({"grace_s": "--grace", "id": "ID"}),
     )
     if workload is None:

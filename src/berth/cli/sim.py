@@ -245,9 +245,10 @@ def _print_summary(report: Report, out: Path) -> None:
     unserved = report.unserved_platforms
     if unserved:
         listing = ", ".join(f"{platform} ×{count}" for platform, count in unserved.items())
+        count = sum(unserved.values())
         console.print(
-            f"{sum(unserved.values())} requests for platforms no node runs ({listing}): "
-            "refused by every policy as NoMatchingPlatform"
+            f"{count} request{'' if count == 1 else 's'} for platforms no node runs "
+            f"({listing}): refused by every policy as NoMatchingPlatform"
         )
     goals = report.goals
     if goals:
@@ -539,6 +540,12 @@ def demo(
         report = write_outputs(results, directory)
     show_table(comparison_table(report, title=_title(config)))
     _print_summary(report, directory)
+    console.print(
+        "next: berth sim --scenario all --quick (every scenario), or a real local cluster: "
+        "berth up, which prints a first berth run to try (README: A local cluster in one "
+        "command)",
+        highlight=False,
+    )
 
 
 def _explained_placements(config: SimConfig, arrivals: list[Arrival]) -> list[Table]:

@@ -520,7 +520,7 @@ class LocalCluster:
         others = (
             [f"  other endpoints:   {', '.join(self.api_urls[1:])}"] if self.api_urls[1:] else []
         )
-        then = "berth nodes; berth run IMAGE --type micro -- CMD; berth ps"
+        then = "berth nodes; berth images add NAME --layer …; berth run NAME --type micro -- CMD"
         if self.runtime == "container":
             then = "berth run busybox --type micro -- echo hello"
         if self.runtime == "microvm":

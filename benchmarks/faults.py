@@ -107,6 +107,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import signal
 import statistics
 import subprocess
@@ -328,6 +329,21 @@ class Tally:
                 self.pause_s[cycle] = answered_at - fault[1]
 
 
+def address_space_limit(pid: int) -> int:
+    """The ``RLIMIT_AS`` of process ``pid``, from ``/proc/<pid>/limits`` (world-readable;
+    ``prlimit`` on a workload running as another user, ``nobody``, needs a privilege this
+    host's root may lack); ``RLIM_INFINITY`` when unlimited."""
+    try:
+        with open(f"/proc/{pid}/limits") as limits:
+            for line in limits:
+                if line.startswith("Max address space"):
+                    soft = line.split()[3]
+                    return resource.RLIM_INFINITY if soft == "unlimited" else int(soft)
+    except FileNotFoundError:
+        raise psutil.NoSuchProcess(pid) from None
+    return resource.RLIM_INFINITY
+
+
 class Harness:
     """The cluster, its observers and its fault injector (see the module docstring)."""
 
@@ -387,7 +403,7 @@ class Harness:
                 children = [c for c in process.children(recursive=True) if c.status() != "zombie"]
                 if not children:
                     continue
-                reserved = max(c.rlimit(psutil.RLIMIT_AS)[0] for c in children)
+                reserved = max(address_space_limit(c.pid) for c in children)
                 identity = children[0].environ().get(IDENTITY_ENV, f"?{workload_id}")
                 rss = process.memory_info().rss + sum(c.memory_info().rss for c in children)
             except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -3,7 +3,8 @@ boot fails, what a node says about one.
 
 This module owns the value types that cross the node's edge — :class:`BootSpec` (what a
 client asks a node to boot), :class:`BootFailed` (a boot that cannot happen, with the real
-reason) and :class:`WorkloadStatus` (``running``, ``ended`` or ``unknown``, read back by id).
+reason), :class:`WorkloadStatus` (``running``, ``ended`` or ``unknown``, read back by id)
+and :class:`WorkloadLogs` (a piece of a workload's output).
 They sit below both the node (:mod:`berth.node.core`, the runtime port
 :mod:`berth.node.runtime.port`, which re-exports ``BootSpec`` and ``BootFailed`` as part of
 its signature) and the ports that reach a node (:mod:`berth.nodeclient.port`), so a port
@@ -21,12 +22,22 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, StrictInt, field_validator, model_validator
 
+from berth.defaults import MAX_LOG_CHUNK_BYTES
 from berth.errors import BerthError, Invalid
 from berth.model import Cores, Name, RestartPolicy
 from berth.units import parse_information
-from berth.validation import BerthModel, Text, shown
+from berth.validation import BerthModel, Rule, Text, shown
 
-__all__ = ["BootFailed", "BootSpec", "WorkloadStatus"]
+__all__ = [
+    "LIMIT_RULE",
+    "OFFSET_RULE",
+    "BootFailed",
+    "BootSpec",
+    "LogLimit",
+    "LogOffset",
+    "WorkloadLogs",
+    "WorkloadStatus",
+]
 
 
 class BootFailed(BerthError):
@@ -162,3 +173,26 @@ class WorkloadStatus:
                 f"expected true or false, got {shown(exhausted)}", field="status.exhausted"
             )
         return cls(state, code, reason, stopped, restarts, exhausted)
+
+
+LogOffset = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
+"""Where a read of a workload's output starts: a byte offset."""
+LogLimit = Annotated[StrictInt, Field(ge=1, le=MAX_LOG_CHUNK_BYTES)]
+"""How many bytes one read returns at most (1 to :data:`~berth.defaults.MAX_LOG_CHUNK_BYTES`)."""
+
+OFFSET_RULE: Rule[int] = Rule(LogOffset)
+LIMIT_RULE: Rule[int] = Rule(LogLimit)
+
+
+class WorkloadLogs(BerthModel):
+    """A piece of one workload's output as its node keeps it (stdout and stderr together, a
+    microVM's console): ``text`` — the bytes from ``offset`` to ``next_offset`` decoded as
+    UTF-8 (a character split at the end is left for the next read; undecodable bytes are
+    shown as U+FFFD); ``size`` — the bytes kept so far; ``kept`` — whether this node keeps
+    this workload's output at all (its runtime writes none without a log directory)."""
+
+    text: str
+    offset: Annotated[StrictInt, Field(ge=0)]
+    next_offset: Annotated[StrictInt, Field(ge=0)]
+    size: Annotated[StrictInt, Field(ge=0)]
+    kept: bool

@@ -25,6 +25,8 @@ __all__ = [
     "LOAD_SAMPLE_PERIOD_S",
     "LOAD_TAU_S",
     "LOCAL_HEARTBEAT_S",
+    "LOG_CHUNK_BYTES",
+    "MAX_LOG_CHUNK_BYTES",
     "MAX_ORPHAN_GRACE_S",
     "MICROVM_BOOT_TIMEOUT_S",
     "MICROVM_QEMU",
@@ -102,6 +104,12 @@ them (``berth scheduler --grace``)."""
 STOP_GRACE_S = 2.0
 """How long a process workload gets after ``SIGTERM`` before ``SIGKILL`` (``[agent]
 stop_grace_s``), when a stop names no grace of its own."""
+
+LOG_CHUNK_BYTES = 64 * 1024
+"""The most of a workload's output one read returns (``berth logs``, the API's ``limit``)."""
+
+MAX_LOG_CHUNK_BYTES = 1024 * 1024
+"""The largest ``limit`` a read of a workload's output may ask for."""
 
 API_STOP_GRACE_S = 10.0
 """The grace of an API stop or drain that names none: how long a stop waits for its node,

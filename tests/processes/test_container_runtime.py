@@ -338,6 +338,7 @@ def test_berth_up_runs_busybox_in_containers_with_no_extra_step() -> None:
                 time.sleep(0.1)
             listing = log.read_text().split()
             assert "bin" in listing and "root" not in listing and "home" not in listing
+            assert api.logs(created.id).text == log.read_text()  # read from the node
     with open("/proc/mounts") as table:
         assert str(up.directory) not in table.read()
     assert not up.directory.exists()

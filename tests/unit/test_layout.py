@@ -210,9 +210,10 @@ NODE_LAYERS: Layers = (
         "berth.node.runtime.port",
         "berth.node.microvm",
     ),
-    # the load monitor, layers as files, the two light runtime drivers, the journal, a
-    # microVM guest's files
+    # a workload's kept output, the load monitor, layers as files, the two light runtime
+    # drivers, the journal, a microVM guest's files
     (
+        "berth.node.output",
         "berth.node.journal",
         "berth.node.monitor",
         "berth.node.layer_files",

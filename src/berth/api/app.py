@@ -27,7 +27,8 @@ from berth.api import dashboard, idempotency, metrics, schemas
 from berth.api.auth import SAFE_METHODS, configure, require_token
 from berth.api.backend import ClusterBackend
 from berth.api.problems import Problem, ProblemBody, install, problem_responses
-from berth.defaults import API_STOP_GRACE_S
+from berth.boot import WorkloadLogs
+from berth.defaults import API_STOP_GRACE_S, LOG_CHUNK_BYTES, MAX_LOG_CHUNK_BYTES
 from berth.model import Placement
 from berth.observability.tracing import TracingMiddleware
 from berth.registry.port import LIVE_STATES, Image, Workload, WorkloadState
@@ -125,6 +126,22 @@ def _routes(backend: ClusterBackend) -> APIRouter:
     )
     async def get_workload(workload_id: WorkloadId) -> Workload:
         return await backend.workload(workload_id)
+
+    @api.get(
+        "/workloads/{workload_id}/logs",
+        response_model=WorkloadLogs,
+        responses=problem_responses(400, 404, 503),
+        tags=["workloads"],
+        summary="A piece of a workload's output (stdout and stderr), read from its node",
+    )
+    async def workload_logs(
+        workload_id: WorkloadId,
+        offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_LOG_CHUNK_BYTES)] = LOG_CHUNK_BYTES,
+    ) -> WorkloadLogs:
+        """Up to ``limit`` bytes from byte ``offset``; ask again from ``next_offset`` to follow
+        (``kept`` is false where the node's runtime keeps no output)."""
+        return await backend.logs(workload_id, offset, limit)
 
     @api.post(
         "/workloads/{workload_id}/stop",

@@ -43,6 +43,7 @@ from berth.api.nodes import NodeOperations
 from berth.api.ports import ApiPorts
 from berth.api.records import SWEEP_EVERY_S, Records, not_found
 from berth.api.stops import Stops
+from berth.boot import WorkloadLogs
 from berth.defaults import (
     IDEMPOTENCY_ABANDONED_AFTER_S,
     IDEMPOTENCY_RETENTION_S,
@@ -149,6 +150,16 @@ class ClusterBackend:
     async def workload(self, workload_id: str) -> StoredWorkload:
         """:meth:`berth.api.records.Records.workload`: the record, refreshed if live."""
         return await self._records.workload(workload_id)
+
+    async def logs(self, workload_id: str, offset: int, limit: int) -> WorkloadLogs:
+        """Up to ``limit`` bytes of the workload's output from ``offset``, read from the node
+        it ran on (``404`` for no such workload; ``503`` when its node does not answer)."""
+        workload = await self.ports.workloads.get(workload_id)
+        if workload is None:
+            raise not_found("workload", workload_id)
+        if workload.node is None:  # never placed: nothing ran, nothing was written
+            return WorkloadLogs(text="", offset=0, next_offset=0, size=0, kept=False)
+        return await self.ports.nodes.logs(workload.node, workload_id, offset, limit)
 
     async def list_workloads(
         self, namespace: str | None, node: str | None, state: str | None

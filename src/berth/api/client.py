@@ -44,7 +44,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from berth.api import schemas
-from berth.defaults import RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
+from berth.boot import WorkloadLogs
+from berth.defaults import LOG_CHUNK_BYTES, RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
 from berth.validation import check_text, one_line, shown
 
@@ -457,6 +458,11 @@ class ApiClient:
     def workload(self, workload_id: str) -> schemas.Workload:
         document = self.request("GET", f"/v1/workloads/{_segment(workload_id)}")
         return self._parsed(schemas.Workload, document, "get workload")
+
+    def logs(self, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES) -> WorkloadLogs:
+        params = {"offset": str(offset), "limit": str(limit)}
+        document = self.request("GET", f"/v1/workloads/{_segment(workload_id)}/logs", params=params)
+        return self._parsed(WorkloadLogs, document, "logs")
 
     def stop(self, workload_id: str, *, grace_s: float | None = None) -> schemas.Workload:
         body = {} if grace_s is None else {"grace_s": grace_s}

@@ -194,6 +194,10 @@ def _process_rows(config: AgentConfig) -> list[tuple[str, str]]:
     return [
         ("process.user", "the agent's own" if user is None else str(user)),
         ("process.scratch_dir", "a temporary directory" if scratch is None else str(scratch)),
+        (
+            "process.log_dir",
+            str(config.process.logs() or "- (output not kept: berth logs shows none)"),
+        ),
         ("process.isolation", 'none: development and tests (runtime = "container" isolates)'),
     ]
 

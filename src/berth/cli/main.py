@@ -44,7 +44,7 @@ from berth.cli.placement import place, routes, whereis
 from berth.cli.scheduler import scheduler
 from berth.cli.sim import register as register_sim
 from berth.cli.up import up
-from berth.cli.workloads import explain, ps, run, stop
+from berth.cli.workloads import explain, logs, ps, run, stop
 from berth.errors import BerthError
 from berth.validation import one_line, shown
 
@@ -170,7 +170,7 @@ register_sim(app)  # sim, demo
 _commands(agent, scheduler, up, place, whereis, routes)
 app.add_typer(api_app, name="api")
 register_microvm(app)  # the microvm group: microvm setup
-_commands(run, ps, stop, nodes, explain, cordon, uncordon, drain)
+_commands(run, ps, logs, stop, nodes, explain, cordon, uncordon, drain)
 app.add_typer(images_app, name="images")
 register_deploy(app)  # deploy
 

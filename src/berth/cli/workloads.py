@@ -19,6 +19,7 @@ as text: rich markup in a name or a command (``[red]``, ``[/]``) is escaped, nev
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -47,6 +48,10 @@ from berth.validation import fields_as, shown
 
 if TYPE_CHECKING:
     from berth.api.client import ApiClient
+    from berth.boot import WorkloadLogs
+
+FOLLOW_EVERY_S = 0.5
+"""How often ``berth logs --follow`` asks for new output."""
 
 __all__ = ["PER_NODE", "explain", "ps", "run", "stop"]
 
@@ -458,6 +463,47 @@ def stop(
         f"{workload.id} {workload.state}: {workload.namespace}/{workload.name}/"
         f"{workload.replica} on {workload.node}{kept}"
     )
+
+
+def logs(
+    workload_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+    ],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new output until it ends.")
+    ] = False,
+    api: ApiOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Print a workload's output (stdout and stderr), as its node keeps it."""
+    _checked_ref(workload_id)
+    state: dict[str, Any] = {"id": None, "offset": 0}
+
+    def read(client: ApiClient) -> WorkloadLogs:
+        if state["id"] is None:
+            state["id"] = _resolved(client, workload_id)
+        return client.logs(state["id"], state["offset"])
+
+    while True:
+        piece = ask_api(api, token, False, read, fields_as({"id": "ID"}))
+        if piece is None:
+            return
+        if not piece.kept:
+            say(f"{state['id']}: its node keeps no output (its runtime has no log directory)")
+            return
+        if piece.text:
+            sys.stdout.write(piece.text)
+            sys.stdout.flush()
+        moved = piece.next_offset > state["offset"]
+        state["offset"] = piece.next_offset
+        if moved and piece.next_offset < piece.size:
+            continue  # more is there already
+        if not follow:
+            return
+        workload = ask_api(api, token, False, lambda client: client.workload(state["id"]))
+        if workload is None or (workload.state not in LIVE_STATES and not moved):
+            return
+        time.sleep(FOLLOW_EVERY_S)
 
 
 def explain(

@@ -69,8 +69,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
-from berth.boot import BootSpec, WorkloadStatus
-from berth.defaults import HEARTBEAT_S
+from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec, WorkloadLogs, WorkloadStatus
+from berth.defaults import HEARTBEAT_S, LOG_CHUNK_BYTES
 from berth.errors import Invalid
 from berth.events.port import EventSink
 from berth.loops import call_on
@@ -81,8 +81,9 @@ from berth.node.core import NodeCore, Recovery
 from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
+from berth.node.output import read_output
 from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
-from berth.node.runtime.port import ClosingRuntime
+from berth.node.runtime.port import ClosingRuntime, LoggingRuntime, checked_workload_id
 from berth.node.runtime.supervisor import OWNER_FILE, write_owner
 from berth.ownership import Admission, Owner, Refused, refused_by
 from berth.platform import Platform
@@ -241,6 +242,7 @@ class Agent:
                     orphan_grace_s=options.orphan_grace_s,
                     user=config.process.run_as(),
                     scratch_dir=config.process.scratch(),
+                    log_dir=config.process.logs(),
                 )
             else:
                 runtime = FakeRuntime(stop_grace_s=options.stop_grace_s)
@@ -499,6 +501,16 @@ class Agent:
     def status(self, workload_id: str) -> WorkloadStatus:
         """Whether a workload runs here, ended (and how), or is unknown to this node."""
         return self.core.status(workload_id)
+
+    def logs(self, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES) -> WorkloadLogs:
+        """Up to ``limit`` bytes of ``workload_id``'s output from ``offset``, as this node's
+        runtime keeps it (:func:`~berth.node.output.read_output`); ``Invalid`` naming the
+        argument when one is malformed."""
+        workload_id = checked_workload_id(workload_id)
+        offset, limit = OFFSET_RULE(offset, "offset"), LIMIT_RULE(limit, "limit")
+        runtime = self.runtime
+        path = runtime.log_of(workload_id) if isinstance(runtime, LoggingRuntime) else None
+        return read_output(path, offset, limit)
 
     # -- node maintenance ----------------------------------------------------------------------
     @property

@@ -34,6 +34,8 @@ table::
                                     # root, else the agent's own user (a name or a uid)
     scratch_dir = "/var/lib/berth/scratch"  # each workload runs in <scratch_dir>/<id>
                                     # (default: a temporary directory of the agent's)
+    log_dir = "/var/log/berth"      # each workload's output in <workload id>.log, which
+                                    # berth logs reads (default: none kept)
 
     [microvm]                       # optional; defaults shown (berth microvm setup fills data_dir)
     data_dir = "~/.local/share/berth/microvm"
@@ -217,6 +219,7 @@ class ProcessSection(BerthModel):
 
     user: UserText | None = None
     scratch_dir: PathText | None = None
+    log_dir: PathText | None = None
 
     def run_as(self) -> RunAs | None:
         """Whom workloads run as: ``user``, else ``nobody`` when the agent is root, else the
@@ -229,6 +232,10 @@ class ProcessSection(BerthModel):
     def scratch(self) -> Path | None:
         """The configured scratch directory, absolute (``None``: the runtime's own)."""
         return None if self.scratch_dir is None else Path(self.scratch_dir).expanduser().absolute()
+
+    def logs(self) -> Path | None:
+        """The configured log directory, absolute (``None``: output is not kept)."""
+        return None if self.log_dir is None else Path(self.log_dir).expanduser().absolute()
 
 
 class MicrovmSection(BerthModel):

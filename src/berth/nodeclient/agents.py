@@ -8,9 +8,11 @@ admission, binding and boots holds for the distributed one.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
-from berth.boot import BootSpec, WorkloadStatus
+from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.defaults import LOG_CHUNK_BYTES
 from berth.errors import Unavailable
 from berth.model import Layer, Spec
 from berth.node.agent import Agent
@@ -87,6 +89,12 @@ class AgentNodes:
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         return self.agent(node).status(workload_id)
+
+    async def logs(
+        self, node: str, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES
+    ) -> WorkloadLogs:
+        agent = self.agent(node)
+        return await asyncio.to_thread(agent.logs, workload_id, offset, limit)
 
     async def running(self, node: str) -> tuple[str, ...]:
         return running_on(self.agent(node))

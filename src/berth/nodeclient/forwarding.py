@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from berth.boot import BootSpec, WorkloadStatus
+from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.defaults import LOG_CHUNK_BYTES
 from berth.model import Layer, Spec
 from berth.nodeclient.port import AgentClient, NodeClient
 from berth.ownership import Admission, Owner
@@ -109,6 +110,11 @@ class ForwardingAgents(ForwardingNodes):
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         return await self.forward(node, lambda: self._agents.status(node, workload_id))
+
+    async def logs(
+        self, node: str, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES
+    ) -> WorkloadLogs:
+        return await self.forward(node, lambda: self._agents.logs(node, workload_id, offset, limit))
 
     async def running(self, node: str) -> tuple[str, ...]:
         return await self.forward(node, lambda: self._agents.running(node))

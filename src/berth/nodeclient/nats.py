@@ -42,8 +42,8 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client
 
-from berth.boot import BootSpec, WorkloadStatus
-from berth.defaults import RUN_TIMEOUT_S
+from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec, WorkloadLogs, WorkloadStatus
+from berth.defaults import LOG_CHUNK_BYTES, RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.loops import call_on
 from berth.model import INTERVAL_RULE, Layer, Spec
@@ -170,6 +170,20 @@ class NatsNodes:
             return WorkloadStatus.from_dict(value)
         except Invalid as error:
             raise BadReply(f"node {node} answered status with {value!r}: {error}") from None
+
+    async def logs(
+        self, node: str, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES
+    ) -> WorkloadLogs:
+        document = {
+            "workload_id": workload_id,
+            "offset": OFFSET_RULE(offset, "offset"),
+            "limit": LIMIT_RULE(limit, "limit"),
+        }
+        value = await self._call(node, "logs", document)
+        try:
+            return WorkloadLogs.from_dict(value)
+        except Invalid as error:
+            raise BadReply(f"node {node} answered logs with {shown(value)}: {error}") from None
 
     async def running(self, node: str) -> tuple[str, ...]:
         value = await self._call(node, "running", {})

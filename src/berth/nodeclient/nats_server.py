@@ -1,14 +1,16 @@
 """The node's side of admission over NATS: one agent's responder on its own subjects.
 
 A :class:`NodeServer` answers ``berth.node.<node>.admit|bind|release|run|stop`` (and
-``status``, ``running``, ``cordon``, ``uncordon``) by calling the agent's own methods — ``admit``,
-``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the in-process driver
-calls, so the network adds transport and nothing else.  Its table of operations is the node
-protocol: each operation's request fields (``spec``, ``lease_ttl_s``, ``platforms``,
-``reservation_id``, ``workload_id``, ``layers``, ``boot``; a ``stop`` may carry ``grace_s``,
+``status``, ``logs``, ``running``, ``cordon``, ``uncordon``) by calling the agent's own
+methods — ``admit``, ``bind``, ``release``, ``try_run``, ``stop_workload`` — the very ones the
+in-process driver calls, so the network adds transport and nothing else.  Its table of
+operations is the node protocol: each operation's request fields (``spec``, ``lease_ttl_s``,
+``platforms``, ``reservation_id``, ``workload_id``, ``layers``, ``boot``; a ``stop`` may carry
+``grace_s``,
 seconds from ``SIGTERM`` to ``SIGKILL``, a finite number from 0 to
 :data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's default;
-a ``run`` may carry ``workload_id``, a :data:`~berth.model.Name` the node boots it under —
+a ``logs`` carries ``offset`` and ``limit``, the bytes of output to read; a ``run`` may carry
+``workload_id``, a :data:`~berth.model.Name` the node boots it under —
 idempotently, so a client whose answer was lost asks again), read by its decoder before its
 handler calls the agent; the envelope, the replies and the malformed-request handling are
 :mod:`berth.nats.wire`'s.  It owns three things the agent deliberately does not:
@@ -49,7 +51,7 @@ from typing import Any, NamedTuple
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from berth.boot import BootSpec
+from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec
 from berth.errors import Invalid
 from berth.model import NAME_RULE, Layer, Spec
 from berth.nats.connection import settle
@@ -120,6 +122,7 @@ class NodeServer:
             "run": Operation(_read_run, self._run),
             "stop": Operation(_read_stop, self._stop),
             "status": Operation(_workload_id, self._status),
+            "logs": Operation(_read_logs, self._logs),
             "running": Operation(no_fields, self._running),
             "cordon": Operation(no_fields, self._cordon),
             "uncordon": Operation(no_fields, self._uncordon),
@@ -232,6 +235,11 @@ class NodeServer:
     async def _status(self, workload_id: str) -> dict[str, Any]:
         return self.agent.status(workload_id).to_dict()
 
+    async def _logs(self, request: tuple[str, int, int]) -> dict[str, Any]:
+        workload_id, offset, limit = request
+        logs = await asyncio.to_thread(self.agent.logs, workload_id, offset, limit)
+        return logs.model_dump()
+
     async def _running(self, _: None) -> list[str]:
         return list(running_on(self.agent))
 
@@ -304,6 +312,17 @@ def _read_stop(document: dict[str, Any], msg: Msg) -> tuple[str, float | None]:
     except Invalid as error:
         raise MalformedMessage(error.message, source=msg.subject, field="grace_s") from None
     return workload_id, grace_s
+
+
+def _read_logs(document: dict[str, Any], msg: Msg) -> tuple[str, int, int]:
+    workload_id = _workload_id(document, msg)
+    read: list[int] = []
+    for name, rule in (("offset", OFFSET_RULE), ("limit", LIMIT_RULE)):
+        try:
+            read.append(rule(document.get(name), name))
+        except Invalid as error:
+            raise MalformedMessage(error.message, source=msg.subject, field=name) from None
+    return workload_id, read[0], read[1]
 
 
 def _optional_str(document: dict[str, Any], name: str, source: str) -> str | None:

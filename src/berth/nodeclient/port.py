@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from berth.boot import BootSpec, WorkloadStatus
+from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.defaults import LOG_CHUNK_BYTES
 from berth.model import Layer, Spec
 from berth.ownership import Admission, Owner
 from berth.platform import Platform
@@ -120,6 +121,15 @@ class AgentClient(NodeClient, NodeMaintenance, Protocol):
 
     async def status(self, node: str, workload_id: str) -> WorkloadStatus:
         """Whether ``workload_id`` runs on ``node``, ended there (and how), or is unknown."""
+        ...
+
+    async def logs(
+        self, node: str, workload_id: str, offset: int = 0, limit: int = LOG_CHUNK_BYTES
+    ) -> WorkloadLogs:
+        """Up to ``limit`` bytes of ``workload_id``'s output on ``node`` from ``offset`` (kept
+        after it ends; ``kept`` false where the node's runtime keeps none).  A malformed
+        ``offset`` or ``limit`` is ``Invalid`` naming it; ``Unavailable`` when the node cannot
+        be reached."""
         ...
 
     async def running(self, node: str) -> tuple[str, ...]:

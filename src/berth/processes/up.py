@@ -150,7 +150,7 @@ class LocalCluster:
         self.node_gone_after_s = INTERVAL_RULE(node_gone_after_s, "--node-gone-after")
         self._owned = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
-        if runtime in ("microvm", "container"):  # each node's files go with the cluster
+        if runtime != "fake":  # each node's files and its workloads' output go with the cluster
             self.configs = [self._in_directory(config) for config in self.configs]
         self.auth: ClusterAuth | None = None
         if auth:
@@ -178,6 +178,11 @@ class LocalCluster:
 
     def _in_directory(self, config: AgentConfig) -> AgentConfig:
         token = node_token(config.node.name)
+        if self.runtime == "process":
+            process = config.process.model_copy(
+                update={"log_dir": str(self.directory / "logs" / "workloads")}
+            )
+            return config.model_copy(update={"process": process})
         if self.runtime == "container":
             container = config.container.model_copy(
                 update={

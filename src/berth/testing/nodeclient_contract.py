@@ -58,7 +58,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import ClassVar, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 
@@ -353,6 +353,32 @@ class NodeClientContract:
             status = await agents.status("n1", workload_id)
             assert (status.state, status.stopped) == ("ended", True)
             await agents.stop("n1", workload_id, grace_s=1.5)  # ended already: harmless
+
+        self._run([NodeShape("n1", mem=256 * MiB)], check)
+
+    def test_logs_are_read_by_offset_and_a_malformed_read_is_invalid(self) -> None:
+        if not self.runs_workloads:
+            pytest.skip("the driver's nodes run no workloads")
+
+        async def check(nodes: NodeClient) -> None:
+            agents = cast(AgentClient, nodes)  # a driver whose nodes run workloads is one
+            workload_id = await self.start_workload(nodes, "n1")
+            piece = await agents.logs("n1", workload_id)
+            assert piece.offset == 0 and piece.next_offset == len(piece.text.encode())
+            if piece.kept and piece.size:  # from the end: nothing more, at the end
+                tail = await agents.logs("n1", workload_id, offset=piece.size + 10)
+                assert (tail.text, tail.offset, tail.next_offset) == ("", piece.size, piece.size)
+            bad_reads: list[tuple[str, Any, Any]] = [
+                ("offset", -1, 1),
+                ("offset", "3", 1),
+                ("limit", 0, 0),
+                ("limit", 0, 2**21),
+            ]
+            for name, offset, limit in bad_reads:
+                with pytest.raises(Invalid) as caught:
+                    await agents.logs("n1", workload_id, offset, limit)
+                assert caught.value.field == name, (name, offset, limit)
+            await self.stop_workload(nodes, "n1", workload_id)
 
         self._run([NodeShape("n1", mem=256 * MiB)], check)
 

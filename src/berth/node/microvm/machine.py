@@ -44,7 +44,7 @@ from berth.node.microvm.scratch import GUEST_FILE, leftovers, remove_scratch
 from berth.node.microvm.vm import GuestBootFailed, GuestEnd, MicroVM, console_status
 from berth.node.runtime.port import BootFailed, BootSpec, WorkloadExit, WorkloadHandle
 from berth.node.runtime.process import ProcessRuntime, process_identity
-from berth.node.runtime.supervisor import alive, atomic_write, file_stem, read_record
+from berth.node.runtime.supervisor import alive, atomic_write, log_path, read_record
 from berth.oci import OciImage
 
 __all__ = [
@@ -114,7 +114,7 @@ class GuestMachines:
         if self.log_dir is None:
             return None, None
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        path = self.log_dir / f"{file_stem(workload_id)}.log"
+        path = log_path(self.log_dir, workload_id)
         return open(path, "a", encoding="utf-8"), path  # the guest closes it
 
     async def launch(

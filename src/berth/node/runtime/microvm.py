@@ -99,6 +99,7 @@ from berth.node.runtime.port import (
     WorkloadHandle,
     end_within_grace,
 )
+from berth.node.runtime.supervisor import log_path
 from berth.oci import OciImage, read_layout
 from berth.validation import shown
 
@@ -328,6 +329,10 @@ class MicrovmRuntime(RuntimeDriver):
         return problems(self.files, self.qemu)
 
     # -- the port ----------------------------------------------------------------------------
+    def log_of(self, workload_id: str) -> Path | None:
+        """Where ``workload_id``'s console goes (with a ``log_dir``)."""
+        return None if self.log_dir is None else log_path(self.log_dir, workload_id)
+
     def list(self) -> tuple[WorkloadHandle, ...]:
         return tuple(guest.workload for guest in self._guests.values())
 

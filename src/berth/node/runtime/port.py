@@ -44,6 +44,7 @@ import re
 import signal
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Protocol, runtime_checkable
 
 from pydantic import Field, Strict
@@ -61,6 +62,7 @@ __all__ = [
     "ClosingRuntime",
     "ExitListener",
     "ExitListeners",
+    "LoggingRuntime",
     "Runtime",
     "RuntimeDriver",
     "StopGrace",
@@ -294,6 +296,14 @@ class ClosingRuntime(Runtime, Protocol):
     driver's layer mounts): ``aclose()`` stops every workload and lets them go."""
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class LoggingRuntime(Runtime, Protocol):
+    """A runtime that keeps its workloads' output in files: ``log_of`` names the one of a
+    workload (``None``: this runtime keeps none)."""
+
+    def log_of(self, workload_id: str) -> Path | None: ...
 
 
 class ExitListeners:

@@ -65,7 +65,13 @@ from berth.node.runtime.port import (
     WorkloadHandle,
     end_within_grace,
 )
-from berth.node.runtime.supervisor import OWNER_FILE, WORKLOADS_DIR, WorkloadFiles, file_stem
+from berth.node.runtime.supervisor import (
+    OWNER_FILE,
+    WORKLOADS_DIR,
+    WorkloadFiles,
+    file_stem,
+    log_path,
+)
 from berth.validation import Rule, shown
 
 __all__ = [
@@ -224,9 +230,7 @@ class ProcessRuntime(RuntimeDriver):
 
     def log_of(self, workload_id: str) -> Path | None:
         """Where ``workload_id``'s output goes (with a ``log_dir``)."""
-        if self.log_dir is None:
-            return None
-        return self.log_dir / f"{file_stem(workload_id)}.log"
+        return None if self.log_dir is None else log_path(self.log_dir, workload_id)
 
     def files(self, workload_id: str) -> WorkloadFiles | None:
         """Where ``workload_id``'s journal entry and supervisor records are (with a state dir)."""

@@ -84,6 +84,7 @@ __all__ = [
     "alive",
     "atomic_write",
     "file_stem",
+    "log_path",
     "pid_alive",
     "read_owner",
     "read_record",
@@ -109,6 +110,11 @@ def file_stem(workload_id: str) -> str:
     distinct."""
     stem = workload_id.replace("%", "%25").replace("/", "%2F")
     return "%2E" + stem[1:] if stem.startswith(".") else stem
+
+
+def log_path(log_dir: Path, workload_id: str) -> Path:
+    """Where a runtime with ``log_dir`` writes ``workload_id``'s output: ``<stem>.log``."""
+    return log_dir / f"{file_stem(workload_id)}.log"
 
 
 class WorkloadFiles:

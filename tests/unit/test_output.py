@@ -1,0 +1,79 @@
+"""A workload's kept output, read a piece at a time: offsets, limits, UTF-8 never split,
+and an agent that reads it from its runtime's log directory."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from berth.errors import Invalid
+from berth.node.agent import Agent
+from berth.node.budget import IDLE, BudgetLimits, NodeBudget
+from berth.node.output import read_output
+from berth.node.runtime import BootSpec, ProcessRuntime
+from berth.store.memory import MemoryStore
+from berth.units import GiB
+
+
+def test_pieces_follow_offsets_and_never_split_a_character(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    path.write_bytes("héllo\n".encode())
+    first = read_output(path, 0, 2)  # 'h' and half of 'é'
+    assert (first.text, first.next_offset, first.size, first.kept) == ("h", 1, 7, True)
+    rest = read_output(path, first.next_offset, 100)
+    assert (rest.text, rest.next_offset) == ("éllo\n", 7)
+    assert read_output(path, 99, 10).offset == 7  # past the end: from the end, nothing
+    assert read_output(tmp_path / "none.log", 0, 10).text == ""  # not written yet
+    assert not read_output(None, 0, 10).kept
+
+
+@given(st.text(max_size=200), st.integers(min_value=1, max_value=16))
+def test_reading_piece_by_piece_gives_back_the_whole_text(text: str, limit: int) -> None:
+    path = Path("/tmp") / f"berth-output-{limit}-{abs(hash(text))}.log"
+    path.write_bytes(text.encode())
+    try:
+        pieces, offset = [], 0
+        while offset < len(text.encode()):
+            piece = read_output(path, offset, limit)
+            assert piece.next_offset > offset  # always moves on
+            pieces.append(piece.text)
+            offset = piece.next_offset
+        assert "".join(pieces) == text
+    finally:
+        path.unlink()
+
+
+def test_an_agent_reads_its_workloads_output_and_refuses_bad_reads(tmp_path: Path) -> None:
+    limits = BudgetLimits(
+        mem_max=GiB,
+        disk_max=GiB,
+        cpu_capacity=2.0,
+        cpu_max_load=1.0,
+        disk_bw_cap=GiB,
+        disk_bw_max_load=1.0,
+        net_bw_cap=GiB,
+        net_bw_max_load=1.0,
+    )
+    runtime = ProcessRuntime(log_dir=tmp_path / "logs")
+    agent = Agent("n1", "linux/amd64", NodeBudget(limits, IDLE), MemoryStore(), runtime)
+
+    async def scenario() -> None:
+        workload = await runtime.start(
+            BootSpec(name="w", command=("sh", "-c", "echo out; echo err >&2"))
+        )
+        await workload.wait()
+        piece = agent.logs(workload.id)
+        assert piece.kept and piece.text.split() == ["out", "err"]
+        for name, offset, limit in (("offset", -1, 1), ("limit", 0, 0), ("limit", 0, True)):
+            with pytest.raises(Invalid) as caught:
+                agent.logs(workload.id, offset, limit)
+            assert caught.value.field == name
+        with pytest.raises(Invalid) as caught:
+            agent.logs("")
+        assert caught.value.field == "workload_id"
+
+    asyncio.run(scenario())

@@ -270,6 +270,7 @@ class ProcessRuntime(RuntimeDriver):
             "command": list(spec.command),
             "env": {**self.base_env, "HOME": str(scratch), **spec.env},
             "cwd": str(scratch),
+            "temporary_root": self._scratch_dir is None,
             "user": None if user is None else [user.uid, user.gid, list(user.groups), user.name],
             "mem_limit": spec.mem_limit,
             "log": log,

@@ -54,7 +54,9 @@ The supervisor is told what to do on its standard input (one JSON object: ``comm
 ``{"started": [pid, ticks], "supervisor": [pid, ticks]}`` or ``{"failed": reason}``, then at
 the end the exit record.  ``cwd`` is the workload's scratch directory: the supervisor makes
 it (mode 0700, owned by ``user`` — ``[uid, gid, groups, name]``, whom the workload runs as)
-and removes it once the workload has ended and its exit record is written.  Signals it
+and removes it once the workload has ended and its exit record is written — and, with
+``temporary_root``, its parent too once empty (a runtime's temporary directory, which
+would otherwise outlive an agent that died or whose workloads another agent adopted).  Signals it
 obeys: ``SIGTERM`` is passed on to the workload's process group (the graceful stop),
 ``SIGUSR1`` kills the workload's whole tree (a stop's grace ran out).
 """
@@ -247,6 +249,7 @@ class _Supervisor:
         self.run_file = Path(order["run_file"]) if order.get("run_file") else None
         self.exit_file = Path(order["exit_file"]) if order.get("exit_file") else None
         self.cwd = Path(order["cwd"]) if order.get("cwd") else None
+        self.temporary_root = bool(order.get("temporary_root"))
         user = order.get("user")
         self.user = (
             (int(user[0]), int(user[1]), [int(g) for g in user[2]], str(user[3])) if user else None
@@ -333,6 +336,9 @@ class _Supervisor:
         if self.cwd is None:
             return
         shutil.rmtree(self.cwd, ignore_errors=True)  # a crashed supervisor's leftovers
+        if self.temporary_root:  # the last workload's end may have removed it meanwhile
+            with contextlib.suppress(FileExistsError):
+                self.cwd.parent.mkdir(mode=0o711)
         self.cwd.mkdir(mode=0o700, parents=True)
         if self.user is not None:
             os.chown(self.cwd, self.user[0], self.user[1])
@@ -340,6 +346,9 @@ class _Supervisor:
     def unscratch(self) -> None:
         if self.cwd is not None:
             shutil.rmtree(self.cwd, ignore_errors=True)
+            if self.temporary_root:  # a runtime's own root goes with its last workload
+                with contextlib.suppress(OSError):
+                    self.cwd.parent.rmdir()
 
     def failed(self, reason: str) -> bool:
         self.unscratch()

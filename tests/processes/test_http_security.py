@@ -300,6 +300,7 @@ EXAMPLES: dict[tuple[str, str], tuple[str, Any]] = {
     ),
     ("GET", "/v1/workloads"): ("/v1/workloads", None),
     ("GET", "/v1/workloads/{workload_id}"): ("/v1/workloads/w-000000000000", None),
+    ("GET", "/v1/workloads/{workload_id}/logs"): ("/v1/workloads/w-000000000000/logs", None),
     ("POST", "/v1/workloads/{workload_id}/stop"): ("/v1/workloads/w-000000000000/stop", {}),
     ("POST", "/v1/placements"): ("/v1/placements", {"name": "doc-lease", "spec": "micro"}),
     ("POST", "/v1/explain"): ("/v1/explain", {"name": "doc", "image": "hello", "type": "micro"}),

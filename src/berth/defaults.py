@@ -108,8 +108,9 @@ stop_grace_s``), when a stop names no grace of its own."""
 LOG_CHUNK_BYTES = 64 * 1024
 """The most of a workload's output one read returns (``berth logs``, the API's ``limit``)."""
 
-MAX_LOG_CHUNK_BYTES = 1024 * 1024
-"""The largest ``limit`` a read of a workload's output may ask for."""
+MAX_LOG_CHUNK_BYTES = 128 * 1024
+"""The largest ``limit`` a read of a workload's output may ask for: its answer is one NATS
+reply (at most 1 MiB by default), and JSON may write one byte of output as six."""
 
 API_STOP_GRACE_S = 10.0
 """The grace of an API stop or drain that names none: how long a stop waits for its node,

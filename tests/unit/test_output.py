@@ -77,3 +77,16 @@ def test_an_agent_reads_its_workloads_output_and_refuses_bad_reads(tmp_path: Pat
         assert caught.value.field == "workload_id"
 
     asyncio.run(scenario())
+
+
+def test_the_largest_read_fits_one_nats_message_whatever_the_bytes(tmp_path: Path) -> None:
+    """A node answers ``logs`` in one NATS reply (nats-server's default payload limit is
+    1 MiB); JSON may write one byte of output as six (``\\u0001``), so the largest read a
+    client may ask for must still fit after that growth."""
+    from berth.defaults import MAX_LOG_CHUNK_BYTES
+    from berth.nats.wire import ok_reply
+
+    path = tmp_path / "w.log"
+    path.write_bytes(b"\x01" * (MAX_LOG_CHUNK_BYTES + 10))
+    piece = read_output(path, 0, MAX_LOG_CHUNK_BYTES)
+    assert len(ok_reply(piece.model_dump())) < 1024 * 1024

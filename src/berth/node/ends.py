@@ -203,6 +203,13 @@ class Ends(NodeParts):
         )
         return True
 
+    def _gave_up(self, running: Running, reason: str, *, stopped: bool) -> None:
+        """``running`` ends for good before its restart ran: ``reason``, its last run's code,
+        ``stopped`` when a stop ended it."""
+        assert running.last_exit is not None
+        status = WorkloadStatus("ended", running.last_exit.code, reason, stopped, running.restarts)
+        self.finish(running.workload.id, status, running.layer_ids)
+
     async def _restart(self, running: Running, delay: float) -> None:
         """Wait ``delay``, then start the workload again under its id; a stop meanwhile
         (the task cancelled) or a failed start ends it for good."""
@@ -215,21 +222,13 @@ class Ends(NodeParts):
                 journal.forget_exit(workload_id)  # the last run's: not the next one's
             workload = await self._runtime.start(running.boot, workload_id=workload_id)
         except asyncio.CancelledError:
-            reason = f"stopped while waiting to restart (last run {last.reason})"
-            self.finish(
-                workload_id,
-                WorkloadStatus("ended", last.code, reason, True, running.restarts),
-                running.layer_ids,
+            self._gave_up(
+                running, f"stopped while waiting to restart (last run {last.reason})", stopped=True
             )
             raise
         except Exception as error:
             why = error.reason if isinstance(error, BootFailed) else str(error)
-            reason = f"restart failed: {why} (last run {last.reason})"
-            self.finish(
-                workload_id,
-                WorkloadStatus("ended", last.code, reason, False, running.restarts),
-                running.layer_ids,
-            )
+            self._gave_up(running, f"restart failed: {why} (last run {last.reason})", stopped=False)
             return
         running.workload, running.restarting = workload, None
         running.restarts += 1

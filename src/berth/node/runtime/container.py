@@ -82,6 +82,19 @@ def container_id(workload_id: str) -> str:
     return "w-" + hashlib.sha256(workload_id.encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class _Start:
+    """What one container's start is made of: the workload, its container id and image, the
+    image's layer mounts (lowest first) and the scratch directory its files go in."""
+
+    spec: BootSpec
+    workload_id: str
+    cid: str
+    image: OciImage
+    lowers: tuple[Path, ...]
+    scratch: Path
+
+
 @dataclass(eq=False)
 class _Container:
     workload: WorkloadHandle
@@ -214,7 +227,7 @@ class ContainerRuntime(RuntimeDriver):
         digests = tuple(layer.digest for layer in image.layers)
         scratch = self.work_dir / file_stem(workload_id)
         try:
-            runc = await self._launch(spec, workload_id, cid, image, lowers, scratch)
+            runc = await self._launch(_Start(spec, workload_id, cid, image, lowers, scratch))
         except BaseException as error:
             await asyncio.to_thread(self._clean, scratch, cid)
             self.mounts.release(digests)
@@ -226,19 +239,13 @@ class ContainerRuntime(RuntimeDriver):
         self._watch(_Container(workload, runc, scratch, cid, digests))
         return workload
 
-    async def _launch(
-        self,
-        spec: BootSpec,
-        workload_id: str,
-        cid: str,
-        image: OciImage,
-        lowers: tuple[Path, ...],
-        scratch: Path,
-    ) -> WorkloadHandle:
-        """Make the container's root filesystem and bundle in ``scratch`` and start ``runc``
-        on it under a supervisor; ``runc``'s handle, its locator naming the container."""
+    async def _launch(self, start: _Start) -> WorkloadHandle:
+        """Make the container's root filesystem and bundle in its scratch directory and
+        start ``runc`` on it under a supervisor; ``runc``'s handle, its locator naming the
+        container."""
         # mounts, the image's passwd and fsynced files: off the agent's event loop
-        await to_thread_whole(self._bundle, spec, workload_id, cid, image, lowers, scratch)
+        await to_thread_whole(self._bundle, start)
+        workload_id, cid, image, scratch = start.workload_id, start.cid, start.image, start.scratch
         argv = (self.runc, "--root", str(self.runc_root), "run", "--keep", "--bundle")
         command = (*argv, str(scratch), cid)
         try:
@@ -258,31 +265,24 @@ class ContainerRuntime(RuntimeDriver):
         await to_thread_whole(atomic_write, scratch / _CONTAINER_FILE, record)
         return runc
 
-    def _bundle(
-        self,
-        spec: BootSpec,
-        workload_id: str,
-        cid: str,
-        image: OciImage,
-        lowers: tuple[Path, ...],
-        scratch: Path,
-    ) -> None:
-        """The container's root filesystem (an overlay on ``lowers``) and its bundle in
-        ``scratch`` (what an earlier start left there removed first)."""
+    def _bundle(self, start: _Start) -> None:
+        """The container's root filesystem (an overlay on the layers' mounts) and its bundle
+        in its scratch directory (what an earlier start left there removed first)."""
+        scratch, cid = start.scratch, start.cid
         if scratch.exists():
             self._clean(scratch, cid)
         rootfs = scratch / "rootfs"
         for directory in (scratch / "upper", scratch / "work", rootfs):
             directory.mkdir(parents=True)
         try:
-            overlay(list(reversed(lowers)), scratch / "upper", scratch / "work", rootfs)
+            overlay(list(reversed(start.lowers)), scratch / "upper", scratch / "work", rootfs)
         except MountFailed as error:
             raise BootFailed(str(error)) from None
         config = runtime_spec(
-            spec,
-            image.config,
+            start.spec,
+            start.image.config,
             rootfs,
-            hostname=workload_hostname(workload_id),
+            hostname=workload_hostname(start.workload_id),
             container_id=cid,
             network=self.network,
             pids_limit=self.pids_limit,

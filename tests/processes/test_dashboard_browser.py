@@ -10,6 +10,7 @@ markup in it shown as text — and takes a screenshot.  The screenshot's path is
 README's picture).  Then the attack the review found: a page on another port of the same host
 (a workload's own web server) that holds the visitor's dashboard session posts a cordon with
 it — the API must refuse it (another origin, no CSRF value), so the node stays uncordoned.
+Last, on a cluster whose nodes run processes, a workload's ``logs`` link opens its output.
 
 Skipped only where ``/usr/bin/chromium`` is absent; ``.ci/run`` installs it, so CI runs it.
 """
@@ -26,6 +27,7 @@ import shutil
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +121,34 @@ def test_the_page_shows_the_cluster(cluster: Running, tmp_path: Path) -> None:
     assert page.count('<span class="badge ok">placed</span>') == 4
     assert '<span class="badge warn">no_capacity</span>' in page
     assert "booted" in page  # the placements' explanations
+    for workload in cluster.workloads:  # each row links to the workload's output
+        assert f'<a href="#logs={workload}">logs</a>' in page, workload
+    assert '<section id="logs" hidden="">' in page  # closed until a link is followed
+
+
+def test_a_workloads_logs_link_opens_its_output(tmp_path: Path) -> None:
+    lines = ["first line", MARKUP, "ünïcode"]
+    script = "; ".join(f"echo '{line}'" for line in lines) + "; sleep 60"
+    with LocalCluster(1, heartbeat_s=0.5, runtime="process", http=("127.0.0.1", 0)) as up:
+        assert up.api_url is not None and up.api_token is not None
+        with ApiClient(ApiLocation(up.api_url, up.api_token, "test")) as api:
+            layers = [{"id": "sha256:1111", "size": "1MiB"}]
+            body = {"name": "talks", "type": "micro", "command": ["sh", "-c", script]}
+            workload_id = api.create_workload({**body, "layers": layers}).id
+            for _ in range(100):  # its three lines are on its node
+                if api.logs(workload_id).text.count("\n") == len(lines):
+                    break
+                time.sleep(0.1)
+            url = f"{up.api_url}/?token={up.api_token}#logs={workload_id}"
+            page = chromium(tmp_path / "profile", "--dump-dom", url).stdout
+            api.stop(workload_id, grace_s=0)
+    assert 'data-state="live"' in page, page[:3000]
+    assert '<section id="logs">' in page, page[-3000:]  # the link's panel is open
+    shown = re.search(r'<pre id="logs-text">(.*?)</pre>', page, re.S)
+    assert shown is not None, page[-3000:]
+    assert html.unescape(shown.group(1)) == "".join(f"{line}\n" for line in lines)
+    assert html.escape(MARKUP, quote=False) in shown.group(1)  # text, not markup
+    assert f"following (berth logs {workload_id} -f)" in page
 
 
 def test_a_wrong_token_gets_no_cluster(cluster: Running, tmp_path: Path) -> None:

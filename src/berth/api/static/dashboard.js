@@ -1,4 +1,5 @@
-// berth's live dashboard: polls the JSON API once a second and redraws three tables.
+// berth's live dashboard: polls the JSON API once a second and redraws three tables; a
+// workload's "logs" link (#logs=ID) opens its output below them, followed while it is open.
 //
 // Read-only.  Every value from the API (node names, commands, explanations) is inserted as
 // text (textContent / createTextNode), never as markup, so a workload named "<script>" shows
@@ -14,7 +15,12 @@
   const CSRF = (document.querySelector('meta[name="berth-csrf"]') || {}).content || "";
   const PLACEMENTS = 25;
   const MAX_WORKLOADS = 200;
+  const LOG_READS = 8; // chunks read per poll at the most (the API's default chunk is 64 KiB)
+  const LOG_CHARS = 1 << 20; // the panel keeps the last MiB or so; `berth logs` has it all
   let polls = 0;
+  let shown = { id: null, offset: 0 }; // the workload whose output is open, and how far read
+  let reading = false; // one read of it at a time (a poll and a click may overlap)
+  let states = new Map(); // workload id → its state, as the last poll saw it
 
   function el(tag, attributes, children) {
     const node = document.createElement(tag);
@@ -22,6 +28,7 @@
       if (key === "class") node.className = value;
       else if (key === "text") node.textContent = value;
       else if (key === "title") node.title = value;
+      else if (key === "href") node.setAttribute("href", value);
       else if (key.startsWith("data-")) node.setAttribute(key, value);
       else node.style.setProperty(key, value);
     }
@@ -149,6 +156,7 @@
       cell(quoted(item.command), "mono command"),
       cell(bytes(item.colocated_bytes), "num"),
       cell(age(item.created_at), "num"),
+      cell(el("a", { href: "#logs=" + encodeURIComponent(item.id), text: "logs" })),
     ]);
   }
 
@@ -211,6 +219,75 @@
     return response.json();
   }
 
+  // The workload the address names (#logs=ID), or null.
+  function wantedLogs() {
+    const match = /^#logs=(.+)$/.exec(location.hash);
+    if (!match) return null;
+    try {
+      return decodeURIComponent(match[1]);
+    } catch (error) {
+      return null;
+    }
+  }
+
+  // Read the open workload's output from where the panel left off, a few chunks at a time.
+  async function pollLogs() {
+    if (reading) return; // the next poll goes on from where this one stops
+    reading = true;
+    try {
+      await readLogs();
+    } finally {
+      reading = false;
+    }
+  }
+
+  async function readLogs() {
+    const id = wantedLogs();
+    const section = document.getElementById("logs");
+    const text = document.getElementById("logs-text");
+    const note = document.getElementById("logs-note");
+    if (id === null) {
+      section.hidden = true;
+      shown = { id: null, offset: 0 };
+      return;
+    }
+    if (id !== shown.id) {
+      shown = { id: id, offset: 0 };
+      text.textContent = "";
+      note.textContent = "reading…";
+      document.getElementById("logs-workload").textContent = id;
+      section.hidden = false;
+      section.scrollIntoView({ block: "nearest" });
+    }
+    const path = "/v1/workloads/" + encodeURIComponent(id) + "/logs?offset=";
+    try {
+      for (let read = 0; read < LOG_READS; read += 1) {
+        const chunk = await get(path + shown.offset);
+        if (wantedLogs() !== id) return; // another workload was opened meanwhile
+        if (!chunk.kept) {
+          note.textContent = "its node keeps no output for it (the node's runtime writes none)";
+          return;
+        }
+        text.append(chunk.text);
+        if (text.textContent.length > LOG_CHARS) {
+          text.textContent = "… (earlier output: berth logs " + id + ")\n" +
+            text.textContent.slice(-LOG_CHARS);
+        }
+        const done = chunk.next_offset >= chunk.size || chunk.next_offset === shown.offset;
+        shown.offset = chunk.next_offset;
+        const state = states.get(id);
+        note.textContent = shown.offset + " bytes · " + (state === "running"
+          ? "following (berth logs " + id + " -f)" : "workload " + (state || "not listed"));
+        if (done) return;
+      }
+    } catch (error) {
+      if (wantedLogs() !== id) return;
+      note.textContent = error.status === 404
+        ? "no workload " + id + " in the API's records"
+        : "cannot read its output (" + error.message + "); retrying…";
+    }
+  }
+
   async function poll() {
     try {
       const [nodes, workloads, placements] = await Promise.all([
@@ -224,16 +301,18 @@
         (a.state !== "running") - (b.state !== "running") || b.created_at - a.created_at);
       const placementItems = placements.items.slice().sort((a, b) => b.at - a.at);
       summary(nodeItems, workloadItems);
+      states = new Map(workloadItems.map((item) => [item.id, item.state]));
       fill("nodes", nodeItems.map(nodeRow), "no nodes in the cluster", 10);
       const workloadRows = workloadItems.slice(0, MAX_WORKLOADS).map(workloadRow);
       if (workloadItems.length > MAX_WORKLOADS) {
         const more = el("td", { text: "… and " + (workloadItems.length - MAX_WORKLOADS) +
           " more (berth ps lists them all)" });
-        more.colSpan = 8;
+        more.colSpan = 9;
         workloadRows.push(el("tr", { class: "empty" }, [more]));
       }
-      fill("workloads", workloadRows, "no workloads yet", 8);
+      fill("workloads", workloadRows, "no workloads yet", 9);
       fill("placements", placementItems.map(placementRow), "no placements yet", 7);
+      await pollLogs();
       status("live · updated " + new Date().toLocaleTimeString(), "ok");
       document.body.dataset.state = "live";
       polls += 1;
@@ -250,5 +329,13 @@
     setTimeout(poll, PERIOD_MS);
   }
 
+  window.addEventListener("hashchange", () => {
+    pollLogs();
+  });
+  document.getElementById("logs-close").addEventListener("click", (event) => {
+    event.preventDefault();
+    history.replaceState(null, "", location.pathname + location.search);
+    pollLogs();
+  });
   poll();
 })();

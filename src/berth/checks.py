@@ -54,6 +54,7 @@ import numpy.typing as npt
 
 from berth.model import Spec
 from berth.platform import Platform, matches_any
+from berth.units import format_bandwidth, format_information
 
 __all__ = [
     "CHECKS",
@@ -321,7 +322,7 @@ PLATFORM = Check(
 
 
 # -- cordon ----------------------------------------------------------------------------------
-CORDONED_DETAIL = "the node is cordoned: it takes no new workloads"
+CORDONED_DETAIL = "it takes no new workloads until it is uncordoned"
 
 
 def _cordon_narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: Scratch) -> None:
@@ -342,6 +343,38 @@ CORDONED = Check(
 )
 
 
+# -- the figures a refusal shows -------------------------------------------------------------
+Amounts = Callable[..., tuple[str, ...]]
+"""Figures of one kind (bytes, bytes a second, vCPUs) as a refusal's detail shows them."""
+
+
+def _amounts(unit: Callable[..., str], *values: float) -> tuple[str, ...]:
+    """``values`` in ``unit`` (``format_information``, ``format_bandwidth``), short — or exact
+    where two different values would read alike ("128MiB asked, 128MiB free")."""
+    rounded = [round(value) for value in values]
+
+    def each(exact: bool) -> tuple[str, ...]:
+        return tuple(
+            ("-" if value < 0 else "") + unit(abs(value), exact=exact) for value in rounded
+        )
+
+    short = each(False)
+    alike = len(set(short)) < len(set(rounded))
+    return each(True) if alike else short
+
+
+def _vcpus(count: float) -> str:
+    return f"{count:g} vCPU" + ("" if count == 1 else "s")
+
+
+def _vcpu_figures(*values: float) -> tuple[str, ...]:
+    return tuple(_vcpus(value) for value in values)
+
+
+def _bandwidth_figures(*values: float) -> tuple[str, ...]:
+    return _amounts(format_bandwidth, *values)
+
+
 # -- hard, over-commit and bandwidth checks ------------------------------------------------
 # Each factory derives the vectorised test and the detail from field names; the scalar test is
 # written out in the table below, so each rule reads as its formula (and stays fast in the
@@ -356,7 +389,8 @@ def _hard(resource: str, code: str, phrase: str, test: ScalarTest) -> Check:
         fit &= scratch.mask
 
     def detail(view: NodeView, demand: Demand) -> str:
-        return f"{asked(demand)} B asked, {free(view)} B free"
+        wanted, left = _amounts(format_information, asked(demand), free(view))
+        return f"asks {wanted}, {left} free"
 
     return Check(code, phrase, Stage.HARD, test, narrow, detail)
 
@@ -371,7 +405,7 @@ def _narrow_sum(
     fit &= scratch.mask
 
 
-def _overcommit(resource: str, code: str, phrase: str, unit: str, test: ScalarTest) -> Check:
+def _overcommit(resource: str, code: str, phrase: str, unit: Amounts, test: ScalarTest) -> Check:
     """``oc_<resource>_reserved + demand.<resource> <= oc_<resource>_ceiling`` (β_max)."""
     asked = attrgetter(resource)
     reserved = attrgetter(f"oc_{resource}_reserved")
@@ -383,7 +417,8 @@ def _overcommit(resource: str, code: str, phrase: str, unit: str, test: ScalarTe
         _narrow_sum(reserved(columns), asked(demand), ceiling(columns), fit, scratch)
 
     def detail(view: NodeView, demand: Demand) -> str:
-        return f"{reserved(view):g} + {asked(demand):g} {unit} reserved > ceiling {ceiling(view):g}"
+        wanted, held, most = unit(asked(demand), reserved(view), ceiling(view))
+        return f"asks {wanted}, {held} reserved of a {most} over-commit ceiling"
 
     return Check(code, phrase, Stage.OVERCOMMIT, test, narrow, detail)
 
@@ -398,7 +433,8 @@ def _bandwidth(resource: str, code: str, phrase: str, test: ScalarTest) -> Check
         _narrow_sum(load(columns), asked(demand), ceiling(columns), fit, scratch)
 
     def detail(view: NodeView, demand: Demand) -> str:
-        return f"{load(view):.0f} + {asked(demand)} B/s > {ceiling(view):.0f}"
+        wanted, used, most = _amounts(format_bandwidth, asked(demand), load(view), ceiling(view))
+        return f"asks {wanted}, {used} in use of a {most} ceiling"
 
     return Check(code, phrase, Stage.SOFT, test, narrow, detail)
 
@@ -418,9 +454,10 @@ def _cpu_narrow(columns: NodeColumns, demand: Demand, fit: BoolArray, scratch: S
 
 
 def _cpu_detail(view: NodeView, demand: Demand) -> str:
+    share = demand.vcpus / view.cpu_capacity
     return (
-        f"load {view.cpu_load:.3f} + {demand.vcpus:g}/{view.cpu_capacity:g} cores "
-        f"> {view.cpu_max_load:.3f}"
+        f"asks {_vcpus(demand.vcpus)} of {view.cpu_capacity:g} cores: load "
+        f"{view.cpu_load:.1%} + {share:.1%} > {view.cpu_max_load:.1%} limit"
     )
 
 
@@ -443,21 +480,21 @@ CHECKS: tuple[Check, ...] = (
         "vcpus",
         "cpu_overcommitted",
         "cpu over-commit ceiling reached",
-        "vcpus",
+        _vcpu_figures,
         lambda view, demand: view.oc_vcpus_reserved + demand.vcpus <= view.oc_vcpus_ceiling,
     ),
     _overcommit(
         "disk_bw",
         "disk_bw_overcommitted",
         "disk bandwidth over-commit ceiling reached",
-        "B/s",
+        _bandwidth_figures,
         lambda view, demand: view.oc_disk_bw_reserved + demand.disk_bw <= view.oc_disk_bw_ceiling,
     ),
     _overcommit(
         "net_bw",
         "net_bw_overcommitted",
         "network bandwidth over-commit ceiling reached",
-        "B/s",
+        _bandwidth_figures,
         lambda view, demand: view.oc_net_bw_reserved + demand.net_bw <= view.oc_net_bw_ceiling,
     ),
     Check("cpu_saturated", "cpu saturated", Stage.SOFT, _cpu_test, _cpu_narrow, _cpu_detail),

@@ -21,7 +21,7 @@ from berth.ownership import Admission, Lease, Refused
 from berth.state import Overcommit
 from berth.testing.clock import FakeClock
 from berth.testing.owner import ManualOwner
-from berth.units import GiB
+from berth.units import GiB, format_bandwidth
 
 
 def limits(**changes: object) -> BudgetLimits:
@@ -115,7 +115,7 @@ def test_reserve_judges_only_what_reservations_hold() -> None:
     with pytest.raises(Refused) as caught:
         budget.reserve(spec(vcpus=1), ManualOwner())
     assert caught.value.reason == "cpu_overcommitted"
-    assert caught.value.detail == "2 + 1 vcpus reserved > ceiling 2"
+    assert caught.value.detail == "asks 1 vCPU, 2 vCPUs reserved of a 2 vCPUs over-commit ceiling"
     with pytest.raises(Refused, match="mem_exhausted"):
         budget.reserve(spec(mem=4 * GiB, vcpus=0.001), ManualOwner())
 
@@ -514,7 +514,8 @@ def test_bandwidth_overcommit_ceilings_fill_exactly_and_free_on_release(
     with pytest.raises(Refused) as caught:
         budget.admit(spec(mem=1, disk=1, **{resource: 1}), ManualOwner())
     assert caught.value.reason == code
-    assert caught.value.detail == f"{ceiling} + 1 B/s reserved > ceiling {ceiling}"
+    shown = format_bandwidth(ceiling)
+    assert caught.value.detail == f"asks 1Bps, {shown} reserved of a {shown} over-commit ceiling"
     quarter.end()  # a release frees its bandwidth
     over = budget.overcommit()
     assert over is not None and getattr(over, f"{resource}_reserved") == ceiling - ceiling // 4

@@ -25,8 +25,10 @@ from berth.checks import (
     Scratch,
     Stage,
     _bandwidth,
+    _bandwidth_figures,
     _hard,
     _overcommit,
+    _vcpu_figures,
     describe_reason,
     first_excluding,
     first_failed,
@@ -389,14 +391,18 @@ def test_admission_details_come_from_the_table() -> None:
             budget.admit_leased(spec, 5.0)
         return caught.value
 
-    assert (
-        refusal(Spec(vcpus=1, mem=2**27 + 1, disk=1)).detail
-        == "134217729 B asked, 134217728 B free"
+    # figures that would read alike rounded are shown exactly
+    assert refusal(Spec(vcpus=1, mem=2**27 + 1, disk=1)).detail == "asks 134217729B, 128MiB free"
+    assert refusal(Spec(vcpus=1, mem=1, disk=1)).detail == (
+        "asks 1 vCPU of 4 cores: load 60.0% + 25.0% > 80.0% limit"
     )
-    assert refusal(Spec(vcpus=1, mem=1, disk=1)).detail == "load 0.600 + 1/4 cores > 0.800"
-    assert refusal(Spec(vcpus=5, mem=1, disk=1)).detail == "0 + 5 vcpus reserved > ceiling 4"
+    assert refusal(Spec(vcpus=5, mem=1, disk=1)).detail == (
+        "asks 5 vCPUs, 0 vCPUs reserved of a 4 vCPUs over-commit ceiling"
+    )
     load.cpu_load = 0.0
-    assert refusal(Spec(vcpus=1, mem=1, disk=1, net_bw=501)).detail == "0 + 501 B/s > 500"
+    assert refusal(Spec(vcpus=1, mem=1, disk=1, net_bw=501)).detail == (
+        "asks 501Bps, 0Bps in use of a 500Bps ceiling"
+    )
 
 
 def test_engine_and_reference_agree_with_an_added_check_on_random_clusters() -> None:
@@ -435,21 +441,21 @@ def rebuilt_checks() -> list[Check]:
             "vcpus",
             "cpu_overcommitted",
             "cpu over-commit ceiling reached",
-            "vcpus",
+            _vcpu_figures,
             test("cpu_overcommitted"),
         ),
         _overcommit(
             "disk_bw",
             "disk_bw_overcommitted",
             "disk bandwidth over-commit ceiling reached",
-            "B/s",
+            _bandwidth_figures,
             test("disk_bw_overcommitted"),
         ),
         _overcommit(
             "net_bw",
             "net_bw_overcommitted",
             "network bandwidth over-commit ceiling reached",
-            "B/s",
+            _bandwidth_figures,
             test("net_bw_overcommitted"),
         ),
         _bandwidth(
@@ -509,13 +515,13 @@ def test_factory_built_checks_detail_their_figures() -> None:
     demand = Demand.of(Spec(vcpus=1, mem=1024, disk=300, disk_bw=300, net_bw=200))
     details = {check.code: check.detail(view, demand) for check in rebuilt_checks()}
     assert details == {
-        "mem_exhausted": "1024 B asked, 512 B free",
-        "disk_exhausted": "300 B asked, 256 B free",
-        "cpu_overcommitted": "2.5 + 1 vcpus reserved > ceiling 3",
-        "disk_bw_overcommitted": "512 + 300 B/s reserved > ceiling 768",
-        "net_bw_overcommitted": "64 + 200 B/s reserved > ceiling 128",
-        "disk_bw_saturated": "256 + 300 B/s > 512",
-        "net_bw_saturated": "100 + 200 B/s > 256",
+        "mem_exhausted": "asks 1KiB, 512B free",
+        "disk_exhausted": "asks 300B, 256B free",
+        "cpu_overcommitted": "asks 1 vCPU, 2.5 vCPUs reserved of a 3 vCPUs over-commit ceiling",
+        "disk_bw_overcommitted": "asks 300Bps, 512Bps reserved of a 768Bps over-commit ceiling",
+        "net_bw_overcommitted": "asks 200Bps, 64Bps reserved of a 128Bps over-commit ceiling",
+        "disk_bw_saturated": "asks 300Bps, 256Bps in use of a 512Bps ceiling",
+        "net_bw_saturated": "asks 200Bps, 100Bps in use of a 256Bps ceiling",
     }
     assert details == {code: TABLE[code].detail(view, demand) for code in details}
     assert all(not check.test(view, demand) for check in rebuilt_checks())

@@ -274,6 +274,11 @@ def test_explain_gives_every_verdict_with_rank() -> None:
     assert explanation.summary() == (
         "2/4 nodes can run it: 1 platform linux/amd64 not offered, 1 insufficient memory"
     )
+    # each verdict says its figures, as the node's refusal would
+    described = {v.node: v.description for v in explanation.verdicts}
+    assert described["full"] == "insufficient memory: asks 128MiB, 1B free"
+    assert described["arm"].startswith("platform not offered: node runs linux/arm64")
+    assert described["a"] == "fits"
 
 
 class Workload:

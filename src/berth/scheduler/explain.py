@@ -59,6 +59,8 @@ class NodeVerdict:
     rank: int | None = None
     refused: str | None = None
     spread: str | None = None
+    detail: str | None = None
+    """The failed check's figures, as a refusal would give them ("asks 2GiB, 1.5GiB free")."""
 
     @property
     def description(self) -> str:
@@ -70,7 +72,8 @@ class NodeVerdict:
             return "fits"
         if self.spread is not None:  # a filter's verdict: "excluded by the spread: …"
             return f"excluded by the {self.verdict}: {self.spread}"
-        return describe_reason(self.verdict)
+        phrase = describe_reason(self.verdict)
+        return phrase if self.detail is None else f"{phrase}: {self.detail}"
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ def verdicts(
     demand = Demand.of(spec, platforms)
     out: list[NodeVerdict] = []
     for state in states:
-        verdict, why = _verdict(state, demand, checks, stages)
+        verdict, why, detail = _verdict(state, demand, checks, stages)
         out.append(
             NodeVerdict(
                 node=state.node,
@@ -123,6 +126,7 @@ def verdicts(
                 rank=ranks.get(state.node),
                 refused=refusals.get(state.node),
                 spread=why,
+                detail=detail,
             )
         )
     # A node that refused and has left since (its refusal was ``Unavailable``, typically)
@@ -141,17 +145,17 @@ def verdicts(
 
 def _verdict(
     state: NodeState, demand: Demand, checks: Sequence[Check], stages: Stages
-) -> tuple[str, str | None]:
-    """One node's verdict and why: the code of the first check it fails; else the code of
-    the first filter that excludes it, and why; else ``fits``, and why a tier sets it back
-    (``None``: none does)."""
+) -> tuple[str, str | None, str | None]:
+    """One node's verdict, why and its figures: the code of the first check it fails, with
+    the check's detail; else the code of the first filter that excludes it, and why; else
+    ``fits``, and why a tier sets it back (``None``: none does)."""
     failed = first_failed(state, demand, checks)
     if failed is not None:
-        return failed.code, None
+        return failed.code, None, failed.detail(state, demand)
     excluded = first_excluding(state.node, stages.filters)
     if excluded is not None:
-        return excluded[0].code, excluded[1]
-    return FITS, stages.demotion(state.node)
+        return excluded[0].code, excluded[1], None
+    return FITS, stages.demotion(state.node), None
 
 
 def summarise(

@@ -26,6 +26,9 @@ __all__ = [
     "LOAD_TAU_S",
     "LOCAL_HEARTBEAT_S",
     "LOG_CHUNK_BYTES",
+    "LOG_DIR_BYTES",
+    "LOG_KEEP_BYTES",
+    "LOG_KEEP_PERIOD_S",
     "MAX_LOG_CHUNK_BYTES",
     "MAX_ORPHAN_GRACE_S",
     "MICROVM_BOOT_TIMEOUT_S",
@@ -111,6 +114,17 @@ LOG_CHUNK_BYTES = 64 * 1024
 MAX_LOG_CHUNK_BYTES = 128 * 1024
 """The largest ``limit`` a read of a workload's output may ask for: its answer is one NATS
 reply (at most 1 MiB by default), and JSON may write one byte of output as six."""
+
+LOG_KEEP_BYTES = 8 * 1024 * 1024
+"""How much of each workload's output its node keeps: the last 8 MiB (whole 4 KiB blocks;
+older bytes are dropped as it writes more, and offsets into the output stay as they were)."""
+
+LOG_DIR_BYTES = 1024 * 1024 * 1024
+"""How much workload output a node keeps in all: past it, the output of ended workloads is
+removed, the longest-ended first (a running workload's is only ever trimmed)."""
+
+LOG_KEEP_PERIOD_S = 2.0
+"""How often a node agent trims and prunes the output it keeps."""
 
 API_STOP_GRACE_S = 10.0
 """The grace of an API stop or drain that names none: how long a stop waits for its node,

@@ -4,6 +4,7 @@ and an agent that reads it from its runtime's log directory."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from berth.errors import Invalid
 from berth.node.agent import Agent
 from berth.node.budget import IDLE, BudgetLimits, NodeBudget
-from berth.node.output import read_output
+from berth.node.output import Kept, keep_output, read_output, trim_output
 from berth.node.runtime import BootSpec, ProcessRuntime
 from berth.store.memory import MemoryStore
 from berth.units import GiB
@@ -90,3 +91,40 @@ def test_the_largest_read_fits_one_nats_message_whatever_the_bytes(tmp_path: Pat
     path.write_bytes(b"\x01" * (MAX_LOG_CHUNK_BYTES + 10))
     piece = read_output(path, 0, MAX_LOG_CHUNK_BYTES)
     assert len(ok_reply(piece.model_dump())) < 1024 * 1024
+
+
+def test_trimming_frees_the_head_keeps_offsets_and_loses_no_later_byte(tmp_path: Path) -> None:
+    path = tmp_path / "w.log"
+    line = "ünïcode line, a little over forty bytes\n".encode()
+    with open(path, "ab") as writer:  # a workload's append-only output, still open
+        writer.write(line * 2000)  # ~86 KB
+        writer.flush()
+        freed = trim_output(path, 16 * 1024)
+        assert freed >= 64 * 1024 and path.stat().st_size == len(line) * 2000  # same length
+        writer.write(b"after the trim\n")  # the writer goes on at its end, unaware
+    size = path.stat().st_size
+    assert path.stat().st_blocks * 512 <= 24 * 1024  # the head no longer takes disk space
+    piece = read_output(path, 0, 128 * 1024)
+    assert piece.offset >= size - 20 * 1024 - 15 and piece.offset % 4096 < 3  # where it goes on
+    assert piece.text.endswith("after the trim\n") and "\x00" not in piece.text
+    assert piece.text[0] != "\ufffd"  # started on a whole character past the cut
+    assert piece.next_offset == size  # a follower's offsets are as they were
+    assert read_output(path, size - 15, 100).text == "after the trim\n"
+    assert trim_output(path, 16 * 1024) == 0  # nothing more to drop
+
+
+def test_keeping_output_removes_ended_workloads_longest_ended_first(tmp_path: Path) -> None:
+    files = {}
+    for age, name in enumerate(("old", "running", "newer", "newest")):
+        files[name] = tmp_path / f"{name}.log"
+        files[name].write_bytes(b"x" * 40_000)
+        os.utime(files[name], (1000 + age, 1000 + age))  # written in this order
+    (tmp_path / "other.txt").write_bytes(b"y" * 100_000)  # not output: left alone
+    kept = keep_output(tmp_path, {files["running"]}, keep=16 * 1024, total=40 * 1024)
+    assert kept.trimmed > 0
+    assert kept.removed == (files["old"], files["newer"])  # the running one only trimmed
+    assert {path.name for path in tmp_path.iterdir()} == {"running.log", "newest.log", "other.txt"}
+    assert kept.on_disk <= 40 * 1024
+    piece = read_output(files["running"], 0, 100)  # offsets kept: on from the first kept block
+    assert (piece.offset, piece.next_offset, piece.size) == (20480, 20580, 40_000)
+    assert keep_output(tmp_path / "absent", (), 1, 1) == Kept()

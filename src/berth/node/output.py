@@ -8,16 +8,37 @@ LoggingRuntime`); the file stays after the workload ends.  :func:`read_output` r
 never splits a UTF-8 character: an incomplete one at the end is left for the next read, and
 a ``limit`` shorter than the first character reads on to its end (a reader always moves on;
 bytes that are no character show as U+FFFD).
+
+**Bounded.**  A node keeps each workload's last :data:`~berth.defaults.LOG_KEEP_BYTES` and,
+in all, :data:`~berth.defaults.LOG_DIR_BYTES` (:func:`keep_output`, which the agent runs
+every few seconds).  A long output is trimmed at its head by punching a hole in the file
+(``fallocate(PUNCH_HOLE)``): the disk space is freed, the file keeps its length, and the
+writer — a workload appending to it, or QEMU's console — neither notices nor loses a byte;
+offsets stay what they were, so a follower simply goes on, and a read from an offset that
+was dropped starts at the first byte still kept (its answer's ``offset`` says where).  Past
+the directory's bound the output of ended workloads is removed, the longest-ended first;
+the output of a running one is only ever trimmed.
 """
 
 from __future__ import annotations
 
 import codecs
+import ctypes
+import errno
+import os
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from berth.boot import WorkloadLogs
 
-__all__ = ["read_output"]
+__all__ = ["Kept", "keep_output", "read_output", "trim_output"]
+
+_BLOCK = 4096
+"""Holes are punched in whole blocks of this size (the page size; a file system's block)."""
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
 
 
 def read_output(path: Path | None, offset: int, limit: int) -> WorkloadLogs:
@@ -29,6 +50,9 @@ def read_output(path: Path | None, offset: int, limit: int) -> WorkloadLogs:
         with open(path, "rb") as file:
             size = file.seek(0, 2)
             start = min(offset, size)
+            kept_from = _data_start(file.fileno(), size)
+            if start < kept_from:  # trimmed: on from the first byte kept, a whole character
+                start = _character_start(file, kept_from, size)
             file.seek(start)
             data = file.read(limit)
             text, pending = _decoded(data)
@@ -50,3 +74,95 @@ def _decoded(data: bytes) -> tuple[str, int]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     text = decoder.decode(data, final=False)
     return text, len(decoder.getstate()[0])
+
+
+def _data_start(descriptor: int, size: int) -> int:
+    """The first byte of the file that is not a punched hole (``size``: none is)."""
+    try:
+        return os.lseek(descriptor, 0, os.SEEK_DATA)
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # only a hole from 0 to the end
+            return size
+        return 0  # a file system that cannot tell: read it all
+
+
+def _character_start(file: BinaryIO, offset: int, size: int) -> int:
+    """``offset``, or past the (at most three) UTF-8 continuation bytes there: the cut a hole
+    leaves may fall inside a character."""
+    file.seek(offset)
+    head = file.read(3)
+    skip = 0
+    while skip < len(head) and 0x80 <= head[skip] <= 0xBF:
+        skip += 1
+    return min(offset + skip, size)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_fallocate = _libc.fallocate
+_fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+_fallocate.restype = ctypes.c_int
+
+
+def trim_output(path: Path, keep: int) -> int:
+    """Drop all of ``path`` but (at least) its last ``keep`` bytes, in whole blocks, by
+    punching a hole over its head (see the module docstring); the bytes freed on disk."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        before = os.fstat(descriptor)
+        cut = (before.st_size - keep) // _BLOCK * _BLOCK
+        if cut <= 0 or cut <= _data_start(descriptor, before.st_size):
+            return 0
+        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        if _fallocate(descriptor, mode, 0, cut) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot trim {path}: {os.strerror(code)}")
+        # a hole is not output: the file's time stays that of its last write (the age by
+        # which keep_output removes ended workloads' output)
+        os.utime(descriptor, ns=(before.st_atime_ns, before.st_mtime_ns))
+        return max(0, (before.st_blocks - os.fstat(descriptor).st_blocks) * 512)
+    finally:
+        os.close(descriptor)
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What one pass of :func:`keep_output` did: bytes freed by trimming, files removed, and
+    the bytes on disk left in the directory."""
+
+    trimmed: int = 0
+    removed: tuple[Path, ...] = ()
+    on_disk: int = 0
+
+
+def keep_output(directory: Path, running: Collection[Path], keep: int, total: int) -> Kept:
+    """Bound the output kept in ``directory`` (``*.log``): each file to its last ``keep``
+    bytes, then — while the files take more than ``total`` bytes on disk — remove the output
+    of ended workloads (any file not in ``running``), the one written longest ago first."""
+    trimmed, files = 0, []
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return Kept()
+    for entry in entries:
+        if not entry.name.endswith(".log") or not entry.is_file(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        try:
+            if entry.stat(follow_symlinks=False).st_size > keep:
+                trimmed += trim_output(path, keep)
+            status = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:  # removed meanwhile
+            continue
+        files.append((status.st_mtime, path, status.st_blocks * 512))
+    on_disk = sum(used for _, _, used in files)
+    removed: list[Path] = []
+    live = set(running)
+    for _, path, used in sorted(files):
+        if on_disk <= total:
+            break
+        if path in live:
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+        on_disk -= used
+    return Kept(trimmed, tuple(removed), on_disk)

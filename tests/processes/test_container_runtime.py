@@ -331,7 +331,7 @@ def test_berth_up_runs_busybox_in_containers_with_no_extra_step() -> None:
                     "command": ["sh", "-c", "ls /; uname -m"],
                 }
             )
-            log = up.directory / "logs" / "workloads" / f"{created.id}.log"
+            log = up.directory / "logs" / "workloads" / created.node / f"{created.id}.log"
             deadline = time.monotonic() + 20
             while "\n" + platform.machine() not in (log.read_text() if log.exists() else ""):
                 assert time.monotonic() < deadline, "the container printed nothing"

@@ -22,18 +22,24 @@ the output of a running one is only ever trimmed.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import ctypes
 import errno
+import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from berth.boot import WorkloadLogs
+from berth.defaults import LOG_DIR_BYTES, LOG_KEEP_BYTES, LOG_KEEP_PERIOD_S
 
-__all__ = ["Kept", "keep_output", "read_output", "trim_output"]
+__all__ = ["Kept", "OutputKeeper", "keep_output", "read_output", "trim_output"]
+
+log = logging.getLogger("berth.node")
 
 _BLOCK = 4096
 """Holes are punched in whole blocks of this size (the page size; a file system's block)."""
@@ -166,3 +172,63 @@ def keep_output(directory: Path, running: Collection[Path], keep: int, total: in
         removed.append(path)
         on_disk -= used
     return Kept(trimmed, tuple(removed), on_disk)
+
+
+class OutputKeeper:
+    """Runs :func:`keep_output` over ``directory`` every ``period_s`` seconds while started:
+    ``running()`` names the output files of the workloads that run now (never removed)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        running: Callable[[], Iterable[Path]],
+        *,
+        keep: int = LOG_KEEP_BYTES,
+        total: int = LOG_DIR_BYTES,
+        period_s: float = LOG_KEEP_PERIOD_S,
+    ) -> None:
+        self.directory, self.running = directory, running
+        self.keep, self.total, self.period_s = keep, total, period_s
+        self.last = Kept()
+        """What the latest pass did."""
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._loop(), name=f"keep output in {self.directory}"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def once(self) -> Kept:
+        """One pass now (off the event loop: it reads and punches files)."""
+        running = frozenset(self.running())
+        self.last = await asyncio.to_thread(
+            keep_output, self.directory, running, self.keep, self.total
+        )
+        if self.last.removed:
+            log.info(
+                "removed the output of %d ended workloads from %s (over %d bytes)",
+                len(self.last.removed),
+                self.directory,
+                self.total,
+            )
+        return self.last
+
+    async def _loop(self) -> None:
+        said = ""
+        while True:
+            await asyncio.sleep(self.period_s)
+            try:
+                await self.once()
+                said = ""
+            except OSError as error:  # a file system that cannot punch holes, a full disk
+                if str(error) != said:  # once, not every pass
+                    said = str(error)
+                    log.warning("cannot bound the output in %s: %s", self.directory, error)

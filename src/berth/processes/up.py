@@ -21,7 +21,7 @@ Nomad's ``agent -dev`` for berth.  :class:`LocalCluster` builds, in one temporar
   finds nothing missing), agents that run each workload in a container from its image's
   layers (:mod:`berth.node.runtime.container`), all on this host's platform, each node's
   layer files, mounts and containers in ``<directory>/container/<node>``, their output in
-  ``<directory>/logs/workloads``; the directory's OCI layout ``images`` gets ``busybox``
+  ``<directory>/logs/workloads/<node>``; the directory's OCI layout ``images`` gets ``busybox``
   (the host's static busybox, not downloaded) and the cluster's image registry has it once
   the cluster is up, so ``berth run busybox -- echo hello`` works at once;
 * K schedulers as separate processes (``berth scheduler --nats …``) in one queue group, each
@@ -178,24 +178,24 @@ class LocalCluster:
 
     def _in_directory(self, config: AgentConfig) -> AgentConfig:
         token = node_token(config.node.name)
+        # each node its own output directory: a node bounds what it keeps in its own
+        output = self.directory / "logs" / "workloads" / token
         if self.runtime == "process":
-            process = config.process.model_copy(
-                update={"log_dir": str(self.directory / "logs" / "workloads")}
-            )
+            process = config.process.model_copy(update={"log_dir": str(output)})
             return config.model_copy(update={"process": process})
         if self.runtime == "container":
             container = config.container.model_copy(
                 update={
                     "images": str(self.directory / "images"),
                     "node_dir": str(self.directory / "container" / token),
-                    "log_dir": str(self.directory / "logs" / "workloads"),
+                    "log_dir": str(output),
                 }
             )
             return config.model_copy(update={"container": container})
         section = config.microvm.model_copy(
             update={
                 "node_dir": str(self.directory / "microvm" / token),
-                "log_dir": str(self.directory / "logs" / "guests"),
+                "log_dir": str(self.directory / "logs" / "guests" / token),
             }
         )
         return config.model_copy(update={"microvm": section})

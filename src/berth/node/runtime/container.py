@@ -195,6 +195,11 @@ class ContainerRuntime(RuntimeDriver):
         """What the node's snapshot says of its containers."""
         return {"container.network": self.network}
 
+    @property
+    def log_dir(self) -> Path | None:
+        """Where its containers' output goes (``[container] log_dir``), if anywhere."""
+        return self._host.log_dir
+
     def log_of(self, workload_id: str) -> Path | None:
         """Where ``workload_id``'s output goes (with a ``log_dir``)."""
         return self._host.log_of(workload_id)

@@ -301,7 +301,12 @@ class ClosingRuntime(Runtime, Protocol):
 @runtime_checkable
 class LoggingRuntime(Runtime, Protocol):
     """A runtime that keeps its workloads' output in files: ``log_of`` names the one of a
-    workload (``None``: this runtime keeps none)."""
+    workload (``None``: this runtime keeps none), all in ``log_dir`` (``<stem>.log``: a
+    directory of the runtime's own, whose output the node bounds —
+    :func:`~berth.node.output.keep_output`)."""
+
+    @property
+    def log_dir(self) -> Path | None: ...
 
     def log_of(self, workload_id: str) -> Path | None: ...
 

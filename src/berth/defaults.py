@@ -48,6 +48,7 @@ __all__ = [
     "SCHEDULE_TIMEOUT_S",
     "SHUTDOWN_GRACE_S",
     "STOP_GRACE_S",
+    "UP_POLICY",
 ]
 
 LEASE_TTL_S = 30.0
@@ -125,6 +126,10 @@ removed, the longest-ended first (a running workload's is only ever trimmed)."""
 
 LOG_KEEP_PERIOD_S = 2.0
 """How often a node agent trims and prunes the output it keeps."""
+
+UP_POLICY = "berth"
+"""The policy ``berth up``'s schedulers rank with: ``berth`` (layer bytes on the node first,
+room priced by scarcity), what the demo shows pulling about 0.4× the seed ordering's bytes."""
 
 API_STOP_GRACE_S = 10.0
 """The grace of an API stop or drain that names none: how long a stop waits for its node,

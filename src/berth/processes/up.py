@@ -55,14 +55,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
 import httpx
 from nats.aio.client import Client
 
-from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S
+from berth.defaults import LEASE_TTL_S, LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S, UP_POLICY
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE
@@ -76,7 +76,7 @@ from berth.node.config import AgentConfig, config_toml
 from berth.node.microvm.paths import GuestFiles
 from berth.pki import CertificateAuthority, TlsFiles, write_pair
 from berth.private import write_private
-from berth.processes.runtimes import container_configs, microvm_configs
+from berth.processes.runtimes import container_configs, labelled, microvm_configs
 from berth.scheduler.nats import NatsScheduler
 from berth.scheduler.policy.registry import policy_name
 from berth.store.nats import NatsStore, bucket_ttl_s
@@ -114,10 +114,12 @@ class LocalCluster:
         http: tuple[str, int] | None = None,
         api_token: str | None = None,
         microvm_data_dir: Path | None = None,
-        policy: str = "seed",
+        policy: str = UP_POLICY,
         node_gone_after_s: float = NODE_GONE_AFTER_S,
         nats_servers: int = 1,
         tls: bool = False,
+        zones: int = 0,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         checked_size(nats_servers, "--nats-servers")
         if isinstance(nodes, bool) or nodes < 1:
@@ -152,6 +154,7 @@ class LocalCluster:
         self.directory = directory or Path(tempfile.mkdtemp(prefix="berth-up-"))
         if runtime != "fake":  # each node's files and its workloads' output go with the cluster
             self.configs = [self._in_directory(config) for config in self.configs]
+        self.configs = labelled(self.configs, zones, labels or {})
         self.auth: ClusterAuth | None = None
         if auth:
             self.auth = generate([c.node.name for c in self.configs], self.names)

@@ -89,7 +89,7 @@ def agent(
         float | None,
         typer.Option(
             help="Seconds a process workload outlives this agent before it is killed "
-            f"(default: the config's [agent] orphan_grace_s, {ORPHAN_GRACE_S:g})."
+            f"(default: the config's \\[agent] orphan_grace_s, {ORPHAN_GRACE_S:g})."
         ),
     ] = None,
 ) -> None:

@@ -134,6 +134,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     cls=OneLineErrors,
+    rich_markup_mode="rich",  # typer's default, said: help texts are markup (a `[` is `\[`)
 )
 
 

@@ -293,7 +293,7 @@ def ps(
         str | None,
         typer.Argument(
             metavar="[ID]",
-            help="One workload (its id, or NAMESPACE/NAME[/REPLICA]): its record and history.",
+            help="One workload (its id, or NAMESPACE/NAME\\[/REPLICA]): its record and history.",
         ),
     ] = None,
     namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
@@ -435,7 +435,7 @@ def _age(seconds: float) -> str:
 
 def stop(
     workload_id: Annotated[
-        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME\\[/REPLICA].")
     ],
     grace: GraceOption = 10.0,
     api: ApiOption = None,
@@ -467,7 +467,7 @@ def stop(
 
 def logs(
     workload_id: Annotated[
-        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME\\[/REPLICA].")
     ],
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new output until it ends.")

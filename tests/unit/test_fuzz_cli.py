@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.text import Text
 from typer.testing import CliRunner, Result
 
 from berth.cli.main import app
@@ -342,6 +344,27 @@ def test_anything(args: list[str]) -> None:
         assert result.exit_code in (0, 2)
         return
     check(result, args, (*SCHEDULE, *SIM, *USAGE, "--help"))
+
+
+def test_every_command_shows_its_help_as_written() -> None:
+    """``--help`` of the app, each group and each command: exit status 0 — and every help
+    text reads as written.  typer renders help as rich markup, so a ``[`` in one is escaped
+    (``\\[``): unescaped, ``NAME[/REPLICA]`` is a closing tag that crashed ``berth ps
+    --help`` with a traceback, and ``[agent]`` a style that vanished from ``berth agent``'s."""
+    root = typer.main.get_command(app)
+
+    def walk(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    for path, command in walk(root, []):
+        result = invoke([*path, "--help"])
+        assert result.exit_code == 0, (path, result.output, result.exception)
+        assert "Usage:" in result.output, path
+        texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        for text in texts:
+            assert Text.from_markup(text).plain == text.replace("\\[", "["), (path, text)
 
 
 def test_the_fuzz_reaches_both_outcomes() -> None:

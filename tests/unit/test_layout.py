@@ -17,9 +17,16 @@ with why.
 **No circles**: no two modules import each other, directly or round a loop, at module level
 (including ``TYPE_CHECKING`` blocks; a function's lazy import runs after both modules loaded).
 
-**A light ``import berth``**: the public API loads the core only — not nats-py, FastAPI,
-matplotlib, the CLI's libraries, or the microVM/OCI stack; each is loaded by the module that
-needs it.
+**A light ``import berth``**: ``berth/__init__.py`` imports its public names on first use, so
+``import berth`` loads no other module of berth; a name read loads the core it needs only —
+not nats-py, FastAPI, matplotlib, the CLI's libraries, or the microVM/OCI stack; each is
+loaded by the module that needs it.
+
+**A light command line**: ``import berth.cli.main`` (the ``berth`` command's entry point)
+loads typer, rich and the commands' modules with their flags, and of the rest of berth only
+the errors and the shared defaults — no models, no pydantic, no HTTP client, no NATS, no
+numpy: a command imports what it runs when it runs, so ``berth --help`` and an operator's
+command start fast (``benchmarks/cli_startup.py`` times it).
 """
 
 from __future__ import annotations
@@ -470,19 +477,96 @@ FORBIDDEN_ON_IMPORT = (
 """Packages ``import berth`` must not load: each is loaded by the module that needs it."""
 
 
-def test_import_berth_loads_the_core_only() -> None:
-    """``import berth`` in a fresh interpreter loads none of :data:`FORBIDDEN_ON_IMPORT`."""
+def loaded_by(statement: str, *, before: str = "") -> list[str]:
+    """The modules that ``statement`` loads in a fresh interpreter, after ``before``."""
     probe = (
-        "import sys, berth\n"
-        f"forbidden = {FORBIDDEN_ON_IMPORT!r}\n"
-        "print(sorted(m for m in sys.modules\n"
-        "             if any(m == f or m.startswith(f + '.') for f in forbidden)))\n"
+        f"import sys\n{before}\nalready = set(sys.modules)\n{statement}\n"
+        "print('\\n'.join(sorted(set(sys.modules) - already)))\n"
     )
     environment = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
-    loaded = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=environment
-    ).stdout.strip()
-    assert loaded == "[]", f"import berth loads {loaded}"
+    ).stdout.split()
+
+
+def among(loaded: Sequence[str], packages: Sequence[str]) -> list[str]:
+    """The modules of ``loaded`` that are, or are inside, one of ``packages``."""
+    return [m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages)]
+
+
+def test_import_berth_loads_the_core_only() -> None:
+    """``import berth`` in a fresh interpreter loads none of :data:`FORBIDDEN_ON_IMPORT` —
+    nor any module of berth but its ``__init__``: each public name is imported on first use;
+    reading one loads the core, none of :data:`FORBIDDEN_ON_IMPORT` still."""
+    loaded = loaded_by("import berth")
+    assert among(loaded, FORBIDDEN_ON_IMPORT) == [], f"import berth loads {loaded}"
+    assert among(loaded, ["berth"]) == ["berth"], "import berth loads more than berth/__init__"
+    core = loaded_by("import berth\nberth.EmbeddedCluster, berth.Agent, berth.Spec")
+    assert among(core, FORBIDDEN_ON_IMPORT) == [], f"berth's public names load {core}"
+    assert {"berth.embedded", "berth.node.agent", "berth.model"} <= set(core)
+
+
+def test_the_public_names_are_those_the_package_imports_for_type_checkers() -> None:
+    """``berth/__init__.py`` names each public name twice — imported under ``TYPE_CHECKING``
+    (for type checkers and readers) and in the table its ``__getattr__`` imports from: the
+    two agree, cover ``__all__``, and each name is its module's own object."""
+    import berth
+
+    tree = ast.parse(modules()["berth"].read_text(encoding="utf-8"))
+    guarded = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    typed = {
+        alias.name: str(node.module)
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == berth._PUBLIC
+    assert set(typed) == set(berth.__all__) - {"__version__"}
+    for name, module in typed.items():
+        assert getattr(berth, name) is getattr(sys.modules[module], name), name
+    assert set(berth.__all__) <= set(dir(berth))
+
+
+FORBIDDEN_ON_CLI_IMPORT = (
+    "numpy",
+    "pydantic",
+    "httpx",
+    "nats",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "matplotlib",
+    "prometheus_client",
+    "opentelemetry",
+    "cryptography",
+    "psutil",
+    "asyncio",
+)
+"""Packages ``import berth.cli.main`` must not load: a command loads them when it runs."""
+
+LOADED_BY_THE_CLI = ("berth", "berth.errors", "berth.defaults")
+"""Berth's modules that ``import berth.cli.main`` loads beside the ``berth.cli`` package's."""
+
+
+def test_import_of_the_command_line_loads_its_flags_only() -> None:
+    """``import berth.cli.main`` — what the ``berth`` command runs first — loads none of
+    :data:`FORBIDDEN_ON_CLI_IMPORT`, and of berth only ``berth.cli`` and
+    :data:`LOADED_BY_THE_CLI`: not the
+    embedded cluster, the agent, the simulator, the models or the API's client."""
+    loaded = loaded_by("import berth.cli.main", before="import typer, rich.console")
+    assert "berth.cli.main" in loaded
+    heavy = among(loaded, FORBIDDEN_ON_CLI_IMPORT)
+    assert heavy == [], f"import berth.cli.main loads {sorted({m.split('.')[0] for m in heavy})}"
+    beyond = [
+        module
+        for module in among(loaded, ["berth"])
+        if module not in LOADED_BY_THE_CLI and not inside(module, "berth.cli")
+    ]
+    assert beyond == [], f"import berth.cli.main loads {beyond}"
 
 
 # --- the checker checks itself ---------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 from pathlib import Path
@@ -116,6 +117,32 @@ def test_berth_cli_exposes_sim_and_demo_once_registered() -> None:
     result = runner.invoke(cli.app, ["sim", "--staleness", "-1"])
     assert result.exit_code == 2
     assert "--staleness" in result.stderr
+
+
+def test_berth_defers_its_commands_and_lists_each_with_its_own_help() -> None:
+    """berth's app registers its commands deferred (``main.Deferred``: a command is built from
+    its function only when it runs or shows its own help, and ``sim`` and ``demo`` — whose
+    flags are defined from the simulator's models — are not even imported before), each with
+    its function's docstring as help, so ``berth --help`` lists them as before; asked for
+    ``sim`` or ``demo``, the app runs the real command, whose help is a fresh app's."""
+    from berth.cli import main as cli
+
+    deferred = {
+        str(info.name): (info.help, info.cls.target)
+        for info in cli.app.registered_commands
+        if info.cls is not None and issubclass(info.cls, cli.Deferred)
+    }
+    assert {"schedule", "sim", "demo", "ps", "drain"} <= set(deferred)
+    listing = " ".join(runner.invoke(cli.app, ["--help"]).output.replace("│", " ").split())
+    for name, (help_text, (module, function)) in deferred.items():
+        assert help_text == inspect.getdoc(getattr(importlib.import_module(module), function))
+        first = " ".join(str(help_text).split("\n\n")[0].split())  # what the listing shows
+        assert f" {name} {first} " in listing  # its row, the text wrapped as it fits
+    for name in ("sim", "demo"):
+        shown = runner.invoke(cli.app, [name, "--help"], prog_name="berth", terminal_width=100)
+        fresh = runner.invoke(sim_app(), [name, "--help"], prog_name="berth", terminal_width=100)
+        assert shown.exit_code == fresh.exit_code == 0, shown.output
+        assert shown.output == fresh.output
 
 
 def test_no_assume_turns_the_assume_cache_off(tmp_path: Path) -> None:

@@ -12,14 +12,11 @@ the serving loops live here; the flags it shares with the other NATS commands ar
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from berth.cli.common import (
     CredsOption,
@@ -37,13 +34,12 @@ from berth.cli.common import (
 )
 from berth.defaults import ORPHAN_GRACE_S
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE
-from berth.observability import tracing
-from berth.pki import TLS_FLAGS
-from berth.units import format_bandwidth, format_information
-from berth.validation import fields_as
 
+# What the agent needs when it runs (asyncio, the models, TLS, tracing, the node) is imported
+# in the functions that run it: ``--help`` loads this module and its flags only.
 if TYPE_CHECKING:
+    import ssl
+
     from berth.node.config import AgentConfig
 
 __all__ = ["agent"]
@@ -89,12 +85,14 @@ def agent(
         float | None,
         typer.Option(
             help="Seconds a process workload outlives this agent before it is killed "
-            f"(default: the config's [agent] orphan_grace_s, {ORPHAN_GRACE_S:g})."
+            f"(default: the config's \\[agent] orphan_grace_s, {ORPHAN_GRACE_S:g})."
         ),
     ] = None,
 ) -> None:
     """Start node agents from config files: embedded, or on a NATS cluster with --nats."""
     if nats is None or check:
+        from berth.pki import TLS_FLAGS
+
         if state_dir is not None and not check:
             raise Invalid("--state-dir goes with --nats", field="--state-dir")
         if orphan_grace is not None and not check:
@@ -117,9 +115,16 @@ def agent(
 
 def _embedded_agent(config: Path, check: bool, duration: float | None) -> None:
     """Start a node agent from a config file (on the embedded in-memory store)."""
+    import asyncio
+
+    from rich.table import Table
+
+    from berth.model import INTERVAL_RULE
     from berth.node.agent import Agent
     from berth.node.config import load_config
     from berth.store.memory import MemoryStore
+    from berth.units import format_bandwidth, format_information
+    from berth.validation import fields_as
 
     if duration is not None:
         duration = INTERVAL_RULE(duration, "--duration")
@@ -216,7 +221,10 @@ def _serve_agents(
 ) -> None:
     """``berth agent --nats``: the flags checked, the process run
     (:func:`berth.processes.agent.serve_agents`)."""
+    import asyncio
+
     from berth.node.runtime.process import checked_orphan_grace
+    from berth.observability import tracing
     from berth.processes.agent import agent_configs, serve_agents
 
     duration = checked_duration(duration)
@@ -243,6 +251,8 @@ def _serve_agents(
 
 
 def _human(key: str, value: object) -> str:
+    from berth.units import format_bandwidth, format_information
+
     if isinstance(value, int) and not isinstance(value, bool):
         if key.endswith("_cap"):
             return format_bandwidth(value)

@@ -24,31 +24,32 @@ else the ``$BERTH_HOME/api.json`` that ``berth up`` writes.
 from __future__ import annotations
 
 import json
-import logging
-import ssl
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from pydantic import BaseModel
 from rich.console import Console
-from rich.measure import Measurement
-from rich.table import Table
 
-from berth.api.client import ApiClient, locate
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE, Layer, Request
-from berth.nats.connection import Credentials
-from berth.node.runtime.port import StopGrace
-from berth.units import format_information
-from berth.validation import Rule, fields_as, shown
+
+# Only what the commands' signatures need is imported here: ``berth --help`` and a command's
+# ``--help`` load this module, so pydantic, httpx, nats-py and the models are imported by the
+# helpers that use them, when a command runs (``tests/unit/test_layout.py`` holds it so).
+if TYPE_CHECKING:
+    import ssl
+
+    from pydantic import BaseModel
+    from rich.table import Table
+
+    from berth.api.client import ApiClient
+    from berth.model import Layer, Request
+    from berth.nats.connection import Credentials
 
 __all__ = [
     "DEFAULT_URL",
-    "GRACE",
     "MAX_PIPED_WIDTH",
     "NODE_GONE_AFTER_HELP",
     "ApiOption",
@@ -67,6 +68,7 @@ __all__ = [
     "api_client",
     "ask_api",
     "checked_duration",
+    "checked_grace",
     "checked_policy",
     "client_tls",
     "configure_logging",
@@ -83,7 +85,7 @@ __all__ = [
 
 console = Console()
 
-T = TypeVar("T", bound=BaseModel)
+T = TypeVar("T", bound="BaseModel")
 
 # -- the NATS commands' flags and helpers ----------------------------------------------------
 DEFAULT_URL = "nats://127.0.0.1:4222"
@@ -152,7 +154,11 @@ NODE_GONE_AFTER_HELP = (
 
 def load_credentials(path: Path | None) -> Credentials | None:
     """The credentials of ``--creds FILE``; ``None`` without it."""
-    return None if path is None else Credentials.load(path)
+    if path is None:
+        return None
+    from berth.nats.connection import Credentials
+
+    return Credentials.load(path)
 
 
 def client_tls(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
@@ -166,6 +172,8 @@ def client_tls(ca: Path | None, cert: Path | None, key: Path | None) -> ssl.SSLC
 
 def configure_logging() -> None:
     """A service's log: INFO and up, timestamped, on stderr."""
+    import logging
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -180,11 +188,18 @@ def checked_policy(name: str) -> str:
 
 def checked_duration(duration: float | None) -> float | None:
     """``--duration``: a finite period (1 ms to a year), or ``None`` for "until ^C"."""
-    return None if duration is None else INTERVAL_RULE(duration, "--duration")
+    if duration is None:
+        return None
+    from berth.model import INTERVAL_RULE
+
+    return INTERVAL_RULE(duration, "--duration")
 
 
 def parse_layer_flag(text: str) -> Layer:
     """``--layer ID:SIZE`` (``sha256:abc…:12MiB`` — the size is after the last colon)."""
+    from berth.model import Layer
+    from berth.validation import fields_as, shown
+
     layer_id, sep, size = text.rpartition(":")
     if not sep:
         raise Invalid(f"expected ID:SIZE, got {shown(text)}", field="--layer")
@@ -202,6 +217,8 @@ def request_from_flags(
 ) -> Request:
     """The request of ``--namespace``, ``--name``, ``--replica``, ``--platform``, ``--instance``
     and ``--layer`` (``schedule``, ``place``); the caller names the fields as flags."""
+    from berth.model import Request
+
     return Request(
         namespace=namespace,
         name=name,
@@ -213,7 +230,6 @@ def request_from_flags(
 
 
 # -- the HTTP API's commands: flags, the client, output --------------------------------------------
-GRACE: Rule[float] = Rule(StopGrace)  # the runtime's own bound on a stop's grace
 MAX_PIPED_WIDTH = 1000
 """The widest a table printed to a pipe or a file gets (a long command is folded there)."""
 
@@ -234,8 +250,18 @@ GraceOption = Annotated[
 ]
 
 
+def checked_grace(grace: float) -> float:
+    """``--grace``: seconds, by the runtime's own bound on a stop's grace
+    (:data:`~berth.node.runtime.port.StopGrace`); ``Invalid`` naming ``--grace`` otherwise."""
+    from berth.node.runtime.port import configured_grace
+
+    return configured_grace(grace, field="--grace")
+
+
 @contextmanager
 def api_client(api: str | None, token: str | None) -> Iterator[ApiClient]:
+    from berth.api.client import ApiClient, locate
+
     with ApiClient(locate(api, token)) as client:
         yield client
 
@@ -259,6 +285,8 @@ def ask_api(
 
 
 def print_json(document: BaseModel | Mapping[str, Any]) -> None:
+    from pydantic import BaseModel
+
     data = document.model_dump(mode="json") if isinstance(document, BaseModel) else document
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
     sys.stdout.flush()
@@ -268,6 +296,8 @@ def show_table(table: Table, whole: tuple[str, ...] = ()) -> None:
     """A table on a terminal fits the terminal, except the ``whole`` columns (names, ids),
     which are never shortened; piped or captured, no column is cut to 80 characters (a node
     name or an id shortened to ``n…`` would be useless to ``grep``)."""
+    from rich.measure import Measurement
+
     for column in table.columns:
         if column.header in whole:
             column.no_wrap = True
@@ -282,6 +312,8 @@ def show_table(table: Table, whole: tuple[str, ...] = ()) -> None:
 
 
 def size_text(value: int | None) -> str:
+    from berth.units import format_information
+
     return "-" if value is None else format_information(value)
 
 

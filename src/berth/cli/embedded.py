@@ -9,7 +9,6 @@ flags, the errors naming them and the counts' ceilings (:data:`MAX_CLUSTER_NODES
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
@@ -17,11 +16,9 @@ from rich.table import Table
 
 from berth.cli.common import console, request_from_flags, show_table
 from berth.errors import Invalid
-from berth.model import NAME_RULE, Request
-from berth.platform import host
-from berth.scheduler.singlenode import SingleNode
-from berth.units import format_information
-from berth.validation import fields_as, shown
+
+# What the commands need when they run (asyncio, the models, the driver, the embedded cluster)
+# is imported in their bodies: ``--help`` loads this module and its flags only.
 
 __all__ = ["MAX_CLUSTER_NODES", "MAX_WORKLOADS", "cluster", "schedule"]
 
@@ -62,6 +59,14 @@ def schedule(
     ] = None,
 ) -> None:
     """Schedule one request on the single-node driver and print the placement."""
+    import asyncio
+
+    from berth.model import NAME_RULE
+    from berth.platform import host
+    from berth.scheduler.singlenode import SingleNode
+    from berth.units import format_information
+    from berth.validation import fields_as
+
     with fields_as(_SCHEDULE_FLAGS):
         request = request_from_flags(namespace, name, replica, platform, instance, layer)
         driver = SingleNode(NAME_RULE(node, "local"), node_platform or host())
@@ -97,11 +102,15 @@ def cluster(
     ] = False,
 ) -> None:
     """Start an embedded cluster, boot workloads of mixed instance types, show where they ran."""
+    import asyncio
     import shlex
 
     from berth.embedded import EmbeddedCluster, embedded_configs
     from berth.errors import NoCapacity
+    from berth.model import Request
     from berth.node.runtime import BootSpec
+    from berth.units import format_information
+    from berth.validation import fields_as, shown
 
     if runtime not in ("process", "fake"):
         raise Invalid(f"must be 'process' or 'fake', got {shown(runtime)}", field="--runtime")

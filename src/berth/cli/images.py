@@ -26,7 +26,6 @@ from berth.cli.common import (
     show_table,
     size_text,
 )
-from berth.validation import fields_as
 
 __all__ = ["images", "images_add", "images_app", "images_import_oci"]
 
@@ -88,6 +87,8 @@ def images_add(
     as_json: JsonOption = False,
 ) -> None:
     """Register an image as its chain of layers with sizes."""
+    from berth.validation import fields_as
+
     body: dict[str, Any] = {
         "name": name,
         "layers": [parse_layer_flag(text).model_dump() for text in layer],
@@ -113,6 +114,8 @@ def images_import_oci(
     as_json: JsonOption = False,
 ) -> None:
     """Register an image read from a local OCI image layout (on the API's machine)."""
+    from berth.validation import fields_as
+
     image = ask_api(
         api,
         token,

@@ -15,8 +15,6 @@ import typer
 from rich.console import Console
 
 from berth.defaults import MICROVM_QEMU
-from berth.node.microvm.paths import GuestFiles
-from berth.node.microvm.setup import setup
 
 __all__ = ["register", "setup_command"]
 
@@ -34,6 +32,9 @@ def setup_command(
     qemu: Annotated[str, typer.Option(help="The QEMU binary to probe with.")] = MICROVM_QEMU,
 ) -> None:
     """Fetch Debian's cloud kernel and modules, build the guest init, probe KVM/TCG."""
+    from berth.node.microvm.paths import GuestFiles
+    from berth.node.microvm.setup import setup
+
     files = GuestFiles.at(data_dir)
     console.print(f"setting up microVMs in {files.data_dir}", highlight=False)
     report = setup(

@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from berth.api.client import ApiClient, locate
-from berth.api.schemas import NodeInfo
 from berth.cli.common import (
-    GRACE,
     ApiOption,
     GraceOption,
     JsonOption,
     TokenOption,
     ask_api,
+    checked_grace,
     counted,
     print_json,
     say,
@@ -37,9 +34,11 @@ from berth.cli.common import (
     size_text,
 )
 from berth.defaults import API_STOP_GRACE_S
-from berth.model import NAME_RULE
-from berth.units import format_bandwidth
-from berth.validation import fields_as
+
+# What a command needs when it runs (the API's client and schemas, the models) is imported in
+# its body: ``--help`` loads this module and its flags only (berth.cli.common).
+if TYPE_CHECKING:
+    from berth.api.schemas import NodeInfo
 
 __all__ = ["DRAIN_MARGIN_S", "DRAIN_POLL_S", "cordon", "drain", "nodes", "uncordon"]
 
@@ -65,6 +64,8 @@ def nodes(
     as_json: JsonOption = False,
 ) -> None:
     """List the cluster's nodes: platform, reservations, live load, cordon state."""
+    from berth.units import format_bandwidth
+
     found = ask_api(api, token, as_json, lambda client: client.nodes())
     if found is None:
         return
@@ -126,6 +127,8 @@ def _cordon(
 ) -> NodeInfo | None:
     """``berth cordon`` (``cordoned``) or ``uncordon``: the node's answer, ``None`` when it is
     printed as JSON."""
+    from berth.model import NAME_RULE
+
     NAME_RULE(node, "NODE")
     return ask_api(
         api,
@@ -143,7 +146,11 @@ def drain(
     as_json: JsonOption = False,
 ) -> None:
     """Cordon a node, then stop its workloads (restartable ones are placed again elsewhere)."""
-    grace = GRACE(grace, "--grace")
+    from berth.api.client import ApiClient, locate
+    from berth.model import NAME_RULE
+    from berth.validation import fields_as
+
+    grace = checked_grace(grace)
     NAME_RULE(node, "NODE")
     location = locate(api, token)
     with ApiClient(location) as client:
@@ -194,6 +201,8 @@ def drain(
 
 def _with_progress(call: Callable[[], T], remaining: Callable[[], int], node: str, total: int) -> T:
     """Run ``call`` in a thread; meanwhile show how many of ``total`` workloads are gone."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     outcome: dict[str, Any] = {}
 
     def target() -> None:

@@ -8,14 +8,11 @@ flags: :mod:`berth.cli.common`).  The checks of what the user typed before anyth
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
-from nats.aio.client import Client
-from pydantic import Field, Strict
 from rich.table import Table
 
 from berth.cli.common import (
@@ -32,17 +29,18 @@ from berth.cli.common import (
     show_table,
 )
 from berth.errors import Invalid
-from berth.model import MAX_REPLICA, NAME_RULE
-from berth.nats.connection import connect
-from berth.registry.port import Route
-from berth.units import format_information
-from berth.validation import Rule, fields_as
+
+# What the commands need when they run (asyncio, nats-py, the models, the registry) is imported
+# in their bodies: ``--help`` loads this module and its flags only.
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from berth.registry.port import Route
 
 __all__ = ["place", "routes", "whereis"]
 
 T = TypeVar("T")
 
-_REPLICA: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICA)])
 _PLACE_FLAGS = {
     "namespace": "--namespace",
     "name": "--name",
@@ -55,12 +53,18 @@ _PLACE_FLAGS = {
 
 def _check_workload_key(workload: str) -> None:
     """``namespace/name/replica``, each part as a request's (names, a replica index)."""
+    from pydantic import Field, Strict
+
+    from berth.model import MAX_REPLICA, NAME_RULE
+    from berth.validation import Rule
+
+    replica: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=0, le=MAX_REPLICA)])
     parts = workload.split("/")
     if len(parts) != 3 or not parts[2].isdigit():
         raise Invalid(f"expected namespace/name/replica, got {workload!r}", field="WORKLOAD")
     NAME_RULE(parts[0], "WORKLOAD")
     NAME_RULE(parts[1], "WORKLOAD")
-    _REPLICA(int(parts[2]), "WORKLOAD")
+    replica(int(parts[2]), "WORKLOAD")
 
 
 def _ask(
@@ -73,6 +77,10 @@ def _ask(
     """``ask``'s answer over a connection of its own, named ``name``: to ``--nats``, with
     ``--creds`` and the TLS flags (``tls``: ``--tls-ca``, ``--tls-cert``, ``--tls-key``), which
     are checked before it connects; closed after."""
+    import asyncio
+
+    from berth.nats.connection import connect
+
     credentials = load_credentials(creds)
     context = client_tls(*tls)
 
@@ -105,6 +113,8 @@ def place(
 ) -> None:
     """Place one workload through the cluster's schedulers and print the placement."""
     from berth.scheduler.nats import NatsScheduler
+    from berth.units import format_information
+    from berth.validation import fields_as
 
     with fields_as(_PLACE_FLAGS):
         request = request_from_flags(namespace, name, replica, platform, instance, layer)
@@ -162,6 +172,7 @@ def routes(
 ) -> None:
     """Every route in the registry: workload → node."""
     from berth.registry.nats_routes import NatsRoutes
+    from berth.units import format_information
 
     async def ask(client: Client) -> list[Route]:
         return await (await NatsRoutes(client).start()).list(node)

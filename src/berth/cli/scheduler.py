@@ -10,7 +10,6 @@ with the other NATS commands are :mod:`berth.cli.common`'s.  The process itself 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -43,8 +42,6 @@ from berth.defaults import (
     SHUTDOWN_GRACE_S,
 )
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE
-from berth.observability import tracing
 
 __all__ = ["scheduler"]
 
@@ -111,7 +108,11 @@ def scheduler(
 ) -> None:
     """Serve the placement port on NATS, in the berth-schedulers queue group (and the HTTP
     API with --http)."""
+    import asyncio
+
     from berth.api.server import HttpsFiles, parse_address, resolve_token
+    from berth.model import INTERVAL_RULE
+    from berth.observability import tracing
     from berth.processes.scheduler import ApiSettings, serve_scheduler
     from berth.scheduler.policy.registry import policy as policy_of
 

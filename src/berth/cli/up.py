@@ -14,7 +14,6 @@ import signal
 from typing import Annotated
 
 import typer
-from pydantic import Field, Strict
 
 from berth.cli.common import (
     NODE_GONE_AFTER_HELP,
@@ -28,9 +27,6 @@ from berth.cli.common import (
 )
 from berth.defaults import LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S
 from berth.errors import Invalid
-from berth.model import INTERVAL_RULE
-from berth.observability import tracing
-from berth.validation import Rule
 
 __all__ = ["MAX_UP_NODES", "MAX_UP_SCHEDULERS", "up"]
 
@@ -38,8 +34,16 @@ MAX_UP_NODES = 256
 """``berth up`` runs every agent on this machine: more would only exhaust it."""
 MAX_UP_SCHEDULERS = 16
 
-_UP_NODES: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_NODES)])
-_UP_SCHEDULERS: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=MAX_UP_SCHEDULERS)])
+
+def _count(value: int, most: int, flag: str) -> int:
+    """``value`` if it is a count from 1 to ``most``, else ``Invalid`` naming ``flag`` (the
+    rule is built here, when ``up`` runs: ``--help`` does not load pydantic)."""
+    from pydantic import Field, Strict
+
+    from berth.validation import Rule
+
+    rule: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=most)])
+    return rule(value, flag)
 
 
 def up(
@@ -95,6 +99,8 @@ def up(
     ] = True,
 ) -> None:
     """A local cluster: nats-server, N agents as processes, schedulers; ^C stops it all."""
+    from berth.model import INTERVAL_RULE
+    from berth.observability import tracing
     from berth.processes.up import LocalCluster, wait_for_signal
 
     if runtime not in ("auto", "container", "process", "fake", "microvm"):
@@ -104,12 +110,12 @@ def up(
         )
     duration = checked_duration(duration)
     checked_policy(policy)
-    _UP_NODES(nodes, "--nodes")
-    _UP_SCHEDULERS(schedulers, "--schedulers")
+    _count(nodes, MAX_UP_NODES, "--nodes")
+    _count(schedulers, MAX_UP_SCHEDULERS, "--schedulers")
     INTERVAL_RULE(heartbeat, "--heartbeat")
     INTERVAL_RULE(node_gone_after, "--node-gone-after")
     if per_process is not None:
-        _UP_NODES(per_process, "--per-process")
+        _count(per_process, MAX_UP_NODES, "--per-process")
     traces = tracing.otlp_traces_url(otlp)  # checked here; the processes started export
     if otlp is not None and traces is not None:  # (they inherit the environment)
         os.environ[tracing.TRACES_ENDPOINT_ENV] = traces

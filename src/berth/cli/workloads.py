@@ -30,22 +30,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from berth.cli.common import (
-    GRACE,
     ApiOption,
     GraceOption,
     JsonOption,
     TokenOption,
     ask_api,
+    checked_grace,
     counted,
     say,
     show_table,
     size_text,
 )
 from berth.errors import Invalid
-from berth.model import NAME_RULE, ReschedulePolicy, RestartPolicy
-from berth.registry.port import LIVE_STATES
-from berth.validation import fields_as, shown
 
+# What a command needs when it runs (the models, the API's client, the registry's states) is
+# imported in its body: ``--help`` loads this module and its flags only (berth.cli.common).
 if TYPE_CHECKING:
     from berth.api.client import ApiClient
     from berth.boot import WorkloadLogs
@@ -88,6 +87,8 @@ _PS_FLAGS = {"namespace": "--namespace", "node": "--node", "state": "--state"}
 
 
 def _parse_env(items: list[str]) -> dict[str, str]:
+    from berth.validation import shown
+
     env: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -150,6 +151,8 @@ def _spread(spread: str | None, hard: bool | None, max_skew: int | None) -> dict
 def _flags(names: Mapping[str, str]) -> Iterator[None]:
     """``fields_as(names)``, a spread's fields (``spread.max_skew``) first by their whole
     name (``--max-skew``), since ``fields_as`` maps by the first part only."""
+    from berth.validation import fields_as
+
     with fields_as(names):
         try:
             yield
@@ -254,6 +257,9 @@ def run(
     as_json: JsonOption = False,
 ) -> None:
     """Place a workload and boot it on the chosen node."""
+    from berth.model import ReschedulePolicy, RestartPolicy
+    from berth.validation import fields_as
+
     parsed_env = _parse_env(env) if env else None
     body = _request_body(
         image, type_, platform, namespace, name, _spread(spread, spread_hard, max_skew)
@@ -293,7 +299,7 @@ def ps(
         str | None,
         typer.Argument(
             metavar="[ID]",
-            help="One workload (its id, or NAMESPACE/NAME[/REPLICA]): its record and history.",
+            help="One workload (its id, or NAMESPACE/NAME\\[/REPLICA]): its record and history.",
         ),
     ] = None,
     namespace: Annotated[str | None, typer.Option(help="Only this namespace.")] = None,
@@ -309,6 +315,9 @@ def ps(
     as_json: JsonOption = False,
 ) -> None:
     """List workloads (with an ID: that one, with its history)."""
+    from berth.registry.port import LIVE_STATES
+    from berth.validation import fields_as
+
     if workload_id is not None:
         _ps_one(_checked_ref(workload_id), api, token, as_json)
         return
@@ -364,6 +373,9 @@ def ps(
 def _checked_ref(ref: str) -> str:
     """``ref`` if it is a workload id or ``NAMESPACE/NAME[/REPLICA]``; ``Invalid`` naming
     ``ID`` otherwise (before anything is sent)."""
+    from berth.model import NAME_RULE
+    from berth.validation import shown
+
     if "/" not in ref:
         return NAME_RULE(ref, "ID")
     parts = ref.split("/")
@@ -378,6 +390,8 @@ def _resolved(client: ApiClient, ref: str) -> str:
     """The id ``ref`` names: an id as it is, or ``NAMESPACE/NAME/REPLICA`` (``/REPLICA``
     optional: 0) — the one live workload of that identity, else its newest record;
     ``Invalid`` naming ``ID`` when none has it."""
+    from berth.registry.port import LIVE_STATES
+
     if "/" not in ref:
         return ref
     parts = ref.split("/")
@@ -396,6 +410,8 @@ def _resolved(client: ApiClient, ref: str) -> str:
 
 def _ps_one(workload_id: str, api: str | None, token: str | None, as_json: bool) -> None:
     """``berth ps ID``: one workload's record, its policies and its history."""
+    from berth.validation import fields_as
+
     workload = ask_api(
         api,
         token,
@@ -435,7 +451,7 @@ def _age(seconds: float) -> str:
 
 def stop(
     workload_id: Annotated[
-        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME\\[/REPLICA].")
     ],
     grace: GraceOption = 10.0,
     api: ApiOption = None,
@@ -443,7 +459,10 @@ def stop(
     as_json: JsonOption = False,
 ) -> None:
     """Stop a workload (SIGTERM, then SIGKILL after the grace period); stopping twice is fine."""
-    grace = GRACE(grace, "--grace")
+    from berth.registry.port import LIVE_STATES
+    from berth.validation import fields_as
+
+    grace = checked_grace(grace)
     _checked_ref(workload_id)
     workload = ask_api(
         api,
@@ -467,7 +486,7 @@ def stop(
 
 def logs(
     workload_id: Annotated[
-        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME[/REPLICA].")
+        str, typer.Argument(metavar="ID", help="The workload's id, or NAMESPACE/NAME\\[/REPLICA].")
     ],
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new output until it ends.")
@@ -476,6 +495,9 @@ def logs(
     token: TokenOption = None,
 ) -> None:
     """Print a workload's output (stdout and stderr), as its node keeps it."""
+    from berth.registry.port import LIVE_STATES
+    from berth.validation import fields_as
+
     _checked_ref(workload_id)
     state: dict[str, Any] = {"id": None, "offset": 0}
 

@@ -99,3 +99,18 @@ def test_an_unknown_policy_is_refused_before_anything_starts() -> None:
         assert done.returncode == 2, done
         assert done.stderr.strip().startswith("error: --policy: unknown policy 'fastest'")
         assert "Traceback" not in done.stderr
+
+
+def test_a_label_without_a_value_is_one_line_naming_the_flag() -> None:
+    for flags, words in (
+        (["--label", "rack"], "error: --label: expected KEY=VALUE, got 'rack'"),
+        (["--label", "a=1", "--label", "a=2"], "error: --label: 'a' is given twice"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "berth.cli", "up", "--runtime", "fake", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2 and done.stderr.strip() == words, done

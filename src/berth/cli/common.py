@@ -140,8 +140,8 @@ OtlpOption = Annotated[
 PolicyOption = Annotated[
     str,
     typer.Option(
-        help="The placement policy: seed (the seed's ordering, the default), berth (mounted and "
-        "cached layer bytes, room priced by scarcity), kube, binpack, spread or random.",
+        help="The placement policy: seed (the seed's ordering), berth (mounted and cached "
+        "layer bytes, room priced by scarcity), kube, binpack, spread or random.",
     ),
 ]
 

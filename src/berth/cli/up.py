@@ -25,7 +25,7 @@ from berth.cli.common import (
     checked_policy,
     console,
 )
-from berth.defaults import LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S
+from berth.defaults import LOCAL_HEARTBEAT_S, NODE_GONE_AFTER_S, UP_POLICY
 from berth.errors import Invalid
 
 __all__ = ["MAX_UP_NODES", "MAX_UP_SCHEDULERS", "up"]
@@ -44,6 +44,20 @@ def _count(value: int, most: int, flag: str) -> int:
 
     rule: Rule[int] = Rule(Annotated[int, Strict(), Field(ge=1, le=most)])
     return rule(value, flag)
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    """``--label KEY=VALUE`` flags as a mapping (``Invalid`` naming ``--label`` for one
+    without ``=`` or given twice); the names and values are checked with the node's labels."""
+    labels: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        if not equals or not key:
+            raise Invalid(f"expected KEY=VALUE, got {pair!r}", field="--label")
+        if key in labels:
+            raise Invalid(f"{key!r} is given twice", field="--label")
+        labels[key] = value
+    return labels
 
 
 def up(
@@ -77,7 +91,23 @@ def up(
         ),
     ] = "127.0.0.1:8080",
     http_public: HttpPublicOption = False,
-    policy: PolicyOption = "seed",
+    policy: PolicyOption = UP_POLICY,
+    zones: Annotated[
+        int,
+        typer.Option(
+            help="Put the nodes in this many zones: a 'zone' label (a, b, …) dealt out in turn, "
+            "for --spread zone (0: no zone label).",
+        ),
+    ] = 0,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            metavar="KEY=VALUE",
+            help="A label on every node (again for more).",
+            show_default=False,
+        ),
+    ] = None,
     node_gone_after: Annotated[
         float,
         typer.Option(help=NODE_GONE_AFTER_HELP + "."),
@@ -142,6 +172,8 @@ def up(
         runtime=runtime,  # type: ignore[arg-type]
         per_process=per_process,
         policy=policy,
+        zones=zones,
+        labels=_labels(label or []),
         node_gone_after_s=node_gone_after,
         nats_servers=nats_servers,
         tls=tls,

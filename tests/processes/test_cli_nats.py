@@ -5,25 +5,29 @@ named with its own words, and nothing is left behind."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from berth.api.server import write_api_file
 from berth.embedded import embedded_configs
 from berth.errors import Unavailable
 from berth.node.config import config_toml
-from berth.processes.up import LocalCluster
+from berth.processes.up import LocalCluster, free_port
 from berth.testing.nats import NatsServer
 
 
-def berth(*args: str) -> subprocess.CompletedProcess[str]:
+def berth(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from berth.cli.main import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=60,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -47,6 +51,22 @@ def test_no_scheduler_and_bad_flags_are_one_line(nats_server: NatsServer, tmp_pa
         berth("agent", "--config", str(config), "--config", str(config)), "exactly one --config"
     )
     _one_line(berth("up", "--nodes", "0"), "--nodes")
+
+
+def test_an_unreachable_cluster_is_one_line_at_once_saying_what_to_do(tmp_path: Path) -> None:
+    port = free_port("127.0.0.1")  # nothing listens there
+    home = {"BERTH_HOME": str(tmp_path / "home")}
+    for command in (("routes",), ("whereis", "default/x/0"), ("place",)):
+        started = time.monotonic()
+        result = berth(*command, "--nats", f"nats://127.0.0.1:{port}", env=home)
+        _one_line(result, f"cannot connect to nats at nats://127.0.0.1:{port}")
+        assert "pass --nats URL" in result.stderr and "give no --nats" in result.stderr
+        assert time.monotonic() - started < 4.0, command  # not a retry loop
+    result = berth("routes", env=home)  # no flags and no berth up: where one would be
+    _one_line(result, "start a cluster with `berth up`")
+    stale = tmp_path / "home" / "api.json"  # a berth up killed with -9 leaves it behind
+    write_api_file("http://127.0.0.1:9", "t", stale, nats=(f"nats://127.0.0.1:{port}", {}))
+    _one_line(berth("routes", env=home), f"{stale} is stale")
 
 
 def test_whereis_an_unplaced_workload(nats_server: NatsServer) -> None:

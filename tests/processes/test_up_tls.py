@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from berth.api.client import ApiClient, ApiLocation
+from berth.api.server import write_api_file
 from berth.errors import Unavailable
 from berth.nats.connection import connect
 from berth.processes.up import LocalCluster
@@ -33,7 +34,9 @@ def test_berth_up_with_tls_serves_over_tls_and_refuses_the_rest(servers: int) ->
         assert up.api_url is not None and up.api_url.startswith("https://")
         assert up.api_token is not None and up.api_ca is not None and up.auth is not None
         assert all(url.startswith("tls://") for url in up.url.split(","))
-        assert "(TLS on)" in up.describe() and "--tls-cert" in up.describe()
+        assert "(TLS on)" in up.describe()
+        # with the API, api.json carries the NATS access: the hints need no flags
+        assert "  every route:       berth routes\n" in up.describe()
         location = ApiLocation(up.api_url, up.api_token, "test", ca=str(up.api_ca))
         with ApiClient(location, timeout_s=20.0) as api:
             assert [node.name for node in api.nodes().items] == ["node-00"]
@@ -91,3 +94,21 @@ def test_berth_up_with_tls_serves_over_tls_and_refuses_the_rest(servers: int) ->
         )
         assert routes.returncode == 0, routes.stdout + routes.stderr
         assert "tls/p/0" in routes.stdout
+        # no flags at all: the URL, credentials and TLS files come from berth up's api.json
+        home = up.directory / "home"
+        write_api_file(
+            up.api_url,
+            up.api_token,
+            home / "api.json",
+            ca=up.api_ca,
+            nats=(up.url, up.client_files()),
+        )
+        found = subprocess.run(
+            [sys.executable, "-m", "berth.cli", "routes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200", "BERTH_HOME": str(home)},
+        )
+        assert found.returncode == 0 and "tls/p/0" in found.stdout, found.stdout + found.stderr
+        assert found.stderr == ""  # not even asyncio's eof_received warning

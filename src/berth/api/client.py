@@ -49,7 +49,17 @@ from berth.defaults import LOG_CHUNK_BYTES, RUN_TIMEOUT_S, SCHEDULE_TIMEOUT_S
 from berth.errors import BerthError, Invalid, NoCapacity, Unavailable
 from berth.validation import check_text, one_line, shown
 
-__all__ = ["API_FILE", "ApiClient", "ApiError", "ApiLocation", "api_file", "locate"]
+__all__ = [
+    "API_FILE",
+    "NATS_FILES",
+    "ApiClient",
+    "ApiError",
+    "ApiLocation",
+    "NatsAccess",
+    "api_file",
+    "locate",
+    "written_nats",
+]
 
 CREATE_MARGIN_S = 5.0
 """What a create may take beyond its placement and its boot (claims, records)."""
@@ -210,6 +220,44 @@ def locate(
     if token is None:
         token = _checked_token(written.get("token"), f"{path}: token")
     return ApiLocation(urls[0], token, str(path), urls[1:], _written_ca(written, path))
+
+
+NATS_FILES = ("creds", "tls_ca", "tls_cert", "tls_key")
+"""The files of ``api.json``'s ``nats`` object besides its ``url``, each optional: a
+client's credentials and its TLS CA, certificate and key."""
+
+
+@dataclass(frozen=True)
+class NatsAccess:
+    """How a client reaches a cluster's NATS: its servers' ``url`` and the ``files``
+    (:data:`NATS_FILES` that it has), read from ``source``."""
+
+    url: str
+    files: dict[str, Path]
+    source: str
+
+
+def written_nats(environ: dict[str, str] | None = None) -> NatsAccess | None:
+    """The NATS access ``berth up`` wrote into ``$BERTH_HOME/api.json`` (its ``nats``
+    object), or ``None`` when there is no such file or it has none; a malformed one is
+    ``Invalid`` naming the file."""
+    path = api_file(environ)
+    written = _read_api_file(path)
+    if written is None or "nats" not in written:
+        return None
+    nats = written["nats"]
+    field = f"{path}: nats"
+    if not isinstance(nats, dict) or not isinstance(nats.get("url"), str):
+        raise Invalid(f'expected {{"url": ..., "creds": ...}}, got {shown(nats)}', field=field)
+    files: dict[str, Path] = {}
+    for name in NATS_FILES:
+        value = nats.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise Invalid(f"{name}: expected a file path, got {shown(value)}", field=field)
+        files[name] = path.parent / value
+    return NatsAccess(nats["url"], files, str(path))
 
 
 def _written_ca(written: dict[str, Any], path: Path) -> str | None:

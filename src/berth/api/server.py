@@ -28,7 +28,7 @@ import ipaddress
 import json
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,15 +118,21 @@ def write_api_file(
     *,
     others: Sequence[str] = (),
     ca: Path | None = None,
+    nats: tuple[str, Mapping[str, Path]] | None = None,
 ) -> Path:
     """Write ``{"url", "urls", "token"}`` for the CLI (directory ``0700``, file ``0600``):
     ``urls`` is ``url`` and the ``others`` serving the same cluster; ``"ca"`` (absolute) when
-    the API's HTTPS certificate is checked against ``ca``."""
+    the API's HTTPS certificate is checked against ``ca``; ``"nats"`` — the servers' URL and
+    a client's files (:data:`~berth.api.client.NATS_FILES`, absolute) — when ``nats`` is
+    given, for the commands that talk to NATS (``berth place``, ``whereis``, ``routes``)."""
     path = path or api_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     document: dict[str, object] = {"url": url, "urls": [url, *others], "token": token}
     if ca is not None:
         document["ca"] = str(ca.resolve())
+    if nats is not None:
+        servers, files = nats
+        document["nats"] = {"url": servers, **{k: str(v.resolve()) for k, v in files.items()}}
     write_private(path, json.dumps(document) + "\n")
     return path
 

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_PIPED_WIDTH",
     "NODE_GONE_AFTER_HELP",
     "ApiOption",
+    "ClientNatsOption",
     "CredsOption",
     "DurationOption",
     "GraceOption",
@@ -95,6 +96,17 @@ NatsOption = Annotated[
         "--nats",
         envvar="BERTH_NATS",
         help="The NATS server's URL; a cluster's servers comma-separated (fails over).",
+    ),
+]
+ClientNatsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--nats",
+        envvar="BERTH_NATS",
+        help="The NATS server's URL; a cluster's servers comma-separated (fails over). "
+        "Default: the berth up cluster's (its api.json gives the URL, credentials and TLS "
+        "files), else " + DEFAULT_URL + ".",
+        show_default=False,
     ),
 ]
 CredsOption = Annotated[

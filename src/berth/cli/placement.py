@@ -17,8 +17,8 @@ from rich.table import Table
 
 from berth.cli.common import (
     DEFAULT_URL,
+    ClientNatsOption,
     CredsOption,
-    NatsOption,
     TlsCaOption,
     TlsCertOption,
     TlsKeyOption,
@@ -68,7 +68,7 @@ def _check_workload_key(workload: str) -> None:
 
 
 def _ask(
-    nats: str,
+    nats: str | None,
     creds: Path | None,
     tls: tuple[Path | None, Path | None, Path | None],
     name: str,
@@ -76,16 +76,45 @@ def _ask(
 ) -> T:
     """``ask``'s answer over a connection of its own, named ``name``: to ``--nats``, with
     ``--creds`` and the TLS flags (``tls``: ``--tls-ca``, ``--tls-cert``, ``--tls-key``), which
-    are checked before it connects; closed after."""
+    are checked before it connects; without any of them, to the cluster ``berth up`` wrote
+    into ``api.json``, else to :data:`DEFAULT_URL`.  Closed after; a cluster it cannot reach
+    is one line at once, saying what to do."""
     import asyncio
 
+    from berth.api.client import api_file, written_nats
+    from berth.errors import Unavailable
     from berth.nats.connection import connect
 
+    given = not (nats is None and creds is None and tls == (None, None, None))
+    written = None
+    if not given:
+        written = written_nats()
+        if written is not None:
+            nats, files = written.url, written.files
+            creds = files.get("creds")
+            tls = (files.get("tls_ca"), files.get("tls_cert"), files.get("tls_key"))
+    url = nats or DEFAULT_URL
     credentials = load_credentials(creds)
     context = client_tls(*tls)
 
     async def go() -> T:
-        client = await connect(nats, name=name, credentials=credentials, tls=context)
+        try:
+            client = await connect(url, name=name, credentials=credentials, tls=context, once=True)
+        except Unavailable as error:
+            reason = str(error).lower()
+            if "authorization" in reason:
+                hint = "pass the cluster's credentials with --creds FILE"
+            elif "certificate" in reason or "ssl" in reason:
+                hint = "pass the cluster's TLS files with --tls-ca, --tls-cert and --tls-key"
+            else:
+                hint = "pass --nats URL"
+            if given:
+                other = f"or give no --nats at all for the berth up cluster ({api_file()})"
+            elif written is None:
+                other = f"or start a cluster with `berth up` (it writes {api_file()})"
+            else:  # what api.json names is gone: a berth up that was killed
+                other = f"or start `berth up` again ({written.source} is stale)"
+            raise Unavailable(f"{error}: {hint}, {other}") from None
         try:
             return await ask(client)
         finally:
@@ -105,7 +134,7 @@ def place(
     layer: Annotated[
         list[str] | None, typer.Option(help="An image layer ID:SIZE (repeatable).")
     ] = None,
-    nats: NatsOption = DEFAULT_URL,
+    nats: ClientNatsOption = None,
     creds: CredsOption = None,
     tls_ca: TlsCaOption = None,
     tls_cert: TlsCertOption = None,
@@ -137,7 +166,7 @@ def place(
 
 def whereis(
     workload: Annotated[str, typer.Argument(help="namespace/name/replica, e.g. default/hello/0")],
-    nats: NatsOption = DEFAULT_URL,
+    nats: ClientNatsOption = None,
     creds: CredsOption = None,
     tls_ca: TlsCaOption = None,
     tls_cert: TlsCertOption = None,
@@ -164,7 +193,7 @@ def whereis(
 
 def routes(
     node: Annotated[str | None, typer.Option(help="Only this node's routes.")] = None,
-    nats: NatsOption = DEFAULT_URL,
+    nats: ClientNatsOption = None,
     creds: CredsOption = None,
     tls_ca: TlsCaOption = None,
     tls_cert: TlsCertOption = None,

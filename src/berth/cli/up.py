@@ -195,7 +195,11 @@ def up(
     with cluster:
         if cluster.api_url is not None and cluster.api_token is not None:
             path = write_api_file(
-                cluster.api_url, cluster.api_token, others=cluster.api_urls[1:], ca=cluster.api_ca
+                cluster.api_url,
+                cluster.api_token,
+                others=cluster.api_urls[1:],
+                ca=cluster.api_ca,
+                nats=(cluster.url, cluster.client_files()),
             )
             console.print(f"API address and token written to {path}", highlight=False)
         console.print(cluster.describe(), highlight=False, soft_wrap=True)

@@ -52,6 +52,18 @@ __all__ = [
 
 log = logging.getLogger("berth.nats")
 
+
+class _QuietTlsEof(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl":
+    nats-py's protocol answers a closing TLS peer that way, and asyncio warns about it on
+    every TLS connection that ends — a line on each CLI command's stderr that says nothing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received()")
+
+
+logging.getLogger("asyncio").addFilter(_QuietTlsEof())
+
 # Per connection made by connect(): an event set at its next disconnection (then replaced).
 _disconnections: weakref.WeakKeyDictionary[Client, asyncio.Event] = weakref.WeakKeyDictionary()
 # Per connection made by connect(): an event set once it is closed (by close() or for good).
@@ -184,14 +196,23 @@ async def connect(
     connect_timeout_s: float = 2.0,
     first_connect_timeout_s: float = 5.0,
     reconnect_wait_s: float = 0.25,
+    once: bool = False,
 ) -> Client:
     """A connection to ``url`` — one server's URL or a cluster's, comma-separated
     (:func:`server_urls`) — that reconnects without limit (see the module docstring); over
     TLS with ``tls`` (a client context, :meth:`berth.pki.TlsFiles.client_context`: the
-    server checked against its CA, this client's certificate shown to it)."""
+    server checked against its CA, this client's certificate shown to it).
+
+    ``once``: a one-shot caller's (a CLI command) — each server is tried once, quietly, and
+    a failure is ``Unavailable`` at once with the first server's reason (refused, an
+    authorization violation), not a retry loop that logs each attempt."""
     servers = server_urls(url)
+    failures: list[Exception] = []
 
     async def on_error(error: Exception) -> None:
+        if once:
+            failures.append(error)
+            return
         log.warning("%s: nats error: %s", name, error)
 
     async def on_disconnected() -> None:
@@ -230,7 +251,8 @@ async def connect(
                 name=name,
                 connect_timeout=connect_timeout_s,  # type: ignore[arg-type]  # int in the stubs
                 reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
-                max_reconnect_attempts=-1,
+                # once: a try per server (allow_reconnect=False waits out the timeout instead)
+                max_reconnect_attempts=1 if once else -1,
                 allow_reconnect=True,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
@@ -238,12 +260,17 @@ async def connect(
                 closed_cb=on_closed,
                 **options,  # type: ignore[arg-type]
             ),
-            first_connect_timeout_s,
+            # once: a connect timeout per server (a refusal the nats client retries
+            # regardless — a certificate it does not trust — ends there, not after 5 s)
+            min(first_connect_timeout_s, connect_timeout_s * len(servers) + 0.5)
+            if once
+            else first_connect_timeout_s,
         )
     except Exception as error:  # nats-py raises several unrelated types for "cannot connect"
         with contextlib.suppress(Exception):
             await client.close()
-        detail = str(error) or type(error).__name__
+        cause = failures[0] if failures else error
+        detail = str(cause) or type(cause).__name__
         raise Unavailable(f"cannot connect to nats at {url}: {detail}") from None
     return client
 

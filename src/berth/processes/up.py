@@ -588,13 +588,24 @@ class LocalCluster:
     def client_credentials(self) -> Credentials | None:
         return None if self.auth is None else self.auth.client
 
+    def client_files(self) -> dict[str, Path]:
+        """A client's files for NATS (``creds`` and, with TLS, ``tls_ca``/``tls_cert``/
+        ``tls_key``): what ``api.json`` hands ``berth place``, ``whereis`` and ``routes``."""
+        files = {} if self.auth is None else {"creds": self.paths["client"]}
+        tls = self.tls_files.get("client")
+        if tls is not None:
+            files |= {"tls_ca": tls.ca, "tls_cert": tls.cert, "tls_key": tls.key}
+        return files
+
     def describe(self) -> str:
         """How to reach the running cluster (printed by ``berth up``)."""
         processes = len(self.agent_processes)
-        creds = ""
-        if self.auth is not None:
-            creds = f" --creds {self.paths['client']}"
-        creds += "".join(f" {arg}" for arg in self._tls_args("client"))
+        creds = ""  # with the API, api.json tells the NATS commands all of it
+        if self.http is None:
+            creds = f" --nats {self.url}"
+            if self.auth is not None:
+                creds += f" --creds {self.paths['client']}"
+            creds += "".join(f" {arg}" for arg in self._tls_args("client"))
         lines = [
             f"berth is up: {len(self.configs)} nodes in {processes} agent process"
             f"{'es' if processes != 1 else ''}, {self.schedulers} scheduler"
@@ -607,10 +618,9 @@ class LocalCluster:
             + (" (authentication on)" if self.auth is not None else "")
             + (" (TLS on)" if self.tls else ""),
             "",
-            f"  place a workload:  berth place --nats {self.url}{creds} --name hello "
-            "--instance micro",
-            f"  where is it:       berth whereis default/hello/0 --nats {self.url}{creds}",
-            f"  every route:       berth routes --nats {self.url}{creds}",
+            f"  place a workload:  berth place{creds} --name hello --instance micro",
+            f"  where is it:       berth whereis default/hello/0{creds}",
+            f"  every route:       berth routes{creds}",
             f"  logs:              {self.directory / 'logs'}",
             f"  workloads run as:  {self._describe_runtime()}",
             *self._describe_microvm(),

@@ -162,6 +162,17 @@ def test_connection_refused_is_one_line_naming_the_url(args: tuple[str, ...]) ->
     assert "refused" in line
 
 
+def test_a_stale_api_file_is_named_as_stale(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"  # a berth up killed with -9 left its file
+    (tmp_path / "api.json").write_text(json.dumps({"url": url, "token": "t"}))
+    line = one_line(("ps",), f"cannot reach the berth API at {url}/", {"BERTH_HOME": str(tmp_path)})
+    assert f"({tmp_path / 'api.json'} says the API is there" in line
+    assert "the file is stale — start berth up again, or pass --api URL)" in line
+    # given --api, the file is not to blame
+    line = one_line(("ps", "--api", url), "refused", {"BERTH_HOME": str(tmp_path)})
+    assert "stale" not in line
+
+
 def test_a_server_that_never_answers_times_out(silent_server: str) -> None:
     location = ApiLocation(silent_server, None, "--api")
     expected = f"{silent_server}/v1/nodes did not answer within 0.3s"

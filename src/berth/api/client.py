@@ -383,6 +383,7 @@ class ApiClient:
         urls = self.location.urls
         order = [(self._current + step) % len(urls) for step in range(len(urls))]
         failures: list[Unavailable] = []
+        refused = 0  # endpoints where nothing listens
         for position, index in enumerate(order):
             url, last = urls[index], position == len(order) - 1
             try:
@@ -390,6 +391,7 @@ class ApiClient:
                     method, path, json=body, params=params or None, timeout=timeout, headers=headers
                 )
             except httpx.ConnectError as error:  # nothing was sent: any method may go on
+                refused += 1
                 failures.append(
                     Unavailable(f"cannot reach the berth API at {url + path}: {_reason(error)}")
                 )
@@ -411,12 +413,19 @@ class ApiClient:
                 continue
             self._current = index
             return response, url
-        if len(failures) == 1:
-            raise failures[0]
-        raise Unavailable(
-            f"none of the {len(urls)} berth API endpoints answered: "
+        said = (
+            str(failures[0])
+            if len(failures) == 1
+            else f"none of the {len(urls)} berth API endpoints answered: "
             + "; ".join(str(failure) for failure in failures)
         )
+        source = self.location.source
+        if refused == len(urls) and source.endswith(API_FILE):  # where berth up's file says
+            said += (
+                f" ({source} says the API is there: if that berth up was killed, the file is "
+                "stale — start berth up again, or pass --api URL)"
+            )
+        raise Unavailable(said)
 
     def _answer(self, response: httpx.Response, method: str, path: str, url: str) -> Any:
         if response.status_code >= 400:

@@ -153,6 +153,10 @@ def test_the_walkthrough(up: Up) -> None:
     assert "register one: berth images add NAME" in ok(up, "images")
     assert "run one: berth run IMAGE" in ok(up, "ps")
     assert "none matches the filters" in ok(up, "ps", "--node", "node-00")
+    typo = berth(up, "ps", "--node", "node-0")
+    assert typo.returncode == 2 and typo.stderr.strip() == (
+        "error: --node: no node 'node-0' in the cluster (its nodes: node-00, node-01, node-02)"
+    ), typo
     unknown = berth(up, "run", "hello", "--", "true")
     assert unknown.returncode == 2 and "berth images add" in unknown.stderr, unknown
 
@@ -162,6 +166,13 @@ def test_the_walkthrough(up: Up) -> None:
     )
     assert added.strip() == "registered hello: 2 layers, 33MiB, platform any", added
     assert [image["name"] for image in document(up, "images")["items"]] == ["hello"]
+    again = ok(up, "images", "add", "other", "--layer", "sha256:3333:1MiB")
+    assert again.strip() == "registered other: 1 layer, 1MiB, platform any", again
+    again = ok(up, "images", "add", "other", "--layer", "sha256:4444:2MiB")  # never silently
+    assert again.splitlines() == [
+        "registered, replacing the image named other: 1 layer, 2MiB, platform any",
+        "  (it was 1 layer, 1MiB, platform any; workloads already running keep their layers)",
+    ], again
     assert "hello" in ok(up, "images")
 
     line = ok(up, "run", "hello", "--type", "micro", "--", "sleep", "600")

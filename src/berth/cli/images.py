@@ -8,6 +8,7 @@ local OCI image layout on the API's machine.  Each is a call to the HTTP API thr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -75,6 +76,33 @@ def _print_image(image: Any, verb: str) -> None:
     )
 
 
+def _registering(
+    api: str | None, token: str | None, as_json: bool, register: Callable[[Any], Any], verb: str
+) -> None:
+    """Register an image with ``register(client)`` and say so — and, when it took the place
+    of an image of that name, say that too, with what the old one was (never silently)."""
+    from berth.validation import fields_as
+
+    before: dict[str, Any] = {}
+
+    def call(client: Any) -> Any:
+        before.update((known.name, known) for known in client.images().items)
+        return register(client)
+
+    image = ask_api(api, token, as_json, call, fields_as(_IMAGE_FLAGS))
+    if image is None:
+        return
+    old = before.get(image.name)
+    if old is None:
+        _print_image(image, verb)
+        return
+    _print_image(image, f"{verb}, replacing the image named")
+    say(
+        f"  (it was {counted(len(old.layers), 'layer')}, {size_text(old.size)}, platform "
+        f"{old.platform or 'any'}; workloads already running keep their layers)"
+    )
+
+
 @images_app.command("add")
 def images_add(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The image's name.")],
@@ -86,21 +114,14 @@ def images_add(
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Register an image as its chain of layers with sizes."""
-    from berth.validation import fields_as
-
+    """Register an image as its chain of layers with sizes (replacing one of that name)."""
     body: dict[str, Any] = {
         "name": name,
         "layers": [parse_layer_flag(text).model_dump() for text in layer],
     }
     if platform is not None:
         body["platform"] = platform
-    image = ask_api(
-        api, token, as_json, lambda client: client.add_image(body), fields_as(_IMAGE_FLAGS)
-    )
-    if image is None:
-        return
-    _print_image(image, "registered")
+    _registering(api, token, as_json, lambda client: client.add_image(body), "registered")
 
 
 @images_app.command("import-oci")
@@ -114,15 +135,5 @@ def images_import_oci(
     as_json: JsonOption = False,
 ) -> None:
     """Register an image read from a local OCI image layout (on the API's machine)."""
-    from berth.validation import fields_as
-
-    image = ask_api(
-        api,
-        token,
-        as_json,
-        lambda client: client.import_oci(str(path.absolute()), name),
-        fields_as(_IMAGE_FLAGS),
-    )
-    if image is None:
-        return
-    _print_image(image, "imported")
+    where = str(path.absolute())
+    _registering(api, token, as_json, lambda client: client.import_oci(where, name), "imported")

@@ -321,13 +321,19 @@ def ps(
     if workload_id is not None:
         _ps_one(_checked_ref(workload_id), api, token, as_json)
         return
-    found = ask_api(
-        api,
-        token,
-        as_json,
-        lambda client: client.workloads(namespace=namespace, node=node, state=state),
-        fields_as(_PS_FLAGS),
-    )
+
+    def listed(client: Any) -> Any:
+        found = client.workloads(namespace=namespace, node=node, state=state)
+        if node is not None and not found.items:  # a typo, or a node that holds nothing?
+            known = sorted(item.name for item in client.nodes().items)
+            if node not in known:
+                raise Invalid(
+                    f"no node {node!r} in the cluster (its nodes: {', '.join(known) or 'none'})",
+                    field="--node",
+                )
+        return found
+
+    found = ask_api(api, token, as_json, listed, fields_as(_PS_FLAGS))
     if found is None:
         return
     items = sorted(found.items, key=lambda w: (w.namespace, w.name, w.replica, w.created_at))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,3 +169,23 @@ def test_sim_flag_defaults_are_simconfigs() -> None:
     }
     assert sim_config(**defaults) == SimConfig()
     assert defaults["cache"] == "auto" and defaults["pull_bandwidth"] == "125MBps"
+
+
+def test_the_shell_completes_commands_and_the_flags_of_a_deferred_one() -> None:
+    """``berth --install-completion`` installs it; what the shell then asks (``_BERTH_COMPLETE``)
+    is answered with the commands, and the flags of the one typed — loaded for it."""
+
+    def completed(words: str) -> list[str]:
+        env = {**os.environ, "_BERTH_COMPLETE": "complete_bash", "COMP_WORDS": words}
+        env["COMP_CWORD"] = str(len(words.split()) - 1)
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "berth")], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert completed("berth p") == ["place", "ps"]
+    assert {"--namespace", "--node"} <= set(completed("berth ps --n"))
+    from berth.cli.main import app
+
+    assert "--install-completion" in runner.invoke(app, ["--help"]).output

@@ -189,7 +189,7 @@ app = typer.Typer(
     help="berth decides which node runs each workload, and makes the decision stick.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion: bash, zsh, fish, PowerShell
     cls=OneLineErrors,
     rich_markup_mode="rich",  # typer's default, said: help texts are markup (a `[` is `\[`)
 )

@@ -53,7 +53,7 @@ from typing import Any
 
 from berth.api.backend import ClusterBackend
 from berth.api.reconciler import Reconciler
-from berth.boot import BootSpec
+from berth.boot import BootSpec, RunOrder
 from berth.embedded import embedded_configs
 from berth.model import Request, Spec
 from berth.nats.connection import connect, settle
@@ -85,7 +85,8 @@ async def boot(cluster: NatsServices, node: str, count: int) -> list[str]:
         await asyncio.gather(
             *(
                 cluster.nodes.try_run(
-                    node, SPEC, [], BootSpec(name=i, command=("sleep", "600")), workload_id=i
+                    node,
+                    RunOrder(SPEC, [], BootSpec(name=i, command=("sleep", "600")), workload_id=i),
                 )
                 for i in ids[start : start + 50]
             )

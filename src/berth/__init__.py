@@ -9,7 +9,8 @@ node's authoritative budget, layers, runtime port and drivers, monitors, configu
 agent), ``embedded`` (the whole system wired in one process), ``sim`` (workloads and the
 simulator).  Shared vocabulary sits at the top: ``model`` (requests, specs, placements),
 ``state`` (node snapshots), ``ownership`` (owners, leases, refusals), ``boot`` (what a node is
-asked to boot, a failed boot, a workload's status), ``errors``.
+asked to boot, the orders a node is sent — ``AdmitOrder``, ``RunOrder`` —, a failed boot, a
+workload's status), ``errors``.
 
 Importing ``berth`` loads this file only: each public name is imported from its module the
 first time it is read (``berth.Spec``, ``from berth import Spec``), and then only the core it

@@ -2,9 +2,11 @@
 boot fails, what a node says about one.
 
 This module owns the value types that cross the node's edge — :class:`BootSpec` (what a
-client asks a node to boot), :class:`BootFailed` (a boot that cannot happen, with the real
-reason), :class:`WorkloadStatus` (``running``, ``ended`` or ``unknown``, read back by id)
-and :class:`WorkloadLogs` (a piece of a workload's output).
+client asks a node to boot), :class:`AdmitOrder` and :class:`RunOrder` (a whole ``admit`` or
+``try_run`` of the node-client port, checked once when made, so every driver and the node
+agent take one value instead of restating the parameters), :class:`BootFailed` (a boot that
+cannot happen, with the real reason), :class:`WorkloadStatus` (``running``, ``ended`` or
+``unknown``, read back by id) and :class:`WorkloadLogs` (a piece of a workload's output).
 They sit below both the node (:mod:`berth.node.core`, the runtime port
 :mod:`berth.node.runtime.port`, which re-exports ``BootSpec`` and ``BootFailed`` as part of
 its signature) and the ports that reach a node (:mod:`berth.nodeclient.port`), so a port
@@ -17,6 +19,7 @@ runtime drivers' and the node core's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -24,17 +27,33 @@ from pydantic import BeforeValidator, Field, StrictInt, field_validator, model_v
 
 from berth.defaults import MAX_LOG_CHUNK_BYTES
 from berth.errors import BerthError, Invalid
-from berth.model import Cores, Name, RestartPolicy
+from berth.model import (
+    INTERVAL_RULE,
+    MAX_DURATION_S,
+    MIN_INTERVAL_S,
+    NAME_RULE,
+    Cores,
+    Layer,
+    Name,
+    RestartPolicy,
+    Spec,
+    checked_layers,
+    checked_platforms,
+    required_spec,
+)
+from berth.platform import Platform
 from berth.units import parse_information
 from berth.validation import BerthModel, Rule, Text, shown
 
 __all__ = [
     "LIMIT_RULE",
     "OFFSET_RULE",
+    "AdmitOrder",
     "BootFailed",
     "BootSpec",
     "LogLimit",
     "LogOffset",
+    "RunOrder",
     "WorkloadLogs",
     "WorkloadStatus",
 ]
@@ -121,6 +140,104 @@ class BootSpec(BerthModel):
             if "\0" in value:
                 raise Invalid(f"the value of {key!r} must not contain NUL characters")
         return env
+
+
+def _checked_boot(boot: object) -> BootSpec:
+    if not isinstance(boot, BootSpec):
+        raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
+    return boot
+
+
+def _checked_reservation(reservation: object) -> str | None:
+    if reservation is not None and not isinstance(reservation, str):
+        raise Invalid(f"expected a reservation id, got {shown(reservation)}", field="reservation")
+    return reservation
+
+
+_set = object.__setattr__  # how a frozen order's __init__ sets its checked fields
+
+
+@dataclass(frozen=True, init=False, slots=True)
+class AdmitOrder:
+    """One ``admit`` of the node-client port: reserve ``spec`` under a lease, for an artifact
+    built for ``platforms``.
+
+    ``spec`` — the resources (a ``Spec``, or an instance type's name); ``lease_ttl_s`` — how
+    long the reservation lives unless it is bound to its workload (or released) first, in
+    seconds (an :data:`~berth.model.Interval`); ``platforms`` — the platforms the artifact is
+    built for (empty: any): a node that runs none of them refuses (``platform_mismatch``).
+
+    Checked once, here: a malformed order is ``Invalid`` naming the field (``spec``,
+    ``platforms``, ``lease_ttl_s`` — a non-positive or non-finite one among them) and never
+    reaches a driver.
+    """
+
+    spec: Spec
+    lease_ttl_s: float
+    platforms: tuple[Platform, ...]
+
+    def __init__(self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()) -> None:
+        # made once per placement: the common case (a Spec, a float in bounds) is decided
+        # without a call; anything else takes the full check, and its error
+        spec = spec if type(spec) is Spec else required_spec(spec, "a workload")
+        platforms = checked_platforms(platforms)
+        ttl = lease_ttl_s
+        if type(ttl) is not float or not MIN_INTERVAL_S <= ttl <= MAX_DURATION_S:
+            ttl = INTERVAL_RULE(ttl, "lease_ttl_s")
+        _set(self, "spec", spec)
+        _set(self, "platforms", platforms)
+        _set(self, "lease_ttl_s", ttl)
+
+
+@dataclass(frozen=True, init=False, slots=True)
+class RunOrder:
+    """One ``try_run`` of the node-client port: boot ``boot`` owning a reservation of ``spec``.
+
+    ``spec`` — the resources the workload holds; ``layers`` — the layers it needs mounted
+    (``Layer`` values, ``(id, size)`` pairs or tables: :func:`~berth.model.checked_layers`);
+    ``boot`` — how to boot it; ``platforms`` — as for :class:`AdmitOrder`: a node that runs
+    none of them refuses (``platform_mismatch``) before it mounts or starts anything.
+
+    ``reservation`` — a lease taken by ``admit`` (e.g. a scheduler's placement): the workload
+    is bound to it instead of admitted again, and a refused boot releases it.
+
+    ``workload_id`` — a :data:`~berth.model.Name`, the caller's record of it: the node boots
+    it under that id, and the run is **idempotent by it**: asked again with an id it already
+    runs or is booting, the node answers that id and boots nothing — so a caller whose answer
+    was lost (``Unavailable``: the outcome is unknown) asks again safely.
+
+    Checked once, here: a malformed order is ``Invalid`` naming the field (``spec``,
+    ``layers``, ``platforms``, ``boot``, ``reservation``, ``workload_id``, the first wrong
+    one in that order) and never reaches a driver.
+    """
+
+    spec: Spec
+    layers: tuple[Layer, ...]
+    boot: BootSpec
+    platforms: tuple[Platform, ...]
+    reservation: str | None
+    workload_id: str | None
+
+    def __init__(
+        self,
+        spec: Spec,
+        layers: Sequence[Layer],
+        boot: BootSpec,
+        platforms: Sequence[Platform] = (),
+        *,
+        reservation: str | None = None,
+        workload_id: str | None = None,
+    ) -> None:
+        _set(self, "spec", required_spec(spec, "a workload"))
+        _set(self, "layers", checked_layers(layers))
+        _set(self, "platforms", checked_platforms(platforms))
+        _set(self, "boot", _checked_boot(boot))
+        _set(self, "reservation", _checked_reservation(reservation))
+        _set(
+            self,
+            "workload_id",
+            None if workload_id is None else NAME_RULE(workload_id, "workload_id"),
+        )
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Literal
 
+from berth.boot import RunOrder
 from berth.defaults import HEARTBEAT_S
 from berth.errors import Invalid, NoCapacity
 from berth.events.port import EventSink
@@ -186,12 +187,11 @@ class EmbeddedCluster:
         if spec is None:
             raise Invalid("running a workload needs its resources (an instance type)", field="spec")
         details: dict[str, str] = {}
+        order = RunOrder(spec, request.layers, boot, request.platforms)
 
         async def try_run(node: str) -> WorkloadHandle:
             try:
-                return await self.agents[node].try_run(
-                    spec, request.layers, boot, request.platforms
-                )
+                return await self.agents[node].try_run(order)
             except Refused as refused:
                 if refused.detail:
                     details[node] = f"{refused.reason}: {refused.detail}"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from berth.boot import RunOrder
 from berth.model import Spec
 from berth.node.microvm.images import busybox_layer, write_image
 from berth.node.microvm.paths import GuestFiles, problems
@@ -76,12 +77,15 @@ def test_a_restarted_agent_adopts_its_running_guest_and_reports_the_one_that_exi
             await first_state_after(store, 0, limit_s=60.0)
             nodes.timeout_s = 60.0  # a guest's boot under emulation
             kept = await nodes.try_run(
-                NODE, GUEST, [], BootSpec(name="kept", image="busybox", command=("sleep", "600"))
+                NODE,
+                RunOrder(
+                    GUEST, [], BootSpec(name="kept", image="busybox", command=("sleep", "600"))
+                ),
             )
             quitter = BootSpec(
                 name="quits", image="busybox", command=("sh", "-c", "sleep 4; exit 6")
             )
-            quits = await nodes.try_run(NODE, GUEST, [], quitter)
+            quits = await nodes.try_run(NODE, RunOrder(GUEST, [], quitter))
             qemus = agents.workload_processes()
             assert sorted(qemus) == sorted([kept, quits])
             kill_9(agents.started[-1])

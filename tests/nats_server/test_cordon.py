@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from berth import Layer, Platform, Spec
+from berth.boot import AdmitOrder, RunOrder
 from berth.embedded import embedded_configs
 from berth.node.agent import Agent
 from berth.node.budget import IDLE, BudgetLimits, NodeBudget, StaticLoad
@@ -137,16 +138,18 @@ def test_agent_cordon_refuses_boots_publishes_and_survives_restart(tmp_path: Pat
         first = agent()
         async with first:
             running = await first.try_run(
-                Spec(vcpus=0.1, mem=1, disk=0), [], BootSpec(name="w", command=("sleep",))
+                RunOrder(Spec(vcpus=0.1, mem=1, disk=0), [], BootSpec(name="w", command=("sleep",)))
             )
             assert first.cordon(True) is True
             await first.advertise()
             assert (await store.states())["n1"].cordoned is True
             with pytest.raises(Refused) as refused:
                 await first.try_run(
-                    Spec(vcpus=0.1, mem=1, disk=0),
-                    [Layer(id="a", size=1)],
-                    BootSpec(name="x", command=("sleep",)),
+                    RunOrder(
+                        Spec(vcpus=0.1, mem=1, disk=0),
+                        [Layer(id="a", size=1)],
+                        BootSpec(name="x", command=("sleep",)),
+                    )
                 )
             assert (refused.value.reason, refused.value.node) == ("cordoned", "n1")
             assert first.layers.mounted() == frozenset()  # refused before mounting
@@ -167,8 +170,8 @@ def test_status_remembers_how_a_workload_ended() -> None:
         agent = Agent("n1", AMD64, _budget(), MemoryStore(), runtime)
         async with agent:
             boot = BootSpec(name="w", command=("true",))
-            one = await agent.try_run(Spec(vcpus=0.1, mem=1, disk=0), [], boot)
-            two = await agent.try_run(Spec(vcpus=0.1, mem=1, disk=0), [], boot)
+            one = await agent.try_run(RunOrder(Spec(vcpus=0.1, mem=1, disk=0), [], boot))
+            two = await agent.try_run(RunOrder(Spec(vcpus=0.1, mem=1, disk=0), [], boot))
             runtime.finish(one.id, 3)
             await agent.stop_workload(two.id)
             assert agent.status(one.id).to_dict() == {
@@ -213,14 +216,14 @@ def test_cordon_over_nats_survives_the_agent_restarting(
             async with service():
                 assert await nodes.cordon(node) is True
                 with pytest.raises(Refused) as refused:
-                    await nodes.admit(node, spec, lease_ttl_s=5)
+                    await nodes.admit(node, AdmitOrder(spec, 5))
                 assert (refused.value.reason, refused.value.node) == ("cordoned", node)
             async with service() as restarted:  # the same node, a new agent process
                 assert restarted.agent.snapshot().cordoned is True
                 with pytest.raises(Refused):
-                    await nodes.admit(node, spec, lease_ttl_s=5)
+                    await nodes.admit(node, AdmitOrder(spec, 5))
                 assert await nodes.uncordon(node) is True
-                admission = await nodes.admit(node, spec, lease_ttl_s=5)
+                admission = await nodes.admit(node, AdmitOrder(spec, 5))
                 assert await nodes.release(node, admission.reservation_id) is True
             async with service() as again:
                 assert again.agent.cordoned is False

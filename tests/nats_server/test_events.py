@@ -20,6 +20,7 @@ import pytest
 
 from berth.api.schemas import Workload
 from berth.api.testing import embedded_api
+from berth.boot import RunOrder
 from berth.errors import Invalid, Unavailable
 from berth.events.memory import MemoryEvents
 from berth.events.nats import NatsEvents
@@ -284,7 +285,9 @@ def test_an_agent_publishes_again_until_its_sink_stores_the_end(tmp_path: Path) 
             events=sink,
         )
         async with agent:
-            workload = await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("x",)))
+            workload = await agent.try_run(
+                RunOrder(SPEC, LAYERS, BootSpec(name="w", command=("x",)))
+            )
             runtime.finish(workload.id, 0)
             for _ in range(400):
                 if sink.stored:
@@ -317,7 +320,7 @@ def test_a_clean_stop_reports_the_ends_of_the_workloads_it_stopped(tmp_path: Pat
         )
         async with agent:
             ids = [
-                (await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("x",)))).id
+                (await agent.try_run(RunOrder(SPEC, LAYERS, BootSpec(name="w", command=("x",))))).id
                 for _ in range(3)
             ]
         ends = [e for e in sink.stored if e.kind == "ended"]

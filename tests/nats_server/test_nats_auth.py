@@ -11,6 +11,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
+from berth.boot import AdmitOrder
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, Unavailable
 from berth.model import Request, Spec
@@ -125,13 +126,13 @@ def test_a_node_cannot_speak_for_another(secured: tuple[NatsServer, ClusterAuth]
                 huge = Spec(vcpus=0.01, mem=64 * 2**30, disk=1)
                 as_scheduler = running.scheduler_services[0].scheduler.nodes
                 with pytest.raises(Refused) as caught:  # the real node-00 answers
-                    await as_scheduler.admit("node-00", huge, lease_ttl_s=5)
+                    await as_scheduler.admit("node-00", AdmitOrder(huge, 5))
                 assert caught.value.node == "node-00"
                 await asyncio.sleep(0.3)
                 assert heard == []
                 as_client = NatsNodes(running.client, timeout_s=0.3, admit_attempts=1)
                 with pytest.raises(Unavailable):  # and a client may not admit at all
-                    await as_client.admit("node-00", SMALL, lease_ttl_s=5)
+                    await as_client.admit("node-00", AdmitOrder(SMALL, 5))
             await asyncio.sleep(1.2)  # a heartbeat later: node-00 is itself, unforged
             for service in running.scheduler_services:
                 state = service.scheduler.states()["node-00"]

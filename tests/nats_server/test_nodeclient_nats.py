@@ -17,6 +17,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from berth.boot import AdmitOrder, RunOrder
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.nats.wire import IDEMPOTENCY_HEADER, BadReply, encode, subject
@@ -71,7 +72,7 @@ class TestNatsNodesContract(NodeClientContract):
 
     async def start_workload(self, nodes: NodeClient, node: str) -> str:
         assert isinstance(nodes, NatsNodes)
-        return await nodes.try_run(node, SPEC, [], BootSpec(name="w", command=("vm",)))
+        return await nodes.try_run(node, RunOrder(SPEC, [], BootSpec(name="w", command=("vm",))))
 
     async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
         assert isinstance(nodes, NatsNodes)
@@ -96,7 +97,7 @@ def test_a_retried_admit_gets_the_same_reservation(nats_server: NatsServer) -> N
             assert replies[2]["ok"]["reservation_id"] != replies[0]["ok"]["reservation_id"]
             assert servers["n1"].agent.budget.admitted == 2  # the retry reserved nothing
             # two reservations of 1 MiB on a 4 MiB node: 2 MiB left, exactly
-            await nodes.admit("n1", Spec(vcpus=0.01, mem=2 * MiB, disk=1), lease_ttl_s=30)
+            await nodes.admit("n1", AdmitOrder(Spec(vcpus=0.01, mem=2 * MiB, disk=1), 30))
 
     asyncio.run(scenario())
 
@@ -187,7 +188,7 @@ def test_a_stop_over_nats_gives_a_workload_ignoring_sigterm_its_own_grace(
                 env={"READY": str(ready)},
             )
             workload_id = await nodes.try_run(
-                "n1", Spec(vcpus=0.01, mem=64 * MiB, disk=MiB), [], boot
+                "n1", RunOrder(Spec(vcpus=0.01, mem=64 * MiB, disk=MiB), [], boot)
             )
             for _ in range(500):  # the trap is set once the file is written
                 if ready.exists() and ready.read_text().strip():
@@ -230,11 +231,11 @@ def test_silence_is_unavailable_after_retries_and_garbage_is_a_bad_reply(
             await nc.subscribe(subject("odd", "admit", prefix), cb=babbling)
             nodes = NatsNodes(nc, prefix=prefix, timeout_s=0.2, admit_attempts=3)
             with pytest.raises(Unavailable, match="outcome unknown"):
-                await nodes.admit("quiet", SPEC, lease_ttl_s=5)
+                await nodes.admit("quiet", AdmitOrder(SPEC, 5))
             assert len(heard) == 3 and len(set(heard)) == 1  # one key, three attempts
             with pytest.raises(BadReply):
-                await nodes.admit("odd", SPEC, lease_ttl_s=5)
+                await nodes.admit("odd", AdmitOrder(SPEC, 5))
             with pytest.raises(Invalid):
-                await nodes.admit("quiet", SPEC, lease_ttl_s=float("inf"))
+                await nodes.admit("quiet", AdmitOrder(SPEC, float("inf")))
 
     asyncio.run(scenario())

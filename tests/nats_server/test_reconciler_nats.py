@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from berth.api.server import ApiServer
-from berth.boot import BootSpec
+from berth.boot import BootSpec, RunOrder
 from berth.embedded import embedded_configs
 from berth.model import Spec
 from berth.nats.names import Names
@@ -46,7 +46,7 @@ def passes(service: SchedulerService) -> float:
 async def ghost_stopped(cluster: NatsServices, node: str, workload_id: str) -> float:
     """Boot ``workload_id`` on ``node`` behind the API; seconds until it is stopped."""
     boot = BootSpec(name=workload_id, command=("sleep", "60"))
-    await cluster.nodes.try_run(node, SPEC, [], boot, workload_id=workload_id)
+    await cluster.nodes.try_run(node, RunOrder(SPEC, [], boot, workload_id=workload_id))
     started = time.monotonic()
     agent = cluster.node_services[node].agent
     while agent.status(workload_id).state == "running":

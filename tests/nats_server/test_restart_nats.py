@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from berth.boot import RunOrder
 from berth.embedded import embedded_configs
 from berth.errors import BerthError, NoCapacity
 from berth.model import Placement, Request, Spec
@@ -57,7 +58,7 @@ async def _traffic_across_a_restart(server: NatsServer, cluster: NatsServices) -
                     boot = BootSpec(name=f"w{index}", command=("vm",))
 
                     async def run(node: str, boot: BootSpec = boot) -> str:
-                        return await nodes.try_run(node, SMALL, [], boot)
+                        return await nodes.try_run(node, RunOrder(SMALL, [], boot))
 
                     await asyncio.wait_for(service.scheduler.place(SMALL, [], run), 15)
                 outcome = "ok"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from berth.boot import AdmitOrder, RunOrder
 from berth.embedded import embedded_configs
 from berth.model import Layer, Placement, Spec
 from berth.node.budget import IDLE
@@ -57,18 +58,20 @@ def test_a_node_rewrites_its_purged_routes_exactly_while_it_holds_them(
             routes = await NatsRoutes(nc, bucket=unique_name("routes")).start()
             async with _service(nc, routes, tmp_path) as service:
                 node, agent = service.name, service.agent
-                runs = agent.admit(SMALL, 300.0)  # bound to a workload below
-                leased = agent.admit(SMALL, 300.0)  # placed, not yet run: still held
-                ends = agent.admit(SMALL, 300.0)
-                gone = agent.admit(SMALL, 300.0)
+                runs = agent.admit(AdmitOrder(SMALL, 300.0))  # bound to a workload below
+                leased = agent.admit(AdmitOrder(SMALL, 300.0))  # placed, not yet run: still held
+                ends = agent.admit(AdmitOrder(SMALL, 300.0))
+                gone = agent.admit(AdmitOrder(SMALL, 300.0))
                 for replica, admission in enumerate((runs, leased, ends, gone)):
                     placement = Placement(worker_node=node, reservation_id=admission.reservation_id)
                     await routes.record(f"t/fn/{replica}", placement, SMALL, function=FN)
                 await agent.try_run(
-                    SMALL,
-                    LAYERS,
-                    BootSpec(name="w", command=("sleep", "600")),
-                    reservation=runs.reservation_id,
+                    RunOrder(
+                        SMALL,
+                        LAYERS,
+                        BootSpec(name="w", command=("sleep", "600")),
+                        reservation=runs.reservation_id,
+                    )
                 )
                 elsewhere = Placement(worker_node="elsewhere", reservation_id="r1.other")
                 await routes.record("t/fn/9", elsewhere, SMALL, function=FN)

@@ -24,6 +24,7 @@ from types import ModuleType
 
 import pytest
 
+from berth.boot import AdmitOrder
 from berth.errors import Invalid, NoCapacity, Unavailable
 from berth.model import Placement, Request, Spec, Spread
 from berth.nats.connection import connect
@@ -280,7 +281,7 @@ def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_ou
                 if not raced:  # another scheduler's sibling lands first, on the same node
                     raced.append(placement)
                     node = cluster.nodes[placement.worker_node].agent
-                    sibling = node.admit(SMALL, 30.0).reservation_id
+                    sibling = node.admit(AdmitOrder(SMALL, 30.0)).reservation_id
                     first = Placement(worker_node=placement.worker_node, reservation_id=sibling)
                     await routes.record("t/fn/1", first, SMALL, function=FN)
                 return placement
@@ -288,7 +289,7 @@ def test_a_raced_node_is_given_up_lease_and_route_even_when_its_release_times_ou
             async def silent(node: str, reservation_id: str) -> bool:
                 # meanwhile a retry of the caller's placed it there through another scheduler:
                 # giving up removes only the route this service stored, not that one
-                retried = cluster.nodes[node].agent.admit(SMALL, 30.0).reservation_id
+                retried = cluster.nodes[node].agent.admit(AdmitOrder(SMALL, 30.0)).reservation_id
                 again = Placement(worker_node=node, reservation_id=retried)
                 await routes.record("t/fn/0", again, SMALL, function=FN)
                 raise Unavailable(f"node {node!r} did not answer release (outcome unknown)")

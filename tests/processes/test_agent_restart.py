@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
+from berth.boot import AdmitOrder, RunOrder
 from berth.errors import BerthError
 from berth.model import Layer, Spec
 from berth.nats.connection import connect
@@ -204,7 +205,7 @@ def test_a_restarted_agent_adopts_its_workloads_before_it_admits_anything(agents
         async with connected(agents.url) as (nodes, store):
             agent = agents.start()
             await first_state_after(store, 0)
-            ids = [await nodes.try_run(NODE, QUARTER, LAYERS, SLEEPER) for _ in range(3)]
+            ids = [await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, SLEEPER)) for _ in range(3)]
             running = agents.workload_processes()
             assert len(running) == 3
             kill_9(agent)
@@ -219,7 +220,7 @@ def test_a_restarted_agent_adopts_its_workloads_before_it_admits_anything(agents
             async def ask() -> None:
                 while not stop.is_set():
                     try:
-                        admission = await nodes.admit(NODE, overflowing, lease_ttl_s=60)
+                        admission = await nodes.admit(NODE, AdmitOrder(overflowing, 60))
                         admitted.append(admission.reservation_id)
                     except BerthError as error:
                         refused.add(getattr(error, "reason", type(error).__name__))
@@ -241,14 +242,14 @@ def test_a_restarted_agent_adopts_its_workloads_before_it_admits_anything(agents
             for workload_id in ids:  # ...and are adopted: running, stoppable, one reservation each
                 assert (await nodes.status(NODE, workload_id)).state == "running"
             assert all(alive(*found) for found in running.values())
-            fits = await nodes.admit(NODE, QUARTER, lease_ttl_s=60)
+            fits = await nodes.admit(NODE, AdmitOrder(QUARTER, 60))
             assert await nodes.release(NODE, fits.reservation_id)
             await nodes.stop(NODE, ids[0])
             assert (await nodes.status(NODE, ids[0])).state == "ended"
             assert not alive(*running[ids[0]])
             again = await first_state_after(store, time.time())
             assert reserved(again) == 2 * QUARTER.mem
-            fresh = await nodes.try_run(NODE, QUARTER, LAYERS, SLEEPER)
+            fresh = await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, SLEEPER))
             assert fresh not in ids  # generated after the restart: no collision
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -270,7 +271,7 @@ def test_an_agent_killed_for_good_takes_its_workloads_with_it_within_the_grace(
             agent = agents.start()
             await first_state_after(store, 0)
             for _ in range(2):
-                await nodes.try_run(NODE, QUARTER, LAYERS, spawner)
+                await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, spawner))
             await asyncio.sleep(0.3)  # the shells have forked their sleeps
             tree = _descendants_of_supervisors(agents)
             assert len(tree) >= 6, tree  # 2 × (sh, sleep, setsid sleep)
@@ -299,8 +300,8 @@ def test_a_workload_that_exits_while_the_agent_is_down_is_reported_with_its_stat
         async with connected(agents.url) as (nodes, store):
             agent = agents.start()
             await first_state_after(store, 0)
-            workload_id = await nodes.try_run(NODE, QUARTER, LAYERS, quitter)
-            kept = await nodes.try_run(NODE, QUARTER, LAYERS, SLEEPER)
+            workload_id = await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, quitter))
+            kept = await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, SLEEPER))
             kill_9(agent)
             await asyncio.sleep(1.5)  # the quitter exits meanwhile
             restarted_at = time.time()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from berth.boot import RunOrder
 from berth.model import Spec
 from berth.node.container.mounts import mounted, unmount_under
 from berth.node.container.setup import STARTER_IMAGE, write_starter_image
@@ -81,12 +82,15 @@ def test_a_restarted_agent_adopts_its_running_container_and_reports_the_one_that
         async with connected(agents.url) as (nodes, store):
             await started(agents, store, nodes)
             kept = await nodes.try_run(
-                NODE, BOX, [], BootSpec(name="kept", image=STARTER_IMAGE, command=("sleep", "600"))
+                NODE,
+                RunOrder(
+                    BOX, [], BootSpec(name="kept", image=STARTER_IMAGE, command=("sleep", "600"))
+                ),
             )
             quitter = BootSpec(
                 name="quits", image=STARTER_IMAGE, command=("sh", "-c", "sleep 2; exit 6")
             )
-            quits = await nodes.try_run(NODE, BOX, [], quitter)
+            quits = await nodes.try_run(NODE, RunOrder(BOX, [], quitter))
             runcs = agents.workload_processes()
             assert sorted(runcs) == sorted([kept, quits])
             kill_9(agents.started[-1])
@@ -125,7 +129,7 @@ def test_a_container_whose_image_changed_meanwhile_is_killed_and_leaves_nothing(
         async with connected(agents.url) as (nodes, store):
             await started(agents, store, nodes)
             boot = BootSpec(name="box", image=STARTER_IMAGE, command=("sleep", "600"))
-            box = await nodes.try_run(NODE, BOX, [], boot)
+            box = await nodes.try_run(NODE, RunOrder(BOX, [], boot))
             (runc,) = agents.workload_processes().values()
             run_dir = tmp_path / "node" / "run"
             (scratch,) = run_dir.iterdir()

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from berth.boot import RunOrder
 from berth.model import RestartPolicy
 from berth.node.runtime import BootSpec
 from berth.node.runtime.supervisor import alive
@@ -45,7 +46,7 @@ def test_a_restarted_agent_adopts_a_restarted_workload_and_restarts_it_again(
         async with connected(agents.url) as (nodes, store):
             agent = agents.start()
             await first_state_after(store, 0)
-            workload_id = await nodes.try_run(NODE, QUARTER, LAYERS, ALWAYS)
+            workload_id = await nodes.try_run(NODE, RunOrder(QUARTER, LAYERS, ALWAYS))
             pids = [agents.workload_processes()[workload_id]]
             os.kill(pids[0][0], signal.SIGKILL)  # not a stop: its agent restarts it
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from berth.boot import RunOrder
 from berth.errors import NoCapacity
 from berth.model import Layer, Placement, Request, Spec, Spread
 from berth.nats.connection import connect
@@ -199,7 +200,8 @@ async def place_and_run(cluster: Cluster, request: Request) -> Placement:
     """Place ``request`` through the schedulers and run a workload under its reservation."""
     placement = await cluster.caller.schedule(request)
     await cluster.nodes.try_run(
-        placement.worker_node, SMALL, LAYERS, SLEEPER, reservation=placement.reservation_id
+        placement.worker_node,
+        RunOrder(SMALL, LAYERS, SLEEPER, reservation=placement.reservation_id),
     )
     return placement
 

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
+from berth.boot import RunOrder
 from berth.embedded import embedded_configs
 from berth.errors import Invalid, NoCapacity
 from berth.model import Request, Spec
@@ -91,9 +92,7 @@ def test_one_placement_is_one_trace_across_the_nats_hops(
                 placement = await running.scheduler.schedule(request)
                 booted = await running.nodes.try_run(
                     placement.worker_node,
-                    SMALL,
-                    (),
-                    BootSpec(name="traced", command=("sleep", "1")),
+                    RunOrder(SMALL, (), BootSpec(name="traced", command=("sleep", "1"))),
                 )
             return placement.worker_node, booted
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from berth import Layer, Spec
+from berth.boot import AdmitOrder, RunOrder
 from berth.errors import Invalid, Unavailable
 from berth.node.agent import Agent
 from berth.node.budget import BudgetLimits, NodeBudget
@@ -58,7 +59,9 @@ def test_try_run_reserves_mounts_and_everything_returns_when_it_ends() -> None:
         runtime = FakeRuntime()
         store = MemoryStore()
         async with make_agent(runtime, store) as agent:
-            workload = await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("x",)))
+            workload = await agent.try_run(
+                RunOrder(SPEC, LAYERS, BootSpec(name="w", command=("x",)))
+            )
             assert agent.budget.headroom().mem_free == GiB
             assert agent.layers.mounted() == {"base", "app"}
             await until(lambda: store.states_now()["n1"].mem_free == GiB)
@@ -80,7 +83,7 @@ def test_admission_refusal_stops_the_started_workload_and_leaks_nothing() -> Non
         async with make_agent(runtime) as agent:
             big = Spec(vcpus=0.5, mem=3 * GiB, disk=GiB)
             with pytest.raises(Refused) as caught:
-                await agent.try_run(big, LAYERS, BootSpec(name="w", command=("x",)))
+                await agent.try_run(RunOrder(big, LAYERS, BootSpec(name="w", command=("x",))))
             assert caught.value.reason == "mem_exhausted" and caught.value.node == "n1"
             assert all(w.done for w in runtime.list())
             assert agent.budget.reservations() == []
@@ -93,7 +96,7 @@ def test_boot_failure_is_a_clear_refusal_and_leaks_nothing() -> None:
     async def test() -> None:
         async with make_agent(FakeRuntime(failing_commands={"broken"})) as agent:
             with pytest.raises(Refused) as caught:
-                await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("broken",)))
+                await agent.try_run(RunOrder(SPEC, LAYERS, BootSpec(name="w", command=("broken",))))
             assert caught.value.reason == "boot_failed"
             assert agent.budget.reservations() == [] and agent.layers.mounted() == frozenset()
 
@@ -104,7 +107,9 @@ def test_real_missing_command_is_refused_with_boot_failed() -> None:
     async def test() -> None:
         async with make_agent(ProcessRuntime()) as agent:
             with pytest.raises(Refused) as caught:
-                await agent.try_run(SPEC, LAYERS, BootSpec(name="w", command=("no-such-cmd-xyz",)))
+                await agent.try_run(
+                    RunOrder(SPEC, LAYERS, BootSpec(name="w", command=("no-such-cmd-xyz",)))
+                )
             assert caught.value.reason == "boot_failed"
             assert "no-such-cmd-xyz" in str(caught.value)
             assert agent.budget.reservations() == [] and agent.layers.mounted() == frozenset()
@@ -117,7 +122,7 @@ def test_real_process_killed_from_outside_releases_its_reservation() -> None:
         runtime = ProcessRuntime(stop_grace_s=0.5)
         async with make_agent(runtime) as agent:
             boot = BootSpec(name="sleeper", command=("sleep", "30"))
-            workload = await agent.try_run(SPEC, LAYERS, boot)
+            workload = await agent.try_run(RunOrder(SPEC, LAYERS, boot))
             assert workload.pid is not None
             assert workload.spec.mem_limit == SPEC.mem  # the hard memory budget is enforced
             os.killpg(workload.pid, signal.SIGKILL)
@@ -137,7 +142,7 @@ def test_heartbeat_republishes_and_reaps_unbound_leases() -> None:
             first = store.states_now()["n1"].generation
             await until(lambda: store.states_now()["n1"].generation >= first + 3)
             nodes = AgentNodes({"n1": agent})
-            await nodes.admit("n1", SPEC, lease_ttl_s=0.1)
+            await nodes.admit("n1", AdmitOrder(SPEC, 0.1))
             assert agent.budget.headroom().mem_free == GiB
             await until(lambda: agent.budget.headroom().mem_free == 2 * GiB)
             await until(lambda: store.states_now()["n1"].mem_free == 2 * GiB)
@@ -151,22 +156,22 @@ def test_agent_client_binds_a_lease_to_a_workload_by_id() -> None:
         async with make_agent(runtime) as agent:
             nodes = AgentNodes({"n1": agent})
             workload_id = await nodes.try_run(
-                "n1", SPEC, LAYERS, BootSpec(name="a", command=("x",))
+                "n1", RunOrder(SPEC, LAYERS, BootSpec(name="a", command=("x",)))
             )
-            reservation = (await nodes.admit("n1", SPEC, lease_ttl_s=30)).reservation_id
+            reservation = (await nodes.admit("n1", AdmitOrder(SPEC, 30))).reservation_id
             await nodes.bind("n1", reservation, workload_id)
             assert agent.budget.headroom().mem_free == 0
             await nodes.stop("n1", workload_id)
             assert agent.budget.headroom().mem_free == 2 * GiB  # both reservations followed it
             with pytest.raises(Refused, match="lease_expired"):
                 await nodes.bind("n1", reservation, workload_id)
-            other = (await nodes.admit("n1", SPEC, lease_ttl_s=30)).reservation_id
+            other = (await nodes.admit("n1", AdmitOrder(SPEC, 30))).reservation_id
             with pytest.raises(Refused, match="unknown_workload"):
                 await nodes.bind("n1", other, "ghost")
             assert await nodes.release("n1", other)
             assert not await nodes.release("n1", other)
             with pytest.raises(Unavailable):
-                await nodes.admit("elsewhere", SPEC, lease_ttl_s=1)
+                await nodes.admit("elsewhere", AdmitOrder(SPEC, 1))
 
     run(test)
 
@@ -177,9 +182,9 @@ def test_the_agent_runs_the_node_core_and_advertises_its_snapshot() -> None:
         store = MemoryStore()
         async with make_agent(runtime, store) as agent:
             with pytest.raises(Refused) as caught:  # the core's platform check, before booting
-                await agent.try_run(SPEC, LAYERS, BOOT, (Platform.parse("linux/arm64"),))
+                await agent.try_run(RunOrder(SPEC, LAYERS, BOOT, (Platform.parse("linux/arm64"),)))
             assert caught.value.reason == "platform_mismatch" and runtime.list() == ()
-            workload = await agent.try_run(SPEC, LAYERS, BOOT)
+            workload = await agent.try_run(RunOrder(SPEC, LAYERS, BOOT))
             assert agent.workloads() == agent.core.workloads() == {workload.id: workload}
             await until(lambda: store.states_now()["n1"].admitted == 1)
             assert store.states_now()["n1"].generation == agent.core.generation

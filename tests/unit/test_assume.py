@@ -9,6 +9,7 @@ import math
 import pytest
 
 from berth import Invalid, Layer, Request, Spec
+from berth.boot import AdmitOrder
 from berth.model import Placement
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
@@ -348,7 +349,7 @@ def test_a_snapshot_that_beats_the_admission_reply_is_not_assumed_again() -> Non
     # Over a network the node's snapshot (admitted >= seq) can reach the replica before the
     # reply to the admission it reflects; assuming it then would count it twice.
     cluster = StaleCluster()
-    admission = cluster.local.admit_now("a", REQUEST.spec, lease_ttl_s=30)  # type: ignore[arg-type]
+    admission = cluster.local.admit_now("a", AdmitOrder(REQUEST.spec, 30))  # type: ignore[arg-type]
     cluster.publish("a", {"l"})  # the node's snapshot, already counting the reservation
     cluster.scheduler.assume("a", admission, REQUEST.spec, REQUEST.layers)  # type: ignore[arg-type]
     assert len(cluster.scheduler.assumed or ()) == 0

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from berth.boot import AdmitOrder, RunOrder
 from berth.cli.main import app
 from berth.errors import Invalid
 from berth.model import Layer, Spec
@@ -278,15 +279,15 @@ def test_an_agent_admits_nothing_before_its_journal_is_reconciled(tmp_path: Path
 
         agent = agent_on(tmp_path)
         with pytest.raises(Refused) as refused:
-            agent.admit(SPEC, 30.0)
+            agent.admit(AdmitOrder(SPEC, 30.0))
         assert refused.value.reason == "node_starting" and refused.value.node == "n1"
         with pytest.raises(Refused, match="node_starting"):
-            await agent.try_run(SPEC, LAYERS, SLEEPER)
+            await agent.try_run(RunOrder(SPEC, LAYERS, SLEEPER))
         await agent.start()
         try:
             owner = (tmp_path / "agent.pid").read_text().split()
             assert int(owner[0]) == os.getpid() and alive(int(owner[0]), int(owner[1]))
-            agent.admit(SPEC, 30.0)
+            agent.admit(AdmitOrder(SPEC, 30.0))
             other = agent_on(tmp_path)
             with pytest.raises(Invalid) as taken:
                 await other.start()

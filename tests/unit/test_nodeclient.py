@@ -8,7 +8,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
-from berth.errors import Unavailable
+from berth.boot import AdmitOrder, RunOrder
+from berth.errors import Invalid, Unavailable
 from berth.model import Spec
 from berth.node.agent import Agent
 from berth.node.runtime import BootSpec, FakeRuntime
@@ -67,7 +68,9 @@ class TestAgentNodesContract(NodeClientContract):
 
     async def start_workload(self, nodes: NodeClient, node: str) -> str:
         assert isinstance(nodes, AgentNodes)
-        return await nodes.try_run(node, WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+        return await nodes.try_run(
+            node, RunOrder(WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+        )
 
     async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
         assert isinstance(nodes, AgentNodes)
@@ -115,7 +118,9 @@ class TestFaultyNodesContract(NodeClientContract):
 
     async def start_workload(self, nodes: NodeClient, node: str) -> str:
         assert isinstance(nodes, FaultyNodes)
-        return await nodes.try_run(node, WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+        return await nodes.try_run(
+            node, RunOrder(WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
+        )
 
     async def stop_workload(self, nodes: NodeClient, node: str, workload_id: str) -> None:
         assert isinstance(nodes, FaultyNodes)
@@ -133,7 +138,7 @@ def test_a_cut_node_is_unavailable_and_reached_again_once_healed() -> None:
         )
         nodes = FaultyNodes(AgentNodes({"n1": agent}))
         workload_id = await nodes.try_run(
-            "n1", WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",))
+            "n1", RunOrder(WORKLOAD_SPEC, [], BootSpec(name="w", command=("vm",)))
         )
         nodes.cut("n1")
         for call in (
@@ -150,10 +155,12 @@ def test_a_cut_node_is_unavailable_and_reached_again_once_healed() -> None:
         with pytest.raises(Unavailable, match="answer was lost"):
             await nodes.try_run(
                 "n1",
-                WORKLOAD_SPEC,
-                [],
-                BootSpec(name="x", command=("vm",)),
-                workload_id="w-00000000000x",
+                RunOrder(
+                    WORKLOAD_SPEC,
+                    [],
+                    BootSpec(name="x", command=("vm",)),
+                    workload_id="w-00000000000x",
+                ),
             )
         assert agent.status("w-00000000000x").state == "running"  # delivered, only unheard
         assert nodes.runs == [("n1", None), ("n1", "w-00000000000x")]
@@ -171,13 +178,13 @@ def test_recording_nodes_note_every_refusal_and_clear() -> None:
 
     async def scenario() -> None:
         with pytest.raises(Refused):
-            await nodes.admit("small", spec, lease_ttl_s=5)
+            await nodes.admit("small", AdmitOrder(spec, 5))
         with pytest.raises(Refused):
-            await nodes.admit("arm", spec, lease_ttl_s=5, platforms=(shapes[0].platform,))
+            await nodes.admit("arm", AdmitOrder(spec, 5, (shapes[0].platform,)))
         with pytest.raises(Refused):
             await nodes.bind("arm", "r404", "w")
         with pytest.raises(Unavailable):  # not a node's refusal: not noted
-            await nodes.admit("ghost", spec, lease_ttl_s=5)
+            await nodes.admit("ghost", AdmitOrder(spec, 5))
         assert nodes.refusals == [
             ("small", "mem_exhausted"),
             ("arm", "platform_mismatch"),
@@ -196,11 +203,11 @@ def test_discarded_node_answers_unavailable() -> None:
     agents.add(agent)
 
     async def scenario(nodes: LocalNodes | AgentNodes) -> None:
-        admission = await nodes.admit("a", WORKLOAD_SPEC, lease_ttl_s=5)
+        admission = await nodes.admit("a", AdmitOrder(WORKLOAD_SPEC, 5))
         nodes.discard("a")
         nodes.discard("a")  # idempotent
         for call in (
-            nodes.admit("a", WORKLOAD_SPEC, lease_ttl_s=5),
+            nodes.admit("a", AdmitOrder(WORKLOAD_SPEC, 5)),
             nodes.release("a", admission.reservation_id),
         ):
             with pytest.raises(Unavailable, match="'a'"):
@@ -218,10 +225,51 @@ def test_try_run_carries_platforms_and_the_node_refuses_a_mismatch() -> None:
         nodes = AgentNodes({agent.name: agent})
         boot = BootSpec(name="w", command=("vm",))
         with pytest.raises(Refused) as refused:
-            await nodes.try_run("arm", WORKLOAD_SPEC, [], boot, (Platform.parse("linux/amd64"),))
+            await nodes.try_run(
+                "arm", RunOrder(WORKLOAD_SPEC, [], boot, (Platform.parse("linux/amd64"),))
+            )
         assert refused.value.reason == "platform_mismatch"
         assert runtime.list() == () and agent.budget.reservations() == []  # nothing started
-        workload = await nodes.try_run("arm", WORKLOAD_SPEC, [], boot, (shape.platform,))
+        workload = await nodes.try_run("arm", RunOrder(WORKLOAD_SPEC, [], boot, (shape.platform,)))
         assert [w.id for w in runtime.list()] == [workload]
 
     asyncio.run(main())
+
+
+def test_an_order_is_checked_once_when_made_with_the_nodes_own_messages() -> None:
+    """A malformed admit or run is refused when its order is made — ``Invalid`` naming the
+    field, in the words the node core uses for the same call — so no driver ever sees it."""
+    boot = BootSpec(name="w", command=("vm",))
+    budget = NodeShape("n1").budget()  # nothing may be reserved on it
+    agent = Agent("n1", "linux/amd64", budget, MemoryStore(), FakeRuntime())
+    admits: dict[str, dict[str, object]] = {
+        "spec": {"spec": None, "lease_ttl_s": 5},
+        "platforms": {"spec": WORKLOAD_SPEC, "lease_ttl_s": 5, "platforms": "linux/amd64"},
+        "lease_ttl_s": {"spec": WORKLOAD_SPEC, "lease_ttl_s": 0},
+    }
+    for field, arguments in admits.items():
+        with pytest.raises(Invalid) as made:
+            AdmitOrder(**arguments)  # type: ignore[arg-type]
+        with pytest.raises(Invalid) as asked:
+            agent.core.admit(**arguments)  # type: ignore[arg-type]
+        assert made.value.field == field and str(made.value) == str(asked.value)
+    runs: dict[str, dict[str, object]] = {
+        "layers": {"layers": "sha256:ab"},
+        "boot": {"boot": ("vm",)},
+        "reservation": {"reservation": 5},
+        "workload_id": {"workload_id": "a b"},
+    }
+    for field, arguments in runs.items():
+        given: dict[str, object] = {"spec": WORKLOAD_SPEC, "layers": [], "boot": boot}
+        with pytest.raises(Invalid) as made:
+            RunOrder(**{**given, **arguments})  # type: ignore[arg-type]
+        with pytest.raises(Invalid) as asked:
+            asyncio.run(agent.core.boot(**{**given, **arguments}))  # type: ignore[arg-type]
+        assert made.value.field == field and str(made.value) == str(asked.value)
+    assert budget.reservations() == [] and agent.workloads() == {}
+    layers, platforms = [("sha256:ab", 1)], ["linux/arm64"]  # parsed as a request's are
+    order = RunOrder(WORKLOAD_SPEC, layers, boot, platforms, workload_id="w-1")  # type: ignore[arg-type]
+    assert order.layers[0].id == "sha256:ab" and str(order.platforms[0]) == "linux/arm64/v8"
+    with pytest.raises(AttributeError):
+        order.workload_id = "w-2"  # type: ignore[misc]
+    assert AdmitOrder(WORKLOAD_SPEC, 5).lease_ttl_s == 5.0

@@ -27,7 +27,7 @@ from berth.api.create import RUN_ATTEMPTS
 from berth.api.reconciler import Reconciler
 from berth.api.schemas import Workload
 from berth.api.testing import ApiUnderTest, embedded_api
-from berth.boot import BootSpec
+from berth.boot import BootSpec, RunOrder
 from berth.embedded import EmbeddedCluster
 from berth.errors import Invalid
 from berth.model import Request, Spec
@@ -119,7 +119,7 @@ async def boot_behind_the_api(under_test: ApiUnderTest, node: str, workload_id: 
     cluster = cluster_of(under_test)
     boot = BootSpec(name=workload_id, command=("sleep", "60"))
     spec = Spec(vcpus=0.1, mem=16 * MiB, disk=MiB)
-    await cluster.client.try_run(node, spec, [], boot, workload_id=workload_id)
+    await cluster.client.try_run(node, RunOrder(spec, [], boot, workload_id=workload_id))
     assert on_node(under_test, node, workload_id) == "running"
 
 

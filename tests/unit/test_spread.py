@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 
+from berth.boot import AdmitOrder
 from berth.errors import Invalid, NoCapacity
 from berth.model import Placement, Request, Spec, Spread
 from berth.node.budget import BudgetLimits, NodeBudget, StaticLoad
@@ -274,12 +274,10 @@ def test_a_bound_replica_stops_counting_when_its_owner_ends() -> None:
 class SlowNodes(LocalNodes):
     """Budgets that answer after a pause, so concurrent walks interleave at every admit."""
 
-    async def admit(
-        self, node: str, spec: Spec, *, lease_ttl_s: float, platforms: Sequence[Platform] = ()
-    ) -> Admission:
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        return await super().admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+        return await super().admit(node, order)
 
 
 def test_concurrent_requests_of_one_function_never_share_a_node_under_hard_spread() -> None:

@@ -18,6 +18,7 @@ from typing import ClassVar, Literal
 import pytest
 
 from berth import Invalid, Layer, NoCapacity, Spec
+from berth.boot import AdmitOrder
 from berth.errors import Unavailable
 from berth.node.budget import BudgetLimits, NodeBudget
 from berth.nodeclient.local import LocalNodes
@@ -110,7 +111,7 @@ class Walk:
             self.churn()
             await asyncio.sleep(0)
             raise Refused("boot_failed", "first attempt", node=node)
-        admission = await self.nodes.admit(node, SPEC, lease_ttl_s=30, platforms=AMD64)
+        admission = await self.nodes.admit(node, AdmitOrder(SPEC, 30, AMD64))
         return admission.reservation_id
 
 

@@ -16,14 +16,15 @@ abandoned key never races it; a create that fails gives the key back unless its 
 may run.
 
 **Intent before boot**: the placed workload is recorded ``pending`` before its node is asked
-anything, then booted with the lease and *the API's id* (``try_run(…, reservation=…,
-workload_id=…)``: the node binds the reservation to it and boots an id once).  A run whose
-answer never came is asked again under the same id (:data:`RUN_ATTEMPTS`); the node's answer
-turns the record ``running`` by compare-and-set; still unanswered, the record stays
-``pending`` with the reason (``503``: the outcome is unknown, the claim is kept — what the
-node says later settles it: :mod:`berth.api.records`).  A refusal (the node released the
-reservation already) ends the record ``failed`` with the node's reason, tells the schedulers
-(``release``) so their assume caches drop it, frees the claim and is ``409``.  A registry
+anything, then booted with the lease and *the API's id* (``try_run(node, RunOrder(…,
+reservation=…, workload_id=…))``: the node binds the reservation to it and boots an id
+once).  A run whose answer never came is asked again under the same id
+(:data:`RUN_ATTEMPTS`); the node's answer turns the record ``running`` by compare-and-set;
+still unanswered, the record stays ``pending`` with the reason (``503``: the outcome is
+unknown, the claim is kept — what the node says later settles it: :mod:`berth.api.records`).
+A refusal (the node released the reservation already) ends the record ``failed`` with the
+node's reason, tells the schedulers (``release``) so their assume caches drop it, frees the
+claim and is ``409``.  A registry
 that fails to record the intent is ``503`` with nothing booted.
 """
 
@@ -39,7 +40,7 @@ from berth.api.decisions import Decisions
 from berth.api.idempotency import CreateKeys
 from berth.api.ports import ApiPorts
 from berth.api.records import Records
-from berth.boot import BootSpec
+from berth.boot import BootSpec, RunOrder
 from berth.defaults import RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Placement, Request, ReschedulePolicy
@@ -291,8 +292,8 @@ class Creates:
         while True:
             attempt += 1
             try:
-                return await self.ports.nodes.try_run(
-                    node,
+                # made in the try: a malformed order is answered as the node's Invalid is
+                order = RunOrder(
                     request.spec,
                     request.layers,
                     boot,
@@ -300,6 +301,7 @@ class Creates:
                     reservation=placement.reservation_id,
                     workload_id=workload_id,
                 )
+                return await self.ports.nodes.try_run(node, order)
             except Unavailable as error:
                 elapsed = time.monotonic() - started
                 if attempt < RUN_ATTEMPTS and elapsed < RUN_TIMEOUT_S:

@@ -79,7 +79,7 @@ from typing import Any, Protocol, TypeVar
 
 from berth.api.backend import ClusterBackend
 from berth.api.records import STATUS_TIMEOUT_S
-from berth.boot import BootSpec
+from berth.boot import BootSpec, RunOrder
 from berth.defaults import RECONCILE_ASK_AT_ONCE, RECONCILE_EVERY_S, RECONCILE_PENDING_AFTER_S
 from berth.errors import Invalid, Unavailable
 from berth.model import INTERVAL_RULE, Request
@@ -359,14 +359,14 @@ class Reconciler:
         report.retried += 1
         self._count(report, "pending_retried", True)
         try:
-            await self.backend.nodes.try_run(
-                record.node,
+            order = RunOrder(
                 request.spec,
                 request.layers,
                 boot,
                 request.platforms,
                 workload_id=record.node_workload_id,
             )
+            await self.backend.nodes.try_run(record.node, order)
         except (Refused, Invalid) as error:
             update = {
                 "state": "failed",

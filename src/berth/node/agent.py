@@ -65,16 +65,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard
 
-from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec, WorkloadLogs, WorkloadStatus
+from berth.boot import LIMIT_RULE, OFFSET_RULE, AdmitOrder, RunOrder, WorkloadLogs, WorkloadStatus
 from berth.defaults import HEARTBEAT_S, LOG_CHUNK_BYTES
 from berth.errors import Invalid
 from berth.events.port import EventSink
 from berth.loops import call_on
-from berth.model import INTERVAL_RULE, Layer, Spec
+from berth.model import INTERVAL_RULE
 from berth.node.budget import LoadReadings, NodeBudget
 from berth.node.config import AgentConfig
 from berth.node.core import NodeCore, Recovery
@@ -448,38 +448,20 @@ class Agent:
         call_on(self._loop, flag.set)
 
     # -- the node's side of the node client port: the core's -----------------------------
-    async def try_run(
-        self,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
-    ) -> WorkloadHandle:
-        """Mount, start, admit owned by the workload (or bind ``reservation``, a lease taken
-        before, to it); stop it and refuse if admission fails.  ``workload_id`` (a ``Name``)
-        is the caller's id for it: a run with the id of a workload this node runs, ran, or is
-        booting boots nothing again and answers that workload (see
+    async def try_run(self, order: RunOrder) -> WorkloadHandle:
+        """Mount, start, admit owned by the workload (or bind ``order.reservation``, a lease
+        taken before, to it); stop it and refuse if admission fails.  ``order.workload_id`` (a
+        ``Name``) is the caller's id for it: a run with the id of a workload this node runs,
+        ran, or is booting boots nothing again and answers that workload (see
         :meth:`~berth.node.core.NodeCore.boot`)."""
         self._admitting()
-        booted = await self.core.boot(
-            spec,
-            layers,
-            boot,
-            platforms=platforms,
-            reservation=reservation,
-            workload_id=workload_id,
-        )
+        booted = await self.core.boot_order(order)
         return booted.workload
 
-    def admit(
-        self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
-    ) -> Admission:
+    def admit(self, order: AdmitOrder) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
         self._admitting()
-        return self.core.admit(spec, lease_ttl_s, platforms)
+        return self.core.admit_order(order)
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object)."""

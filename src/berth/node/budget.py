@@ -39,9 +39,10 @@ a ``Spec``, an owner without ``add_done_callback``, a malformed platform or time
 reservation id that is not a string all raise ``Invalid`` and leave the budget exactly as it
 was; an owner that fails while being told about its reservation gets the reservation back.
 The node core (:mod:`berth.node.core`), which checks the same arguments at its own entry,
-calls the typed ``_admit`` / ``_admit_leased`` instead, so a placement's spec and platforms
-are checked once on the node (a lease still checks its time to live: that is the lease's
-own rule).
+and the in-process node client (:mod:`berth.nodeclient.local`, handed a checked
+:class:`~berth.boot.AdmitOrder`) call the typed ``_admit`` / ``_admit_leased`` instead, so a
+placement's spec and platforms are checked once on the node (a lease still checks its time
+to live: that is the lease's own rule).
 """
 
 from __future__ import annotations
@@ -344,7 +345,8 @@ class NodeBudget:
     def _admit_leased(
         self, spec: Spec, ttl_s: float, platforms: tuple[Platform, ...]
     ) -> Reservation:
-        """:meth:`admit_leased` on a spec and platforms already checked (the node core's)."""
+        """:meth:`admit_leased` on a spec and platforms already checked (the node core's, an
+        order's)."""
         lease = self.lease(ttl_s)
         try:
             return self._take(spec, lease, Demand.of(spec, platforms), self.checks)

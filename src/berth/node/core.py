@@ -33,9 +33,13 @@ at another node.
 Its public methods validate their arguments before touching anything (the name is a
 ``Name``, labels ``Labels``, a spec a ``Spec``, layers and platforms lists, a time to live
 from 1 ms to a year): a malformed call raises ``Invalid`` and mounts, starts or reserves
-nothing; so does a stop with a malformed grace.  Past that edge the values are typed, and
-the budget is asked through its typed ``_admit`` / ``_admit_leased``, which check nothing
-again (a placement's spec and platforms were checked once, here).
+nothing; so does a stop with a malformed grace.  An admission's and a boot's arguments are
+checked by the order they make (:class:`~berth.boot.AdmitOrder`,
+:class:`~berth.boot.RunOrder`); the agent, which is handed orders already made, calls
+:meth:`NodeCore.admit_order` and :meth:`NodeCore.boot_order`, which check nothing again.  Past
+that edge the values are typed, and the budget is asked through its typed ``_admit`` /
+``_admit_leased``, which check nothing again (a placement's spec and platforms were checked
+once).
 """
 
 from __future__ import annotations
@@ -45,19 +49,10 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from berth.boot import BootSpec, WorkloadStatus
+from berth.boot import AdmitOrder, BootSpec, RunOrder, WorkloadStatus
 from berth.errors import Invalid
 from berth.events.port import WorkloadEvent
-from berth.model import (
-    INTERVAL_RULE,
-    NAME_RULE,
-    Labels,
-    Layer,
-    Spec,
-    checked_layers,
-    checked_platforms,
-    required_spec,
-)
+from berth.model import NAME_RULE, Labels, Layer, Spec
 from berth.node.budget import NodeBudget
 from berth.node.ends import Ends
 from berth.node.journal import Journal
@@ -201,15 +196,22 @@ class NodeCore:
         that boot's outcome (its ``Booted`` or its refusal).  A boot that was refused leaves
         nothing to be idempotent about: the id may be booted again.
         """
-        spec, layers, platforms = (
-            required_spec(spec, "a workload"),
-            checked_layers(layers),
-            checked_platforms(platforms),
+        order = RunOrder(
+            spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
         )
-        boot, reservation = _boot_spec(boot), _reservation(reservation)
-        if workload_id is not None:
-            workload_id = NAME_RULE(workload_id, "workload_id")
-        return await self._boots.boot(spec, layers, boot, reservation, platforms, workload_id)
+        return await self.boot_order(order)
+
+    async def boot_order(self, order: RunOrder) -> Booted:
+        """:meth:`boot` of an order checked when it was made (the agent's, from the node-client
+        port): the same boot, without checking its fields again."""
+        return await self._boots.boot(
+            order.spec,
+            order.layers,
+            order.boot,
+            order.reservation,
+            order.platforms,
+            order.workload_id,
+        )
 
     # -- a restart: the journal reconciled with the host (berth.node.recovery) ---------------
     async def recover(self) -> Recovery:
@@ -236,10 +238,15 @@ class NodeCore:
         self, spec: Spec, lease_ttl_s: float, platforms: Sequence[Platform] = ()
     ) -> Admission:
         """Reserve under a lease (the port's ``schedule`` confirmation)."""
-        spec, platforms = required_spec(spec, "a workload"), checked_platforms(platforms)
-        lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")
+        return self.admit_order(AdmitOrder(spec, lease_ttl_s, platforms))
+
+    def admit_order(self, order: AdmitOrder) -> Admission:
+        """:meth:`admit` of an order checked when it was made (the agent's, from the
+        node-client port)."""
         with refused_by(self.name):
-            return self.budget._admit_leased(spec, lease_ttl_s, platforms).admission
+            return self.budget._admit_leased(
+                order.spec, order.lease_ttl_s, order.platforms
+            ).admission
 
     def bind(self, reservation_id: str, owner: Owner | str) -> None:
         """Tie a leased reservation to a workload (by id on this node, or an owner object).
@@ -387,15 +394,3 @@ class NodeCore:
 
 
 _LABELS: Rule[dict[str, str]] = Rule(Labels)
-
-
-def _boot_spec(boot: object) -> BootSpec:
-    if not isinstance(boot, BootSpec):
-        raise Invalid(f"expected a BootSpec, got {shown(boot)}", field="boot")
-    return boot
-
-
-def _reservation(reservation: object) -> str | None:
-    if reservation is not None and not isinstance(reservation, str):
-        raise Invalid(f"expected a reservation id, got {shown(reservation)}", field="reservation")
-    return reservation

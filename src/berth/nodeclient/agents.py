@@ -9,15 +9,13 @@ admission, binding and boots holds for the distributed one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.boot import AdmitOrder, RunOrder, WorkloadLogs, WorkloadStatus
 from berth.defaults import LOG_CHUNK_BYTES
 from berth.errors import Unavailable
-from berth.model import Layer, Spec
 from berth.node.agent import Agent
 from berth.ownership import Admission, Owner, Refused, refused_by
-from berth.platform import Platform
 
 __all__ = ["AgentNodes", "running_on"]
 
@@ -51,15 +49,8 @@ class AgentNodes:
         except KeyError:
             raise Unavailable(f"node {node!r} is not reachable") from None
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
-        return self.agent(node).admit(spec, lease_ttl_s, platforms)
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
+        return self.agent(node).admit(order)
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         self.agent(node).bind(reservation_id, owner)
@@ -67,21 +58,8 @@ class AgentNodes:
     async def release(self, node: str, reservation_id: str) -> bool:
         return self.agent(node).release(reservation_id)
 
-    async def try_run(
-        self,
-        node: str,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
-    ) -> str:
-        agent = self.agent(node)
-        booted = await agent.try_run(
-            spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id
-        )
+    async def try_run(self, node: str, order: RunOrder) -> str:
+        booted = await self.agent(node).try_run(order)
         return booted.id
 
     async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from berth.boot import RunOrder
 from berth.errors import Unavailable
 from berth.events.port import EventSink, WorkloadEvent
 from berth.nodeclient.forwarding import ForwardingAgents
@@ -63,11 +64,11 @@ class FaultyNodes(ForwardingAgents):
         return await call()
 
     async def forward_run(
-        self, node: str, workload_id: str | None, call: Callable[[], Awaitable[str]]
+        self, node: str, order: RunOrder, call: Callable[[], Awaitable[str]]
     ) -> str:
         self._reach(node)
-        self.runs.append((node, workload_id))
-        ran = await super().forward_run(node, workload_id, call)
+        self.runs.append((node, order.workload_id))
+        ran = await super().forward_run(node, order, call)
         if self._lose_runs > 0:
             self._lose_runs -= 1
             raise Unavailable(f"node {node!r} did not answer run (the answer was lost)")

@@ -10,20 +10,19 @@ a driver that skips its own rule.  :class:`ForwardingNodes` (the
 call through :meth:`ForwardingNodes.forward` — ``forward(node, call)`` awaits ``call()``,
 the wrapped driver's answer; a wrapper overrides it (or, where the rule is one call's own,
 that call's hook: :meth:`ForwardingNodes.forward_admit`, :meth:`ForwardingAgents.forward_run`)
-and nothing else.
+and nothing else; those two are handed the call's order (an
+:class:`~berth.boot.AdmitOrder`, a :class:`~berth.boot.RunOrder`) too, to read what they need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.boot import AdmitOrder, RunOrder, WorkloadLogs, WorkloadStatus
 from berth.defaults import LOG_CHUNK_BYTES
-from berth.model import Layer, Spec
 from berth.nodeclient.port import AgentClient, NodeClient
 from berth.ownership import Admission, Owner
-from berth.platform import Platform
 
 __all__ = ["ForwardingAgents", "ForwardingNodes"]
 
@@ -41,23 +40,15 @@ class ForwardingNodes:
         do something around every call)."""
         return await call()
 
-    async def forward_admit(self, node: str, call: Callable[[], Awaitable[Admission]]) -> Admission:
-        """The answer to an ``admit`` on ``node``: :meth:`forward`'s (override to do
+    async def forward_admit(
+        self, node: str, order: AdmitOrder, call: Callable[[], Awaitable[Admission]]
+    ) -> Admission:
+        """The answer to ``order``'s ``admit`` on ``node``: :meth:`forward`'s (override to do
         something around admissions alone)."""
         return await self.forward(node, call)
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
-        return await self.forward_admit(
-            node,
-            lambda: self._nodes.admit(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms),
-        )
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
+        return await self.forward_admit(node, order, lambda: self._nodes.admit(node, order))
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         await self.forward(node, lambda: self._nodes.bind(node, reservation_id, owner))
@@ -74,36 +65,14 @@ class ForwardingAgents(ForwardingNodes):
         self._agents = nodes
 
     async def forward_run(
-        self, node: str, workload_id: str | None, call: Callable[[], Awaitable[str]]
+        self, node: str, order: RunOrder, call: Callable[[], Awaitable[str]]
     ) -> str:
-        """The answer to a ``try_run`` of ``workload_id`` on ``node``: :meth:`forward`'s
-        (override to do something around runs alone)."""
+        """The answer to ``order``'s ``try_run`` on ``node``: :meth:`forward`'s (override to
+        do something around runs alone)."""
         return await self.forward(node, call)
 
-    async def try_run(
-        self,
-        node: str,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
-    ) -> str:
-        return await self.forward_run(
-            node,
-            workload_id,
-            lambda: self._agents.try_run(
-                node,
-                spec,
-                layers,
-                boot,
-                platforms,
-                reservation=reservation,
-                workload_id=workload_id,
-            ),
-        )
+    async def try_run(self, node: str, order: RunOrder) -> str:
+        return await self.forward_run(node, order, lambda: self._agents.try_run(node, order))
 
     async def stop(self, node: str, workload_id: str, *, grace_s: float | None = None) -> None:
         await self.forward(node, lambda: self._agents.stop(node, workload_id, grace_s=grace_s))

@@ -8,13 +8,12 @@ refused as ``unknown_workload`` (after the likelier ``lease_expired``, as an age
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
+from berth.boot import AdmitOrder
 from berth.errors import Unavailable
-from berth.model import Spec
 from berth.node.budget import NodeBudget
 from berth.ownership import Admission, Owner, Refused, refused_by
-from berth.platform import Platform
 
 __all__ = ["LocalNodes"]
 
@@ -37,28 +36,15 @@ class LocalNodes:
         except KeyError:
             raise Unavailable(f"node {node!r} is not reachable") from None
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
-        return self.admit_now(node, spec, lease_ttl_s=lease_ttl_s, platforms=platforms)
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
+        return self.admit_now(node, order)
 
-    def admit_now(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
+    def admit_now(self, node: str, order: AdmitOrder) -> Admission:
         """Synchronous ``admit`` for in-process callers (the simulator)."""
         budget = self.budget(node)
         with refused_by(node):
-            return budget.admit_leased(spec, lease_ttl_s, platforms).admission
+            # the order was checked when it was made: the budget's typed entry checks nothing again
+            return budget._admit_leased(order.spec, order.lease_ttl_s, order.platforms).admission
 
     async def bind(self, node: str, reservation_id: str, owner: Owner | str) -> None:
         budget = self.budget(node)

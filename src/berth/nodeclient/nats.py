@@ -16,8 +16,10 @@ Failures are typed, so a scheduler's walk knows what to do with each:
 * the node's ``Refused`` and ``Invalid`` arrive as themselves (the node named in every
   refusal); a reply that is not a berth reply is :class:`~berth.nats.wire.BadReply`.
 
-A call that is malformed on its face (``lease_ttl_s`` not an interval the node accepts; a stop's
-``grace_s`` out of bounds) is ``Invalid`` before anything is sent.
+A call that is malformed on its face is ``Invalid`` before anything is sent: an order
+(``lease_ttl_s`` not an interval the node accepts, a ``workload_id`` that is not a name …) when
+it is made (:class:`~berth.boot.AdmitOrder`, :class:`~berth.boot.RunOrder`, by the node's own
+rules), a stop's ``grace_s`` out of bounds when it is asked.
 
 Binding to an owner *object* (in-process code, the contract suite) cannot send the object:
 the node holds the reservation until told, and this client releases it when the owner ends —
@@ -35,18 +37,23 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
 
-from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec, WorkloadLogs, WorkloadStatus
+from berth.boot import (
+    LIMIT_RULE,
+    OFFSET_RULE,
+    AdmitOrder,
+    RunOrder,
+    WorkloadLogs,
+    WorkloadStatus,
+)
 from berth.defaults import LOG_CHUNK_BYTES, RUN_TIMEOUT_S
 from berth.errors import Invalid, Unavailable
 from berth.loops import call_on
-from berth.model import INTERVAL_RULE, Layer, Spec
 from berth.nats.connection import request
 from berth.nats.wire import (
     IDEMPOTENCY_HEADER,
@@ -59,7 +66,6 @@ from berth.nats.wire import (
 from berth.node.runtime.port import checked_grace
 from berth.observability import tracing
 from berth.ownership import Admission, Owner, Refused, refused_by
-from berth.platform import Platform
 from berth.validation import shown
 
 __all__ = ["NatsNodes"]
@@ -91,19 +97,11 @@ class NatsNodes:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the port ----------------------------------------------------------------------------
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
-        lease_ttl_s = INTERVAL_RULE(lease_ttl_s, "lease_ttl_s")  # the node's own rule
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
         document = {
-            "spec": spec.model_dump(mode="json"),
-            "lease_ttl_s": lease_ttl_s,
-            "platforms": [str(platform) for platform in platforms],
+            "spec": order.spec.model_dump(mode="json"),
+            "lease_ttl_s": order.lease_ttl_s,
+            "platforms": [str(platform) for platform in order.platforms],
         }
         headers = {IDEMPOTENCY_HEADER: uuid.uuid4().hex}
         for attempt in range(1, self.admit_attempts + 1):
@@ -130,24 +128,14 @@ class NatsNodes:
         document = {"reservation_id": reservation_id}
         return bool(await self._call(node, "release", document))
 
-    async def try_run(
-        self,
-        node: str,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
-    ) -> str:
+    async def try_run(self, node: str, order: RunOrder) -> str:
         document = {
-            "spec": spec.model_dump(mode="json"),
-            "layers": [Layer.of(layer).model_dump(mode="json") for layer in layers],
-            "boot": boot.model_dump(mode="json"),
-            "platforms": [str(platform) for platform in platforms],
-            "reservation_id": reservation,
-            "workload_id": workload_id,
+            "spec": order.spec.model_dump(mode="json"),
+            "layers": [layer.model_dump(mode="json") for layer in order.layers],
+            "boot": order.boot.model_dump(mode="json"),
+            "platforms": [str(platform) for platform in order.platforms],
+            "reservation_id": order.reservation,
+            "workload_id": order.workload_id,
         }
         value = await self._call(node, "run", document, timeout_s=self.run_timeout_s)
         if not isinstance(value, str):

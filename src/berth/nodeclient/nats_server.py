@@ -11,9 +11,11 @@ seconds from ``SIGTERM`` to ``SIGKILL``, a finite number from 0 to
 :data:`~berth.node.runtime.port.MAX_STOP_GRACE_S`, absent or null for the node's default;
 a ``logs`` carries ``offset`` and ``limit``, the bytes of output to read; a ``run`` may carry
 ``workload_id``, a :data:`~berth.model.Name` the node boots it under —
-idempotently, so a client whose answer was lost asks again), read by its decoder before its
-handler calls the agent; the envelope, the replies and the malformed-request handling are
-:mod:`berth.nats.wire`'s.  It owns three things the agent deliberately does not:
+idempotently, so a client whose answer was lost asks again), read by its decoder — into the
+agent's :class:`~berth.boot.AdmitOrder` or :class:`~berth.boot.RunOrder` for an ``admit`` or a
+``run`` — before its handler calls the agent; the envelope, the replies and the
+malformed-request handling are :mod:`berth.nats.wire`'s.  It owns three things the agent
+deliberately does not:
 
 * **idempotent admission.**  A request that times out may still be delivered (docs/design.md §5),
   so a client retries an ``admit`` with the same idempotency key, and the server answers a
@@ -28,7 +30,10 @@ handler calls the agent; the envelope, the replies and the malformed-request han
 * **bad requests.**  A request that is not a berth request — unreadable, another version, a
   field of the wrong type, an invalid spec — is answered ``invalid`` naming the field, logged
   on ``berth.nodeclient.nats`` and counted (:attr:`NodeServer.rejected`); the agent is not
-  called.  A message without a reply subject is dropped: nobody could learn its outcome.
+  called.  A well-formed request whose order the node's own rules refuse (a ``lease_ttl_s``
+  out of bounds, a layer listed twice) is answered ``invalid`` naming the field as the agent
+  would answer it, without being counted.  A message without a reply subject is dropped:
+  nobody could learn its outcome.
 
 ``admit``, ``bind`` and ``release`` are answered in arrival order, one at a time (they are
 quick and synchronous on the agent); ``run`` and ``stop`` boot or stop a workload, so each is
@@ -51,7 +56,7 @@ from typing import Any, NamedTuple
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from berth.boot import LIMIT_RULE, OFFSET_RULE, BootSpec
+from berth.boot import LIMIT_RULE, OFFSET_RULE, AdmitOrder, BootSpec, RunOrder
 from berth.errors import Invalid
 from berth.model import NAME_RULE, Layer, Spec
 from berth.nats.connection import settle
@@ -198,7 +203,7 @@ class NodeServer:
         key = request.key
         admission = self._admitted.get(key) if key else None
         if admission is None:
-            admission = self.agent.admit(request.spec, request.lease_ttl_s, request.platforms)
+            admission = self.agent.admit(request.order)
             if key:
                 self._admitted[key] = admission
                 while len(self._admitted) > self.idempotency_capacity:
@@ -217,15 +222,8 @@ class NodeServer:
     async def _release(self, reservation_id: str) -> bool:
         return self.agent.release(reservation_id)
 
-    async def _run(self, request: _Run) -> str:
-        workload = await self.agent.try_run(
-            request.spec,
-            request.layers,
-            request.boot,
-            request.platforms,
-            reservation=request.reservation,
-            workload_id=request.workload_id,
-        )
+    async def _run(self, order: RunOrder) -> str:
+        workload = await self.agent.try_run(order)
         return workload.id
 
     async def _stop(self, request: tuple[str, float | None]) -> None:
@@ -256,19 +254,8 @@ _OWN_TASK = frozenset({"run", "stop"})
 
 # -- the requests: each operation's fields, read in order (the first wrong one is named) ----
 class _Admit(NamedTuple):
-    spec: Spec
-    lease_ttl_s: float
-    platforms: tuple[Platform, ...]
+    order: AdmitOrder
     key: str | None
-
-
-class _Run(NamedTuple):
-    spec: Spec
-    layers: tuple[Layer, ...]
-    boot: BootSpec
-    platforms: tuple[Platform, ...]
-    reservation: str | None
-    workload_id: str | None
 
 
 def _read_admit(document: dict[str, Any], msg: Msg) -> _Admit:
@@ -277,7 +264,7 @@ def _read_admit(document: dict[str, Any], msg: Msg) -> _Admit:
     lease_ttl_s = field_of(document, "lease_ttl_s", (int, float), source=source)
     platforms = _platforms(document, source)
     key = (msg.headers or {}).get(IDEMPOTENCY_HEADER)
-    return _Admit(spec, float(lease_ttl_s), platforms, key)
+    return _Admit(AdmitOrder(spec, float(lease_ttl_s), platforms), key)
 
 
 def _read_bind(document: dict[str, Any], msg: Msg) -> tuple[str, str | None]:
@@ -294,7 +281,7 @@ def _workload_id(document: dict[str, Any], msg: Msg) -> str:
     return workload_id
 
 
-def _read_run(document: dict[str, Any], msg: Msg) -> _Run:
+def _read_run(document: dict[str, Any], msg: Msg) -> RunOrder:
     source = msg.subject
     spec = model_of(Spec, document, "spec", source=source)
     layers = _layers(document, source)
@@ -302,7 +289,7 @@ def _read_run(document: dict[str, Any], msg: Msg) -> _Run:
     platforms = _platforms(document, source)
     reservation = _optional_str(document, "reservation_id", source)
     workload_id = _optional_name(document, "workload_id", source)
-    return _Run(spec, layers, boot, platforms, reservation, workload_id)
+    return RunOrder(spec, layers, boot, platforms, reservation=reservation, workload_id=workload_id)
 
 
 def _read_stop(document: dict[str, Any], msg: Msg) -> tuple[str, float | None]:

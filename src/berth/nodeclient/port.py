@@ -10,7 +10,10 @@ maintenance — ``cordon`` and ``uncordon`` — is :class:`NodeMaintenance`, whi
 in this repository implements (an agent client always does): a cordoned node refuses every
 new admission (``cordoned``, the check of :data:`berth.checks.CHECKS`), advertises
 ``cordoned=True``, and keeps what it already holds.  Messages are plain serialisable
-data (a ``Spec``, platforms, ids, reason codes), so a network driver can carry them unchanged.
+data (a ``Spec``, platforms, ids, reason codes), so a network driver can carry them unchanged;
+an ``admit`` or a ``try_run`` is one value, an :class:`~berth.boot.AdmitOrder` or a
+:class:`~berth.boot.RunOrder`, checked once when it is made (a malformed one is ``Invalid``
+naming the field there), so no driver restates or re-checks its parameters.
 
 The node is the authority for everything it is asked to hold: capacity *and* platform — a
 spec for platforms the node does not run is refused (``platform_mismatch``), whatever the
@@ -24,14 +27,11 @@ driver passes is :mod:`berth.testing.nodeclient_contract`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from berth.boot import BootSpec, WorkloadLogs, WorkloadStatus
+from berth.boot import AdmitOrder, RunOrder, WorkloadLogs, WorkloadStatus
 from berth.defaults import LOG_CHUNK_BYTES
-from berth.model import Layer, Spec
 from berth.ownership import Admission, Owner
-from berth.platform import Platform
 
 __all__ = ["AgentClient", "NodeClient", "NodeMaintenance"]
 
@@ -39,20 +39,16 @@ __all__ = ["AgentClient", "NodeClient", "NodeMaintenance"]
 class NodeClient(Protocol):
     """Admission on a named node."""
 
-    async def admit(
-        self,
-        node: str,
-        spec: Spec,
-        *,
-        lease_ttl_s: float,
-        platforms: Sequence[Platform] = (),
-    ) -> Admission:
-        """Reserve ``spec`` on ``node`` under a lease, for an artifact built for ``platforms``
-        (empty: any).  The reservation id, and the node's admission count it was taken at.
+    async def admit(self, node: str, order: AdmitOrder) -> Admission:
+        """Reserve ``order.spec`` on ``node`` under a lease of ``order.lease_ttl_s``, for an
+        artifact built for ``order.platforms`` (empty: any) — the fields are
+        :class:`~berth.boot.AdmitOrder`'s.  The reservation id, and the node's admission count
+        it was taken at.
 
         Raises ``Refused`` (with the node's reason code — ``platform_mismatch`` when the node
-        runs none of ``platforms``), ``Unavailable`` when the node cannot be reached, and
-        ``Invalid`` when the call itself is malformed (a non-positive ``lease_ttl_s``).
+        runs none of the platforms) and ``Unavailable`` when the node cannot be reached.  A
+        malformed call (a non-positive ``lease_ttl_s``) is ``Invalid`` when the order is made,
+        before any driver sees it.
         """
         ...
 
@@ -84,23 +80,14 @@ class NodeMaintenance(Protocol):
 class AgentClient(NodeClient, NodeMaintenance, Protocol):
     """Admission plus the agent's workload operations."""
 
-    async def try_run(
-        self,
-        node: str,
-        spec: Spec,
-        layers: Sequence[Layer],
-        boot: BootSpec,
-        platforms: Sequence[Platform] = (),
-        *,
-        reservation: str | None = None,
-        workload_id: str | None = None,
-    ) -> str:
-        """Boot ``boot`` on ``node`` owning a reservation of ``spec``; the workload id.
+    async def try_run(self, node: str, order: RunOrder) -> str:
+        """Boot ``order.boot`` on ``node`` owning a reservation of ``order.spec``; the workload
+        id (the fields are :class:`~berth.boot.RunOrder`'s).
 
-        With ``reservation`` (a lease taken by ``admit``, e.g. a scheduler's placement) the
+        With a ``reservation`` (a lease taken by ``admit``, e.g. a scheduler's placement) the
         workload is bound to it instead of admitted again; a refused boot releases it.
 
-        With ``workload_id`` (a :data:`~berth.model.Name`: the caller's record of it) the node
+        With a ``workload_id`` (a :data:`~berth.model.Name`: the caller's record of it) the node
         boots it under that id, and the run is **idempotent by it**: asked again with an id it
         already runs or is booting, the node answers that id and boots nothing — so a caller
         whose answer was lost (``Unavailable``: the outcome is unknown) asks again safely.

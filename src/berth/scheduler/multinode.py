@@ -70,7 +70,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from berth.boot import BootFailed
+from berth.boot import AdmitOrder, BootFailed
 from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, NoCapacity, NoMatchingPlatform, Unavailable
 from berth.loops import call_on
@@ -389,15 +389,15 @@ class ClusterScheduler:
         _callable(start, "start")
         _callable(stop, "stop")
 
+        order = AdmitOrder(spec, self.lease_ttl_s, platforms)
+
         async def try_run(node: str) -> W:
             try:
                 workload = await start(node)
             except (BootFailed, OSError) as error:
                 raise Refused("boot_failed", str(error), node=node) from None
             try:
-                admission = await self.nodes.admit(
-                    node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
-                )
+                admission = await self.nodes.admit(node, order)
                 await self.nodes.bind(node, admission.reservation_id, workload)
             except BaseException:
                 await stop(workload)
@@ -418,22 +418,21 @@ class ClusterScheduler:
         spec = request.spec
         layers, platforms = request.layers, request.platforms
         function = (request.namespace, request.name)
+        order = None if spec is None else AdmitOrder(spec, self.lease_ttl_s, platforms)
 
         async def confirm(node: str) -> Admission | None:
-            if spec is None:
+            if order is None:
                 return None
             # Counted from now (before the first await), so a concurrent request of the same
             # function sees this replica while the node is being asked.
             token = self.replicas.hold(function, node)
             try:
-                admission = await self.nodes.admit(
-                    node, spec, lease_ttl_s=self.lease_ttl_s, platforms=platforms
-                )
+                admission = await self.nodes.admit(node, order)
             except BaseException:
                 self.replicas.drop(token)
                 raise
             self.replicas.confirm(token, admission.reservation_id)
-            self.assume(node, admission, spec, layers)
+            self.assume(node, admission, order.spec, layers)
             return admission
 
         placed = await self._place(

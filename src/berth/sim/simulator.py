@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from berth.boot import AdmitOrder
 from berth.dataset import Dataset
 from berth.errors import BerthError, Invalid, NoCapacity, NoMatchingPlatform
 from berth.model import Layer, Placement, Request, Spec
@@ -136,9 +137,11 @@ class _BoundedNodes(RecordingNodes):
         super().__init__(nodes)
         self.limit = limit
 
-    async def forward_admit(self, node: str, call: Callable[[], Awaitable[Admission]]) -> Admission:
+    async def forward_admit(
+        self, node: str, order: AdmitOrder, call: Callable[[], Awaitable[Admission]]
+    ) -> Admission:
         try:
-            return await super().forward_admit(node, call)
+            return await super().forward_admit(node, order, call)
         except Refused:
             if len(self.refusals) >= self.limit:
                 raise GaveUp(f"gave up after {len(self.refusals)} refusals") from None

@@ -35,7 +35,8 @@ port alone (room on a node is probed by admitting a spec that fills it):
   node does not run, ``unknown_workload`` (and the reservation is kept);
 * a node the client cannot reach is ``Unavailable`` for ``admit``, ``bind`` and ``release``;
 * a malformed call (``lease_ttl_s`` zero, negative or NaN) is ``Invalid`` naming
-  ``lease_ttl_s``, and reserves nothing;
+  ``lease_ttl_s`` (from the :class:`~berth.boot.AdmitOrder` it would be sent in), and
+  reserves nothing;
 * (drivers whose nodes run workloads) a ``try_run`` with a ``workload_id`` boots under that
   id, and is idempotent by it: retried — one after the other, or two at once — it boots once
   and holds one reservation;
@@ -62,7 +63,7 @@ from typing import Any, ClassVar, cast
 
 import pytest
 
-from berth.boot import BootSpec
+from berth.boot import AdmitOrder, BootSpec, RunOrder
 from berth.defaults import LEASE_TTL_S
 from berth.errors import Invalid, Unavailable
 from berth.model import Spec
@@ -140,9 +141,7 @@ class NodeClientContract:
     async def _admit(
         self, nodes: NodeClient, node: str, mem: int, platforms: Sequence[Platform] = ()
     ) -> Admission:
-        return await nodes.admit(
-            node, _spec(mem), lease_ttl_s=self.lease_ttl_s, platforms=platforms
-        )
+        return await nodes.admit(node, AdmitOrder(_spec(mem), self.lease_ttl_s, platforms))
 
     async def _refusal(self, call: Awaitable[object]) -> Refused:
         with pytest.raises(Refused) as caught:
@@ -387,9 +386,8 @@ class NodeClientContract:
     ) -> str:
         agents = cast(AgentClient, nodes)  # a driver whose nodes run workloads is one
         boot = BootSpec(name=workload_id, command=("vm",))
-        return await agents.try_run(
-            node, _spec(mem), [], boot, reservation=reservation, workload_id=workload_id
-        )
+        order = RunOrder(_spec(mem), [], boot, reservation=reservation, workload_id=workload_id)
+        return await agents.try_run(node, order)
 
     def test_a_run_retried_with_its_workload_id_boots_once(self) -> None:
         """A caller whose run answer was lost asks again with the same id: the node answers
@@ -493,7 +491,7 @@ class NodeClientContract:
         async def check(nodes: NodeClient) -> None:
             for ttl in (0, 0.0, -1.0, math.nan):
                 with pytest.raises(Invalid) as caught:
-                    await nodes.admit("n1", _spec(MiB), lease_ttl_s=ttl)
+                    await nodes.admit("n1", AdmitOrder(_spec(MiB), ttl))
                 assert caught.value.field == "lease_ttl_s", caught.value
             await self._assert_free(nodes, shape)
 

@@ -82,7 +82,7 @@ def test_engine_reference_and_explanations_agree_on_cordoned_nodes(
         state = next(s for s in states if s.node == verdict.node)
         if state.cordoned:  # first in the table: a cordoned node is named so, whatever else
             assert verdict.verdict == "cordoned"
-            assert verdict.description == "node cordoned"
+            assert verdict.description.startswith("node cordoned: it takes no new workloads")
         assert (verdict.verdict == "fits") == (verdict.node in ranked)
         assert first_failed_check(state, spec, platforms) == (
             None if verdict.verdict == "fits" else verdict.verdict

@@ -39,7 +39,13 @@ async def _until(predicate: object, limit_s: float) -> float:
 
 def test_agents_in_processes_die_are_silenced_and_come_back() -> None:
     cluster = LocalCluster(
-        3, schedulers=2, heartbeat_s=HEARTBEAT_S, auth=False, runtime="fake", lease_ttl_s=300
+        3,
+        schedulers=2,
+        heartbeat_s=HEARTBEAT_S,
+        auth=False,
+        runtime="fake",
+        lease_ttl_s=300,
+        policy="seed",  # the name-order fill the placements below expect
     )
     with cluster:
         asyncio.run(_scenario(cluster))

@@ -76,6 +76,20 @@ def test_an_agent_reads_its_workloads_output_and_refuses_bad_reads(tmp_path: Pat
         with pytest.raises(Invalid) as caught:
             agent.logs("")
         assert caught.value.field == "workload_id"
+        # a started agent bounds what its runtime keeps: an ended workload's output goes
+        # once the directory holds more than it may
+        await agent.start()
+        try:
+            keeper = agent._output
+            assert keeper is not None and keeper.directory == tmp_path / "logs"
+            assert keeper._task is not None  # on its period
+            keeper.total = 0
+            kept = await keeper.once()
+            ended = runtime.log_of(workload.id)
+            assert ended is not None and ended in kept.removed and not ended.exists()
+        finally:
+            await agent.stop()
+        assert keeper._task is None  # stopped with the agent
 
     asyncio.run(scenario())
 

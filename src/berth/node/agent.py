@@ -81,7 +81,7 @@ from berth.node.core import NodeCore, Recovery
 from berth.node.journal import Journal
 from berth.node.layers import LayerRegistry
 from berth.node.monitor import LoadMonitor
-from berth.node.output import read_output
+from berth.node.output import OutputKeeper, read_output
 from berth.node.runtime import FakeRuntime, ProcessRuntime, Runtime, WorkloadHandle
 from berth.node.runtime.port import ClosingRuntime, LoggingRuntime, checked_workload_id
 from berth.node.runtime.supervisor import OWNER_FILE, write_owner
@@ -167,6 +167,8 @@ class Agent:
         self._changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._advertiser: asyncio.Task[None] | None = None
+        self._output: OutputKeeper | None = None
+        """Bounds the output its runtime keeps (a runtime with a log directory)."""
         self._stopping = False
         self.published = 0
         self.reported = 0
@@ -284,6 +286,11 @@ class Agent:
             self._reporter = asyncio.create_task(self._report(), name=f"report {self.name}")
         if self.monitor is not None:
             self.monitor.start()
+        runtime = self.runtime
+        if isinstance(runtime, LoggingRuntime) and runtime.log_dir is not None:
+            if self._output is None:
+                self._output = OutputKeeper(runtime.log_dir, self._running_output)
+            self._output.start()
         await self.advertise()
         self._advertiser = asyncio.create_task(
             self._advertise_loop(), name=f"advertise {self.name}"
@@ -305,10 +312,19 @@ class Agent:
             self._advertiser = None
         if self.monitor is not None:
             await self.monitor.stop()
+        if self._output is not None:
+            await self._output.stop()
         try:
             await self.store.remove(self.name)
         finally:
             self._let_go()
+
+    def _running_output(self) -> list[Path]:
+        """The output files of the workloads that run now (the keeper never removes them)."""
+        runtime = self.runtime
+        if not isinstance(runtime, LoggingRuntime):
+            return []
+        return [path for id_ in self.workloads() if (path := runtime.log_of(id_)) is not None]
 
     def _take(self, state_dir: Path) -> None:
         """Lock ``state_dir`` for this agent (``Invalid`` naming it if another holds it) and

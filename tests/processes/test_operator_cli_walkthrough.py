@@ -271,6 +271,11 @@ def test_errors_are_one_line_naming_the_flag(up: Up) -> None:
     )
     line = error_line(up, "run", "hello", "--platform", "linux/s390x", "--", "true")
     assert line.startswith("error: --platform: ") and "linux/amd64" in line
+    # --platform narrows an image's platform down, never replaces it (no silent override)
+    ok(up, "images", "add", "armonly", "--layer", "sha256:5555:1MiB", "--platform", "linux/arm64")
+    line = error_line(up, "run", "armonly", "--platform", "linux/amd64", "--", "true")
+    assert line.startswith("error: --platform: image 'armonly' is built for linux/arm64"), line
+    assert "not for linux/amd64" in line
     assert error_line(up, "ps", "--state", "sleeping").startswith("error: --state: must be ")
     line = error_line(up, "nodes", env={"BERTH_TOKEN": "x" * 43})
     assert "refused the token" in line and "BERTH_TOKEN" in line

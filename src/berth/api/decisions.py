@@ -61,6 +61,8 @@ class Decisions:
         platforms = body.platforms
         if platforms is None:
             platforms = [image.platform] if image is not None and image.platform else []
+        elif image is not None and image.platform and platforms:
+            _platforms_of(image.name, image.platform, platforms)
         document: dict[str, Any] = {
             "namespace": body.namespace,
             "name": body.name,
@@ -174,3 +176,18 @@ def _request(body: schemas.RequestBody) -> Request:
     document = body.model_dump(exclude_none=True)
     document["layers"] = [layer.model_dump() for layer in body.layers]
     return Request.from_dict(document)
+
+
+def _platforms_of(image: str, built_for: str, asked: list[str]) -> None:
+    """``asked`` may narrow down an image's platform, never replace it: a request that names
+    only platforms the image is not built for would run it where it cannot run — one error
+    naming both, not a silent override."""
+    from berth.platform import Platform, matches_any
+
+    wanted = [Platform.parse(text, field="platforms") for text in asked]
+    if not matches_any(Platform.parse(built_for, field="image"), wanted):
+        raise Invalid(
+            f"image {image!r} is built for {built_for}, not for {', '.join(asked)}: leave "
+            "platforms out to run it on its own platform (berth run --platform)",
+            field="platforms",
+        )
